@@ -1,0 +1,229 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # convit-edu: the ConViT, one idea at a time
+#
+# This course builds, trains and analyses the **ConViT** of d'Ascoli, Touvron, Leavitt, Morcos, Biroli and
+# Sagun, *"ConViT: Improving Vision Transformers with Soft Convolutional Inductive Biases"* (ICML 2021), on
+# top of the training recipe of **DeiT** (Touvron et al., 2020). Every chapter is a notebook that exports one
+# module of the `convit_edu` package, so what you build while reading is what you train with afterwards.
+#
+# This first page is the paper on one page, the map of the course, and how to run, test and write it.
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
+
+# %% [markdown]
+# ## The problem: transformers are data-hungry
+#
+# A Vision Transformer (ViT) cuts an image into 16×16-pixel patches and lets every patch attend to every other
+# through **self-attention** (SA). Nothing in the architecture says that neighbouring patches matter more than
+# distant ones: it has to *learn* locality from data. With 300 million images (JFT-300M) that works better
+# than a CNN; with ImageNet's 1.3 million, a plain ViT falls behind ResNets. DeiT closed much of the gap with
+# heavy augmentation, regularisation and distillation from a CNN teacher, but the underlying question stays:
+# can we give a transformer the helpful prior of a convolution *without* taking away its freedom?
+#
+# ## Convolution vs self-attention
+#
+# | | convolution | self-attention |
+# |---|---|---|
+# | which inputs an output sees | a fixed k×k neighbourhood | every patch, weighted by content |
+# | weights depend on | relative position only | the content of query and key (Eq. 1–3) |
+# | knows positions? | by construction (weight sharing over space) | no: SA is permutation-equivariant, positions must be added |
+# | inductive bias | locality + translation equivariance | almost none |
+# | with little data | strong | weak |
+# | with a lot of data | the bias can limit it | overtakes CNNs |
+#
+# Cordonnier et al. (2019) showed that a multi-head SA layer with N_h heads and *relative* positional
+# encodings can express any √N_h × √N_h convolution: each head attends to one offset of the kernel. So a
+# convolution is a special case of self-attention, one the optimiser is unlikely to find on its own.
+#
+# ## Hard vs soft inductive bias
+#
+# A **hard** bias builds the prior into the architecture: a convolution *cannot* look outside its kernel, and
+# hybrid models that put convolutional stems before a transformer are stuck with that choice. A **soft** bias
+# only sets the *starting point*: the ConViT's early layers begin as convolutions, and training decides how
+# far each head moves away from locality. The paper's tool for this is **gated positional self-attention
+# (GPSA)**:
+#
+# * positional self-attention (Eq. 4) adds to the content scores a score that depends only on the relative
+#   position of query and key;
+# * GPSA keeps the two in *separate* softmaxes and mixes them per head with a learnable gate σ(λ_h) (Eq. 6–7);
+# * the positional part is initialised so that each head attends around its own offset Δ_h, like one tap of a
+#   convolution kernel (Eq. 5), with a locality strength α;
+# * the ConViT is a DeiT whose first 10 of 12 SA layers are GPSA layers, with the class token appended only
+#   after the last GPSA layer.
+#
+# The result, in the paper's two headline tables, follows.
+
+# %% [markdown]
+# ## Table 1 of the paper: ConViT vs DeiT trained from scratch on ImageNet-1k
+#
+# Speed is images/s on one Quadro GP100 at batch 128; "Flops" are multiply-accumulates without the attention
+# matmuls (chapter 05 reproduces the Size and Flops columns). Top-5 was not reported for DeiT-Ti/S/B.
+
+# %%
+TABLE_1 = [  # (name, model, heads, embed_dim, size, flops, speed img/s, top-1, top-5)
+    ("Ti", "DeiT", 3, 192, "6M", "1G", 1442, 72.2, None),
+    ("Ti", "ConViT", 4, 192, "6M", "1G", 734, 73.1, 91.7),
+    ("Ti+", "DeiT", 4, 256, "10M", "2G", 1036, 75.9, 93.2),
+    ("Ti+", "ConViT", 4, 256, "10M", "2G", 625, 76.7, 93.6),
+    ("S", "DeiT", 6, 384, "22M", "4.3G", 587, 79.8, None),
+    ("S", "ConViT", 9, 432, "27M", "5.4G", 305, 81.3, 95.7),
+    ("S+", "DeiT", 9, 576, "48M", "10G", 480, 79.0, 94.4),
+    ("S+", "ConViT", 9, 576, "48M", "10G", 382, 82.2, 95.9),
+    ("B", "DeiT", 12, 768, "86M", "17G", 187, 81.8, None),
+    ("B", "ConViT", 16, 768, "86M", "17G", 141, 82.4, 95.9),
+    ("B+", "DeiT", 16, 1024, "152M", "30G", 114, 77.5, 93.5),
+    ("B+", "ConViT", 16, 1024, "152M", "30G", 96, 82.5, 95.9),
+]
+
+print(f"{'Name':<5}{'Model':<8}{'Nh':>4}{'D_emb':>7}{'D/Nh':>6}{'Size':>7}{'Flops':>7}{'Speed':>7}{'Top-1':>7}{'Top-5':>7}")
+for name, model, heads, dim, size, flops, speed, top1, top5 in TABLE_1:
+    top5 = f"{top5:.1f}" if top5 else "-"
+    print(f"{name:<5}{model:<8}{heads:>4}{dim:>7}{dim // heads:>6}{size:>7}{flops:>7}{speed:>7}{top1:>7.1f}{top5:>7}")
+
+# %% [markdown]
+# Two things to read from it. The ConViTs of Ti/S/B keep DeiT's size by using head dimension 48 with more
+# heads (4, 9, 16 are perfect squares, so every head can sit on one tap of a 2×2, 3×3 or 4×4 kernel); the "+"
+# models use the same heads and width 64 per head for both architectures, so the gain is not just more heads.
+# And every ConViT beats the DeiT of its size, while being slower per image in the official implementation —
+# chapter 11 shows how much of that slowness is the implementation, not the idea. The cell below checks
+# both claims on the table.
+
+# %%
+pairs = [(TABLE_1[i], TABLE_1[i + 1]) for i in range(0, len(TABLE_1), 2)]
+for deit, convit in pairs:
+    assert deit[0] == convit[0] and (deit[1], convit[1]) == ("DeiT", "ConViT")
+    assert convit[7] > deit[7], f"ConViT-{convit[0]} does not beat DeiT-{deit[0]}"
+    assert convit[6] < deit[6], f"ConViT-{convit[0]} is not slower than DeiT-{deit[0]}"
+convit_head_dims = {row[0]: row[3] // row[2] for row in TABLE_1 if row[1] == "ConViT"}
+assert convit_head_dims == {"Ti": 48, "Ti+": 64, "S": 48, "S+": 64, "B": 48, "B+": 64}
+print("top-1 gain of ConViT over DeiT:", {d[0]: round(c[7] - d[7], 1) for d, c in pairs})
+
+# %% [markdown]
+# ## Table 2 of the paper: sample efficiency
+#
+# ConViT-S vs DeiT-S trained on a fraction *f* of the images of each ImageNet class, with the number of epochs
+# multiplied by 1/f so that both see the same number of images. "Gap" is the relative improvement of the ConViT
+# over the DeiT. The less data, the larger the gain: exactly what a soft convolutional prior should give.
+
+# %%
+TABLE_2 = [  # (f, DeiT top-1, ConViT top-1, gap %, DeiT top-5, ConViT top-5, gap %)
+    (0.05, 34.8, 47.8, 37, 57.8, 70.7, 22),
+    (0.10, 48.0, 59.6, 24, 71.5, 80.3, 12),
+    (0.30, 66.1, 73.7, 12, 86.0, 90.7, 5),
+    (0.50, 74.6, 78.2, 5, 91.8, 93.8, 2),
+    (1.00, 79.9, 81.4, 2, 95.0, 95.8, 1),
+]
+
+print(f"{'f':>6} | {'DeiT':>6}{'ConViT':>8}{'Gap':>6} | {'DeiT':>6}{'ConViT':>8}{'Gap':>6}")
+print(f"{'':>6} | {'top-1':^20} | {'top-5':^20}")
+for f, d1, c1, g1, d5, c5, g5 in TABLE_2:
+    print(f"{f:>6.0%} | {d1:>6.1f}{c1:>8.1f}{g1:>5}% | {d5:>6.1f}{c5:>8.1f}{g5:>5}%")
+
+# %% [markdown]
+# The paper's Gap column is the relative gain (ConViT − DeiT) / DeiT in whole percent, and it shrinks
+# monotonically as f grows. Recomputed from the rounded accuracies printed in the table it agrees to within
+# one percent: at f = 30 % the printed accuracies give 7.6 / 66.1 = 11.5 % where the paper, which rounded
+# from unrounded accuracies, prints 12 %. Checked:
+
+# %%
+for f, d1, c1, g1, d5, c5, g5 in TABLE_2:
+    assert abs(100 * (c1 - d1) / d1 - g1) <= 1, (f, "top-1")
+    assert abs(100 * (c5 - d5) / d5 - g5) <= 1, (f, "top-5")
+gaps = [row[3] for row in TABLE_2]
+assert gaps == sorted(gaps, reverse=True)
+print("top-1 gain recomputed:", {f"{f:.0%}": f"{100 * (c1 - d1) / d1:.1f}%" for f, d1, c1, *_ in TABLE_2})
+
+# %% [markdown]
+# ## The map of the course
+#
+# Each chapter is a pair `nbs/NN_name.py` (the source you read and review) + `nbs/NN_name.ipynb` (the same
+# cells with their outputs), and exports one module of `convit_edu`. The list is read from this folder, so a
+# chapter that is not written yet shows as *coming*.
+
+# %%
+from pathlib import Path
+
+CHAPTERS = [
+    ("01_self_attention", "attention", "Eq. 1-3: scaled dot-product and multi-head self-attention, MHSA"),
+    ("02_positional_attention", "positional", "relative positions on an HxW patch grid, Eq. 4 PSA"),
+    ("03_convolutional_init", "conv_init", "Eq. 5: head centres, locality strength, PSA = convolution"),
+    ("04_gpsa", "gpsa", "Eq. 6-7: gated positional self-attention, reference and fast"),
+    ("05_convit", "models", "the ConViT and DeiT zoo, Table 1, checkpoints, resolutions"),
+    ("06_data", "data", "CIFAR-100, ImageNet folders, subsampling, the DeiT recipe"),
+    ("07_training", "training", "one training loop from CPU to many GPUs, exact resume"),
+    ("08_command_line", "cli", "convit-edu train / eval / bench, torchrun and SLURM"),
+    ("09_locality", "analysis", "nonlocality (Eq. 8), gating, attention maps, masking"),
+    ("10_experiments", "experiments", "Table 2 and Table 3 in miniature"),
+    ("11_performance", "bench", "why GPSA is slow and how to make it fast"),
+]
+written = {p.stem for p in Path(".").glob("[0-9][0-9]_*.py")}
+for stem, module, topic in CHAPTERS:
+    status = "ready " if stem in written else "coming"
+    print(f"[{status}] {stem:<25} -> convit_edu/{module + '.py':<16} {topic}")
+
+# %% [markdown]
+# ## How to run the notebooks
+#
+# ```bash
+# pip install -e ".[dev]"                       # the package, editable, with the notebook and test tools
+# jupyter lab nbs/                              # read and run (install jupyterlab; jupytext pairs on save)
+# python -m convit_edu._nbtools run             # or execute every notebook in place, in full mode
+# ```
+#
+# Every notebook starts with a `parameters` cell that sets `FAST` from the environment variable
+# `CONVIT_EDU_FAST` (falling back to `CI`). FAST mode shrinks data and epochs so the whole course runs in a few
+# minutes in CI; full mode is what a student runs, and what the committed outputs come from (a few minutes
+# per notebook on a 2-core laptop CPU).
+
+# %%
+print("this run is in", "FAST" if FAST else "full", "mode")  # NBVAL_IGNORE_OUTPUT
+
+# %% [markdown]
+# ## How to test
+#
+# ```bash
+# pytest                      # unit tests in tests/ and, through nbval, every notebook in nbs/
+# pytest tests/               # only the unit tests
+# CI=true pytest nbs/         # only the notebooks, in FAST mode, as CI does
+# ```
+#
+# nbval re-executes each notebook and compares every cell's output with the committed one (after the regexes
+# of `nbs/nbval_sanitize.cfg`); cells whose output depends on timing, progress bars or FAST mode carry
+# `# NBVAL_IGNORE_OUTPUT`. `tests/test_project.py` also runs `python -m convit_edu._nbtools check`.
+#
+# ## How to author a chapter
+#
+# The `.py` file is the source; the `.ipynb` carries the outputs; the module is generated. The loop:
+#
+# 1. edit `nbs/NN_name.py` (or the `.ipynb` in Jupyter with jupytext installed, which saves both);
+# 2. `python -m convit_edu._nbtools sync` — pairs the `.py` and the `.ipynb` (the newer file wins);
+# 3. `python -m convit_edu._nbtools export` — regenerates `convit_edu/*.py` from the cells marked
+#    `#| export` (and `#| exporti` for private helpers) under the notebook's `#| default_exp NAME`;
+# 4. `python -m convit_edu._nbtools run nbs/NN_name.ipynb` — executes it in place, top to bottom, in full mode;
+# 5. `python -m convit_edu._nbtools check`, then commit the `.py`, the `.ipynb` and the module together.
+#
+# `check` fails — and so does CI — when a pair differs, a notebook lacks its pair, a committed notebook was not
+# executed in one clean run (execution counts 1..n, no errors, full mode), or a module differs from a fresh
+# export; each message names the command that fixes it.
+#
+# Conventions every chapter follows: the first code cell is the `parameters` cell; seeds are set and numbers
+# printed at fixed precision; every claim in the prose is checked by a cell that would fail if it were false;
+# plots end with `plt.show()`; later chapters import earlier modules (`from convit_edu.gpsa import GPSA`).
