@@ -1,0 +1,351 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Positional self-attention: relative positions on a patch grid (Eq. 4)
+#
+# Chapter 01 ended with a negative result: self-attention is permutation-equivariant, so a layer of it cannot
+# tell a patch in the corner from a patch in the centre. This chapter gives attention a sense of place. We lay
+# the patches on an H×W grid, describe every (query, key) pair by the offset δ between them — the tensor
+# `rel_indices` that every GPSA layer of the ConViT carries — and add a score computed from δ to the content
+# score of Eq. 1, before one softmax: **positional self-attention** (PSA, Eq. 4).
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
+
+# %%
+#| default_exp positional
+
+# %%
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+torch.set_printoptions(precision=4, sci_mode=False)
+_ = torch.manual_seed(0)
+
+# %% [markdown]
+# ## Two ways to tell attention where things are
+#
+# * **Absolute** positions: add a learned vector to each patch embedding before the first layer. ViT and DeiT do
+#   this (`pos_embed`), and the ConViT keeps it too. Attention then has to *learn* from data that "my
+#   neighbour" means "the embedding whose position part is close to mine".
+# * **Relative** positions: give every attention score a term that depends only on where the key sits
+#   *relative to* the query. A head that prefers "one patch to the right" prefers it everywhere in the image,
+#   which is exactly the weight sharing of a convolution.
+#
+# The ConViT's GPSA layers use the second. First we need the geometry.
+#
+# ## The patch grid and the token order
+#
+# An image of 224×224 pixels cut into 16×16 patches gives a 14×14 grid of L = 196 tokens; a 224×320 image
+# gives 14×20. Tokens are numbered **row-major**: token t sits in row t // W and column t % W, i.e.
+# t = row·W + col, which is the order `x.flatten(2)` produces from a (B, D, H, W) feature map. Here is a
+# 2×3 grid:
+
+# %%
+height, width = 2, 3
+print(torch.arange(height * width).reshape(height, width))
+
+# %% [markdown]
+# We write the position of a patch as (x, y) = (column, row): x grows to the right, y grows **downwards**, as
+# in image coordinates. `grid_coordinates` returns them for every token, in token order.
+
+# %%
+#| exporti
+import operator
+
+import torch
+from torch import Tensor
+
+
+def _check_grid(height: int, width: int) -> tuple[int, int]:
+    """Grid sizes as ints, or a ValueError naming the bad one (before any tensor is built)."""
+    sizes = {}
+    for name, value in (("height", height), ("width", width)):
+        try:
+            size = operator.index(value)
+        except TypeError:
+            raise TypeError(f"grid {name} must be an integer, got {value!r}") from None
+        if size < 1:
+            raise ValueError(f"grid {name} must be at least 1 patch, got {name}={size}")
+        sizes[name] = size
+    return sizes["height"], sizes["width"]
+
+
+# %%
+#| export
+def grid_coordinates(
+    height: int, width: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """(x, y) = (column, row) of every token of a row-major height×width patch grid, shape (L, 2)."""
+    height, width = _check_grid(height, width)
+    rows, cols = torch.meshgrid(
+        torch.arange(height, device=device, dtype=dtype),
+        torch.arange(width, device=device, dtype=dtype),
+        indexing="ij",
+    )
+    return torch.stack([cols.flatten(), rows.flatten()], dim=-1)
+
+
+# %%
+xy = grid_coordinates(2, 3)
+print(xy)
+t = torch.arange(6)
+assert torch.equal(xy[:, 0], (t % 3).float()) and torch.equal(xy[:, 1], (t // 3).float())
+
+# %% [markdown]
+# ## `rel_indices`: the offset δ for every (query, key) pair
+#
+# For a query at position p_q and a key at p_k, the offset is δ = p_k − p_q (**key minus query**): δ = (+1, 0)
+# means "the key is one patch to the right of the query", δ = (0, −1) "one patch above". The paper's
+# Eq. 5 encodes each offset as a vector r_δ holding δ and its squared length ‖δ‖². We store r_δ for every pair
+# in one (L, L, 3) tensor, in the order of the official implementation (whose checkpoints we want to load):
+#
+# $$\texttt{rel\_indices}[q, k] = (\delta_x,\ \delta_y,\ \delta_x^2 + \delta_y^2), \qquad \delta = p_k - p_q .$$
+#
+# The paper writes the same three numbers in another order, r_δ = (‖δ‖², δ₁, δ₂); only the order of the
+# components of v_pos changes with it (chapter 03). The third channel is the **squared** distance, not the
+# distance: that is what lets a head's score −α‖δ − Δ‖² be a *linear* function of r_δ.
+
+# %%
+#| export
+def rel_indices(
+    height: int, width: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """Relative position encodings r_δ of a height×width patch grid (Eq. 4-5), shape (L, L, 3), L = height·width.
+
+    ``rel_indices[q, k] = (δx, δy, δx² + δy²)`` with δ = position(key) − position(query), δx the column
+    offset and δy the row offset; tokens are row-major (token t = row·width + col). This is the channel order
+    of the official ConViT; the paper writes r_δ = (‖δ‖², δ₁, δ₂).
+    """
+    xy = grid_coordinates(height, width, device=device, dtype=dtype)
+    delta = xy[None, :, :] - xy[:, None, :]  # [q, k] = key - query
+    return torch.cat([delta, delta.pow(2).sum(-1, keepdim=True)], dim=-1)
+
+
+# %% [markdown]
+# ### By hand, on a 3×3 grid
+#
+# Take the centre token 4 of a 3×3 grid as the query. Laid out on the grid, the δx of each key is the column
+# to its right minus 1, δy the row minus 1, and ‖δ‖² is 0 at the centre, 1 at the four edge neighbours and 2
+# at the corners. We write these maps out by hand and compare:
+
+# %%
+rel = rel_indices(3, 3)
+print("shape", tuple(rel.shape))
+for c, name in enumerate(["dx", "dy", "|d|^2"]):
+    print(name, rel[4, :, c].reshape(3, 3), sep="\n")
+
+expected_centre = torch.tensor(
+    [
+        [[-1, 0, 1], [-1, 0, 1], [-1, 0, 1]],  # δx: key column - 1
+        [[-1, -1, -1], [0, 0, 0], [1, 1, 1]],  # δy: key row - 1
+        [[2, 1, 2], [1, 0, 1], [2, 1, 2]],  # ‖δ‖²
+    ],
+    dtype=torch.float32,
+)
+assert torch.equal(rel[4].T.reshape(3, 3, 3), expected_centre)
+
+# %% [markdown]
+# And from the top-left corner (token 0) every key lies right of or below the query, so δx, δy ≥ 0; the entry
+# for key 5 (row 1, column 2) is (2, 1, 5):
+
+# %%
+print(rel[0, :, 0].reshape(3, 3), rel[0, :, 1].reshape(3, 3), sep="\n")
+assert torch.equal(rel[0, 5], torch.tensor([2.0, 1.0, 5.0]))
+assert (rel[0, :, :2] >= 0).all()
+
+# %% [markdown]
+# ### Three properties that hold on every grid
+#
+# * **antisymmetry**: swapping query and key flips δ, so `rel[k, q, :2] = −rel[q, k, :2]`, while the squared
+#   distance is symmetric;
+# * the diagonal is zero: a token is at offset 0 from itself;
+# * the third channel is δx² + δy² of the first two.
+#
+# Checked on a non-square 5×7 grid (L = 35), where mixing up height and width would show:
+
+# %%
+H, W = 5, 7
+rel57 = rel_indices(H, W)
+assert rel57.shape == (H * W, H * W, 3)
+torch.testing.assert_close(rel57[..., :2].transpose(0, 1), -rel57[..., :2])
+torch.testing.assert_close(rel57[..., 2].T, rel57[..., 2])
+assert (rel57.diagonal(dim1=0, dim2=1) == 0).all()
+torch.testing.assert_close(rel57[..., 2], rel57[..., 0] ** 2 + rel57[..., 1] ** 2)
+print("dx range", rel57[..., 0].min().item(), rel57[..., 0].max().item(), "(columns: ±(W-1))")
+print("dy range", rel57[..., 1].min().item(), rel57[..., 1].max().item(), "(rows: ±(H-1))")
+assert rel57[..., 0].abs().max() == W - 1 and rel57[..., 1].abs().max() == H - 1
+
+# %% [markdown]
+# ### r_δ for one query, as images
+#
+# Each row `rel[q]` reshaped to H×W is a picture of the grid seen from query q. For the query in row 1,
+# column 4 of the 5×7 grid (token 1·7 + 4 = 11, marked ×): δx grows to the right, δy downwards, and ‖δ‖² is a
+# bowl centred on the query — the three ingredients from which chapter 03 builds a Gaussian-like attention
+# blob around any offset.
+
+# %%
+q_row, q_col = 1, 4
+q = q_row * W + q_col
+fig, axes = plt.subplots(1, 3, figsize=(9, 2.4), dpi=90)
+for c, (ax, title) in enumerate(zip(axes, ["δx (key − query column)", "δy (key − query row)", "‖δ‖²"])):
+    img = ax.imshow(rel57[q, :, c].reshape(H, W), cmap="coolwarm" if c < 2 else "viridis")
+    ax.plot(q_col, q_row, "kx", markersize=10)
+    ax.set_title(title, fontsize=9)
+    ax.set_xticks(range(W)), ax.set_yticks(range(H))
+    fig.colorbar(img, ax=ax, shrink=0.8)
+fig.suptitle(f"r_δ seen from query token {q} (row {q_row}, column {q_col}) of a {H}×{W} grid", fontsize=10)
+plt.tight_layout()
+plt.show()
+
+# %%
+maps = rel57[q].T.reshape(3, H, W)
+assert maps[0, q_row, q_col] == 0 and maps[1, q_row, q_col] == 0 and maps[2].argmin() == q
+assert torch.equal(maps[0][q_row], torch.arange(W) - float(q_col))  # δx along the query's row
+assert torch.equal(maps[1][:, q_col], torch.arange(H) - float(q_row))  # δy down the query's column
+
+# %% [markdown]
+# ## Eq. 4: positional self-attention
+#
+# PSA (Ramachandran et al., 2019) adds to the content score of head h a positional score v_pos^h · r_ij and
+# takes **one** softmax over the sum:
+#
+# $$A^h_{ij} = \operatorname{softmax}_j\!\left(\frac{Q^h_i K^{h\top}_j}{\sqrt{D_h}} + v_{pos}^{h\top} r_{ij}\right)
+# \qquad (4)$$
+#
+# Each head has its own small vector v_pos^h ∈ R^{D_pos} (D_pos = 3 here; in the ConViT it is the weight of a
+# `pos_proj` = Linear(3 → N_h) layer), while r_ij is fixed: PSA learns only N_h·D_pos positional numbers, not one
+# per pair of patches. We keep the 1/√D_h of Eq. 1 on the content term (Eq. 4 in the paper omits it; the
+# official code scales the content scores). The positional scores do not depend on the image, so they are
+# computed once, for all samples of the batch.
+
+# %%
+#| export
+def positional_self_attention(
+    q: Tensor, k: Tensor, v: Tensor, rel: Tensor, v_pos: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Positional self-attention, Eq. 4: content and positional scores summed before one softmax.
+
+    ``q, k, v``: (B, N_h, L, D_h); ``rel``: (L, L, D_pos), e.g. ``rel_indices(H, W)``; ``v_pos``: (N_h, D_pos),
+    one positional embedding per head. Returns the output A·V, (B, N_h, L, D_h), and A, (B, N_h, L, L).
+    The (image-independent) positional scores are computed once and broadcast over the batch.
+    """
+    if q.ndim != 4 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(
+            f"q, k, v must share one shape (B, N_h, L, D_h), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    _, heads, length, head_dim = q.shape
+    if rel.ndim != 3 or rel.shape[:2] != (length, length):
+        raise ValueError(f"rel must have shape (L, L, D_pos) with L={length} tokens, got {tuple(rel.shape)}")
+    if v_pos.shape != (heads, rel.shape[-1]):
+        raise ValueError(
+            f"v_pos must have shape (N_h, D_pos) = ({heads}, {rel.shape[-1]}), got {tuple(v_pos.shape)}"
+        )
+    content = q @ k.transpose(-2, -1) * head_dim**-0.5
+    position = torch.einsum("qkp,hp->hqk", rel, v_pos)
+    attn = (content + position).softmax(dim=-1)
+    return attn @ v, attn
+
+
+# %% [markdown]
+# ### PSA can attend to a place
+#
+# Pick an offset Δ and a strength α and set v_pos = α·(2Δx, 2Δy, −1) in our channel order. Then
+# v_pos · r_δ = α(2Δ·δ − ‖δ‖²) = −α‖δ − Δ‖² + α‖Δ‖², and the constant α‖Δ‖² drops out of the softmax: with no
+# content (Q = 0), the head puts a blob of attention around the key at offset Δ from every query, sharper as
+# α grows. This is Eq. 5, the subject of chapter 03; here we check the algebra and look at it on the 5×7
+# grid, for one head looking one patch to the right and one looking one patch up.
+
+# %%
+alpha = 1.0
+centres = torch.tensor([[1.0, 0.0], [0.0, -1.0]])  # Δ = (Δx, Δy) per head: right, up
+v_pos = alpha * torch.cat([2 * centres, -torch.ones(2, 1)], dim=1)
+print("v_pos", v_pos, sep="\n")
+
+B, Dh = 1, 4
+zeros = torch.zeros(B, 2, H * W, Dh)
+_, attn_pos = positional_self_attention(zeros, zeros, torch.randn(B, 2, H * W, Dh), rel57, v_pos)
+dist2 = ((rel57[None, :, :, :2] - centres[:, None, None, :]) ** 2).sum(-1)  # ‖δ − Δ_h‖², (N_h, L, L)
+torch.testing.assert_close(attn_pos[0], (-alpha * dist2).softmax(-1))
+torch.testing.assert_close(attn_pos.sum(-1), torch.ones(B, 2, H * W))
+print("head 0 attends most to key", attn_pos[0, 0, q].argmax().item(), "= query", q, "+ 1 (right)")
+print("head 1 attends most to key", attn_pos[0, 1, q].argmax().item(), "= query", q, f"- {W} (up)")
+assert attn_pos[0, 0, q].argmax() == q + 1 and attn_pos[0, 1, q].argmax() == q - W
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(6, 2.2), dpi=90)
+for h, (ax, title) in enumerate(zip(axes, ["head 0: Δ = (1, 0)", "head 1: Δ = (0, −1)"])):
+    ax.imshow(attn_pos[0, h, q].reshape(H, W), cmap="magma")
+    ax.plot(q_col, q_row, "cx", markersize=10)
+    ax.set_title(title, fontsize=9)
+    ax.set_xticks([]), ax.set_yticks([])
+fig.suptitle(f"PSA attention of query {q} (×), content switched off, α = {alpha}", fontsize=10)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ### One softmax for two kinds of evidence
+#
+# Because content and position share one softmax, whichever scores are larger dominate. With α = 1 a
+# moderate content signal still moves the attention; with a large α the positional term swamps it, and the
+# head attends where it is told regardless of the image. This is the limitation that App. A of the paper
+# observes in training (a PSA-ConViT "stays in the convolutional configuration and ignores the content") and
+# that GPSA (chapter 04) removes by giving content and position separate softmaxes and a learned gate. We
+# measure how far content moves the attention away from the purely positional map (total variation distance,
+# averaged over queries), for the same random queries and keys at growing α:
+
+# %%
+_ = torch.manual_seed(0)
+qc, kc = torch.randn(2, B, 2, H * W, 16).unbind(0)
+vc = torch.randn(B, 2, H * W, 16)
+shift = {}
+for a in [0.1, 1.0, 10.0]:
+    _, with_content = positional_self_attention(qc, kc, vc, rel57, v_pos / alpha * a)
+    _, position_only = positional_self_attention(torch.zeros_like(qc), kc, vc, rel57, v_pos / alpha * a)
+    shift[a] = 0.5 * (with_content - position_only).abs().sum(-1).mean().item()
+    print(f"alpha {a:5.1f}: content moves {shift[a]:.3f} of the attention mass")
+assert shift[0.1] > shift[1.0] > shift[10.0]
+
+# %% [markdown]
+# ## Bad input
+#
+# A grid needs at least one row and one column; `rel_indices` says which size was wrong before building
+# anything, and `positional_self_attention` checks that `rel` matches the number of tokens:
+
+# %%
+for args in [(0, 7), (5, -1)]:
+    try:
+        rel_indices(*args)
+    except ValueError as e:
+        print(f"rel_indices{args}: ValueError: {e}")
+    else:
+        raise AssertionError("no error")
+try:
+    positional_self_attention(qc, kc, vc, rel_indices(6, 6), v_pos)
+except ValueError as e:
+    print("positional_self_attention on a 6×6 grid for 35 tokens: ValueError:", e)
+
+# %% [markdown]
+# ## What we built
+#
+# * `grid_coordinates(H, W)`: (column, row) of every token, row-major;
+# * `rel_indices(H, W)`: r_δ = (δx, δy, ‖δ‖²) for every (query, key) pair, δ = key − query, on any H×W grid;
+# * `positional_self_attention`: Eq. 4, content and positional scores summed before one softmax.
+#
+# Chapter 03 chooses v_pos so that N_h PSA heads together compute a convolution (Eq. 5).
