@@ -156,7 +156,8 @@ print("top-1 gain recomputed:", {f"{f:.0%}": f"{100 * (c1 - d1) / d1:.1f}%" for 
 #
 # Each chapter is a pair `nbs/NN_name.py` (the source you read and review) + `nbs/NN_name.ipynb` (the same
 # cells with their outputs), and exports one module of `convit_edu`. The list is read from this folder, so a
-# chapter that is not written yet shows as *coming*.
+# chapter that is not written yet shows as *coming* (so adding a chapter means re-running this one: nbval
+# notices when the committed map is out of date).
 
 # %%
 from pathlib import Path
@@ -194,7 +195,8 @@ for stem, module, topic in CHAPTERS:
 # per notebook on a 2-core laptop CPU).
 
 # %%
-print("this run is in", "FAST" if FAST else "full", "mode")  # NBVAL_IGNORE_OUTPUT
+# NBVAL_IGNORE_OUTPUT
+print("this run is in", "FAST" if FAST else "full", "mode")
 
 # %% [markdown]
 # ## How to test

@@ -1,0 +1,228 @@
+"""The notebook tooling: export, pairing, running and the `check` that CI relies on (DESIGN.md §4)."""
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from convit_edu import _nbtools as nbt
+
+HEADER = (Path(__file__).resolve().parents[1] / "nbs" / "00_index.py").read_text().split("# %%")[0]
+
+SOURCE = HEADER + '''# %% [markdown]
+# # Toy chapter
+
+# %% tags=["parameters"]
+FAST = False
+
+# %%
+#| default_exp toy
+
+# %%
+#| export
+import math
+
+
+def circle_area(r: float) -> float:
+    """Area of a circle."""
+    return math.pi * _square(r)
+
+
+SCALE: float = 2.0
+
+# %%
+#| exporti
+def _square(x):
+    return x * x
+
+
+def helper_not_public(x):
+    return x
+
+# %%
+print(f"{circle_area(1.0):.4f}")
+'''
+
+
+def make_project(tmp_path: Path, source: str = SOURCE) -> Path:
+    """A minimal project tree: pyproject.toml, nbs/01_toy.py and an empty package folder."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'toy'\n")
+    (tmp_path / "nbs").mkdir()
+    (tmp_path / "convit_edu").mkdir()
+    (tmp_path / "nbs" / "01_toy.py").write_text(source)
+    return tmp_path
+
+
+def fake_clean_run(ipynb: Path, fast: bool = False) -> None:
+    """Number the code cells 1..n as one clean kernel run would (without starting a kernel)."""
+    nb = nbformat.read(ipynb, as_version=4)
+    n = 0
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.source.strip():
+            n += 1
+            cell.execution_count = n
+    nb.metadata["convit_edu"] = {"fast": fast}
+    nbformat.write(nb, ipynb)
+
+
+@pytest.fixture
+def clean_project(tmp_path):
+    root = make_project(tmp_path)
+    stem = root / "nbs" / "01_toy"
+    nbt.sync(stem)
+    nbt.export(stem, root)
+    fake_clean_run(stem.with_suffix(".ipynb"))
+    assert nbt.check(root) == []
+    return root
+
+
+def load_module(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_export_round_trip_writes_header_all_and_working_code(tmp_path):
+    root = make_project(tmp_path)
+    target = nbt.export(root / "nbs" / "01_toy", root)
+    assert target == root / "convit_edu" / "toy.py"
+    text = target.read_text()
+    assert text.startswith('"""Toy chapter."""')
+    assert "edit the notebook, not this file" in text and "nbs/01_toy.py" in text
+    assert "#|" not in text and "print(" not in text  # directives stripped, unexported cells left out
+    module = load_module(target)
+    assert module.__all__ == ["circle_area", "SCALE"]  # exporti names stay out of __all__
+    assert module.circle_area(2.0) == pytest.approx(4 * 3.141592653589793)
+    assert module.helper_not_public(3) == 3
+    # exporting again is a no-op, and depends only on the .py text
+    assert nbt.export(root / "nbs" / "01_toy", root).read_text() == text
+
+
+def test_sync_creates_the_pair_in_both_directions(tmp_path):
+    root = make_project(tmp_path)
+    stem = root / "nbs" / "01_toy"
+    assert "new" in nbt.sync(stem)
+    assert nbt.cells_of(nbt.read_py(stem.with_suffix(".py"))) == nbt.cells_of(
+        nbt.read_ipynb(stem.with_suffix(".ipynb"))
+    )
+    assert nbt.sync(stem) is None  # already paired
+    stem.with_suffix(".py").unlink()
+    assert "<-" in nbt.sync(stem)
+    py_text = stem.with_suffix(".py").read_text()
+    assert "jupytext_version:" not in py_text and "format_name: percent" in py_text
+
+
+def test_check_passes_on_a_clean_project(clean_project):
+    assert nbt.check(clean_project) == []
+
+
+def test_check_fails_when_a_pair_differs(clean_project):
+    py = clean_project / "nbs" / "01_toy.py"
+    py.write_text(py.read_text().replace("return x * x", "return x ** 2"))
+    (problem,) = nbt.check(clean_project)
+    assert "01_toy.py and nbs/01_toy.ipynb differ" in problem
+    assert "_nbtools sync" in problem and "_nbtools run" in problem
+
+
+@pytest.mark.parametrize("missing", [".ipynb", ".py"])
+def test_check_fails_when_a_notebook_lacks_its_pair(clean_project, missing):
+    (clean_project / "nbs" / f"01_toy{missing}").unlink()
+    problems = nbt.check(clean_project)
+    assert any("has no paired" in p and "_nbtools sync" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("counts", [[1, 2, 3, 5, 6], [None, None, None, None, None], [2, 3, 4, 5, 6]])
+def test_check_fails_when_a_notebook_was_not_executed_in_one_clean_run(clean_project, counts):
+    ipynb = clean_project / "nbs" / "01_toy.ipynb"
+    nb = nbformat.read(ipynb, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    assert len(code) == len(counts)
+    for cell, n in zip(code, counts):
+        cell.execution_count = n
+    nbformat.write(nb, ipynb)
+    (problem,) = nbt.check(clean_project)
+    assert "not executed in one clean run" in problem and "_nbtools run nbs/01_toy.ipynb" in problem
+
+
+def test_check_fails_when_a_cell_raised(clean_project):
+    ipynb = clean_project / "nbs" / "01_toy.ipynb"
+    nb = nbformat.read(ipynb, as_version=4)
+    nb.cells[-1].outputs = [nbformat.v4.new_output("error", ename="ValueError", evalue="x", traceback=[])]
+    nbformat.write(nb, ipynb)
+    (problem,) = nbt.check(clean_project)
+    assert "ValueError" in problem
+
+
+def test_check_fails_when_outputs_come_from_a_fast_run(clean_project):
+    fake_clean_run(clean_project / "nbs" / "01_toy.ipynb", fast=True)
+    (problem,) = nbt.check(clean_project)
+    assert "FAST run" in problem and "CONVIT_EDU_FAST=0" in problem
+
+
+def test_check_fails_when_a_module_differs_from_a_fresh_export(clean_project):
+    module = clean_project / "convit_edu" / "toy.py"
+    module.write_text(module.read_text().replace("SCALE: float = 2.0", "SCALE: float = 3.0"))
+    (problem,) = nbt.check(clean_project)
+    assert "convit_edu/toy.py differs from a fresh export" in problem and "_nbtools export" in problem
+
+
+def test_check_fails_on_a_generated_module_whose_notebook_is_gone(clean_project):
+    shutil.copy(clean_project / "convit_edu" / "toy.py", clean_project / "convit_edu" / "old.py")
+    (problem,) = nbt.check(clean_project)
+    assert "convit_edu/old.py was generated from a notebook that no longer exports it" in problem
+
+
+def test_syntax_error_in_an_exported_cell_names_the_notebook_and_cell(tmp_path):
+    root = make_project(tmp_path, SOURCE.replace("return x * x", "return x *"))
+    with pytest.raises(nbt.NbToolsError) as e:
+        nbt.export(root / "nbs" / "01_toy", root)
+    message = str(e.value)
+    assert "nbs/01_toy.py, cell 5" in message and "SyntaxError" in message
+    line = next(i for i, s in enumerate(SOURCE.splitlines(), 1) if s.startswith("#| exporti")) - 1
+    assert f"(line {line})" in message  # the `# %%` line of that cell in the .py
+
+
+def test_cli_reports_problems_and_exit_code(clean_project):
+    run = lambda *args: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "convit_edu._nbtools", *args],
+        cwd=clean_project, capture_output=True, text=True,
+    )
+    ok = run("check")
+    assert ok.returncode == 0 and "0 problem(s) in 1 notebook(s)" in ok.stdout
+    (clean_project / "convit_edu" / "toy.py").write_text("")
+    bad = run("check")
+    assert bad.returncode == 1 and "FAIL convit_edu/toy.py differs" in bad.stdout
+    missing = run("run", "nbs/02_nothing.py")
+    assert missing.returncode == 1 and "no notebook 'nbs/02_nothing.py'" in missing.stderr
+
+
+def test_editing_the_py_fails_check_until_synced_exported_and_run(clean_project, monkeypatch):
+    """The authoring loop end to end, with a real kernel: each step's message names the next command."""
+    root, stem = clean_project, clean_project / "nbs" / "01_toy"
+    py = stem.with_suffix(".py")
+    py.write_text(py.read_text().replace("SCALE: float = 2.0", "SCALE: float = 4.0"))
+
+    (problem,) = nbt.check(root)
+    assert "differ" in problem and "sync" in problem
+
+    nbt.sync(stem)
+    problems = nbt.check(root)
+    assert any("not executed in one clean run" in p for p in problems)
+    assert any("toy.py differs from a fresh export" in p for p in problems)
+
+    nbt.export(stem, root)
+    (problem,) = nbt.check(root)
+    assert "_nbtools run" in problem
+
+    monkeypatch.delenv("CONVIT_EDU_FAST", raising=False)
+    monkeypatch.setenv("CI", "true")  # `run` still executes in full mode unless CONVIT_EDU_FAST says otherwise
+    nbt.run(stem, root)
+    assert nbt.check(root) == []
+    nb = nbformat.read(stem.with_suffix(".ipynb"), as_version=4)
+    assert nb.cells[-1].outputs[0]["text"] == "3.1416\n"
+    assert "execution" not in nb.cells[-1].metadata  # no timing metadata

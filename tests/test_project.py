@@ -1,0 +1,89 @@
+"""Project-wide guarantees: packaging stays consistent, imports stay light, notebooks and modules agree."""
+
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import convit_edu
+from convit_edu import _nbtools
+
+ROOT = Path(__file__).resolve().parents[1]
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+
+def pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def test_environment_yml_installs_this_package_with_its_dev_extra_and_nothing_else():
+    """environment.yml cannot drift from pyproject.toml: every package comes from pyproject's lists."""
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    project = pyproject()["project"]
+    conda, pip_entries = [], []
+    for dep in env["dependencies"]:
+        if isinstance(dep, dict):
+            pip_entries += dep["pip"]
+        else:
+            conda.append(dep)
+    python = [d for d in conda if d.startswith("python")]
+    assert python == ["python=3.11"] and sorted(conda) == ["pip", "python=3.11"], conda
+    minimum = re.fullmatch(r">=\s*([\d.]+)", project["requires-python"]).group(1)
+    assert version_tuple("3.11") >= version_tuple(minimum)
+    (entry,) = pip_entries
+    match = re.fullmatch(r"-e \.\[(\w+)\]", entry)
+    assert match, f"environment.yml should install the package itself with `-e .[dev]`, not {entry!r}"
+    assert match.group(1) in project["optional-dependencies"]
+
+
+def test_pyproject_uses_ranges_and_ci_pins_torch():
+    project = pyproject()["project"]
+    names = {re.split(r"[<>=!~\[ ]", d)[0]: d for d in project["dependencies"]}
+    assert set(names) == {"torch", "torchvision", "einops", "matplotlib", "fastprogress"}
+    dev = {re.split(r"[<>=!~\[ ]", d)[0] for d in project["optional-dependencies"]["dev"]}
+    assert dev == {"pytest", "jupytext", "nbval", "nbclient", "ipykernel", "timm"}
+    for spec in project["dependencies"] + project["optional-dependencies"]["dev"]:
+        assert "==" not in spec, f"users need ranges, not pins: {spec}"
+    pins = (ROOT / ".ci" / "constraints.txt").read_text()
+    assert "torch==2.14.1" in pins and "torchvision==0.29.1" in pins
+
+
+def test_importing_the_package_loads_no_notebook_tooling():
+    modules = [
+        f"convit_edu.{m.name}" for m in pkgutil.iter_modules(convit_edu.__path__) if m.name != "_nbtools"
+    ]
+    code = (
+        "import importlib, sys\n"
+        f"for name in ['convit_edu'] + {modules!r}: importlib.import_module(name)\n"
+        "heavy = {'jupytext', 'nbval', 'nbclient', 'nbformat'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_notebooks_and_modules_pass_the_nbtools_check():
+    """What `python -m convit_edu._nbtools check` reports: pairs equal, clean full runs, fresh exports."""
+    problems = _nbtools.check(ROOT)
+    assert problems == [], "\n".join(problems)
+
+
+def test_readme_quick_start_has_exactly_two_commands_and_ci_runs_the_second():
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("## Quick start")[1].split("\n## ")[0]
+    blocks = re.findall(r"```bash\n(.*?)```", quick, flags=re.S)
+    assert len(blocks) == 2 and all(len(b.strip().splitlines()) == 1 for b in blocks), blocks
+    assert "pytest" in blocks[1]
+    marker = "<!-- .ci/run executes the command in the next code block: keep it one line -->"
+    assert quick.split(marker)[1].lstrip().startswith(f"```bash\n{blocks[1]}```")
