@@ -1,0 +1,383 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Self-attention from scratch (Eq. 1-3) and the MHSA layer
+#
+# Every layer of a Vision Transformer, and the last two of a ConViT, is a multi-head self-attention (MHSA)
+# layer. This chapter builds it in three steps, each checked against PyTorch's own implementation: scaled
+# dot-product attention on three tokens you can follow by hand (Eq. 1), several heads at once with einops
+# (Eq. 2-3), and the `MHSA` module the rest of the course uses. It ends with the property that motivates the
+# whole paper: self-attention alone does not know where anything is.
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
+
+# %%
+#| default_exp attention
+
+# %%
+import time
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+torch.set_printoptions(precision=4, sci_mode=False)
+_ = torch.manual_seed(0)
+
+# %% [markdown]
+# ## Eq. 1: scaled dot-product attention
+#
+# A sequence of L₁ queries Q ∈ R^{L₁×D_h} is matched against L₂ keys K ∈ R^{L₂×D_h} by inner products. Entry
+# (i, j) of the attention matrix says how relevant key j is to query i:
+#
+# $$A = \operatorname{softmax}\!\left(\frac{QK^\top}{\sqrt{D_h}}\right) \in \mathbb{R}^{L_1\times L_2},
+# \qquad \operatorname{softmax}(X)_{ij} = \frac{e^{X_{ij}}}{\sum_k e^{X_{ik}}} \qquad (1)$$
+#
+# and the output for query i is the A-weighted average of the values, (AV)_i = Σ_j A_ij V_j. Dividing by
+# √D_h keeps the scores of order one when D_h grows (a dot product of D_h unit-variance terms has variance
+# D_h), so the softmax does not saturate. Three tokens with D_h = 2, small enough to follow by hand:
+
+# %%
+Q = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+K = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+V = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+
+scores = Q @ K.T / Q.shape[-1] ** 0.5
+A = scores.softmax(dim=-1)
+print("Q", Q, "K", K, "scores = Q K^T / sqrt(2)", scores, "A", A, sep="\n")
+
+# %% [markdown]
+# Read row 0: query (1, 0) points the same way as key 0 and opposite to key 2, so its scores are
+# (0.71, 0, −0.71) and A puts most weight on key 0. Query 1 = (0, 2) favours key 1, the only key it is not orthogonal to. Every row of A is a
+# probability distribution over the keys (non-negative, sums to 1), and because V is the identity here, the
+# output AV *is* A:
+
+# %%
+assert (A >= 0).all()
+torch.testing.assert_close(A.sum(-1), torch.ones(3))
+assert A[0].argmax() == 0 and A[1].argmax() == 1
+torch.testing.assert_close(A @ V, A)
+torch.testing.assert_close(scores[0], torch.tensor([1.0, 0.0, -1.0]) / 2**0.5)
+
+# %% [markdown]
+# As a function, with batch and head dimensions in front (`...`), and checked against PyTorch's fused
+# `F.scaled_dot_product_attention` (SDPA), which computes the same thing without ever storing A:
+
+# %%
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 1: softmax(q k^T / sqrt(D_h)) v over the last two dims; returns (output, A)."""
+    a = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(dim=-1)
+    return a @ v, a
+
+
+out, _ = attention(Q, K, V)
+torch.testing.assert_close(out, F.scaled_dot_product_attention(Q[None], K[None], V[None])[0])
+
+q, k, v = torch.randn(3, 2, 5, 7, 16).unbind(0)  # (batch 2, 5 "heads", 7 tokens, D_h 16), three times
+out, a = attention(q, k, v)
+torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
+print("output", tuple(out.shape), "attention", tuple(a.shape))
+
+# %% [markdown]
+# ## Eq. 2-3: multi-head self-attention
+#
+# *Self*-attention matches a sequence with itself: queries, keys and values are three linear projections of
+# the same L patch embeddings X ∈ R^{L×D_emb}. **Multi-head** SA runs N_h such heads side by side, each with its
+# own projections W^h_qry, W^h_key, W^h_val ∈ R^{D_emb×D_h}, concatenates their outputs and mixes them with one
+# output projection:
+#
+# $$\operatorname{MSA}(X) := \operatorname{concat}_{h\in[N_h]}\left[\mathrm{SA}_h(X)\right] W_{out} + b_{out},
+# \qquad \mathrm{SA}_h(X) := A^h X W^h_{val} \qquad (2, 3)$$
+#
+# with A^h from Eq. 1 applied to Q^h = X W^h_qry and K^h = X W^h_key.
+#
+# ### `head_dim` and `embed_dim`
+#
+# Two widths appear, and this course always gives them these two names: **`embed_dim`** = D_emb, the width of
+# a token between layers, and **`head_dim`** = D_h, the width of one head's queries, keys and values, with
+# `embed_dim = num_heads * head_dim`. DeiT-Ti uses 3 heads of 64 for embed_dim 192; ConViT-Ti uses 4 heads of 48
+# for the same 192. (The official ConViT code passes one of them under the other's name in places, which broke
+# checkpoint loading for its users; here a name means one thing everywhere.)
+#
+# In practice all heads' projections are stacked into one matrix: a single Linear(D_emb → 3·D_emb), `qkv`,
+# computes every head's q, k and v at once, and einops splits its output — this reshape is the whole trick of
+# multi-head attention, so we spell it out:
+
+# %%
+B, L, D, heads = 2, 5, 12, 3
+x = torch.randn(B, L, D)
+qkv_layer, proj_layer = nn.Linear(D, 3 * D), nn.Linear(D, D)
+
+qkv = qkv_layer(x)  # (B, L, 3·D): [q of head 0..N_h-1 | k of ... | v of ...]
+q, k, v = rearrange(qkv, "b l (three h d) -> three b h l d", three=3, h=heads)
+print("qkv", tuple(qkv.shape), "-> q, k, v", tuple(q.shape), "(batch, head, token, head_dim)")
+
+# %% [markdown]
+# Head h's query is columns h·D_h … (h+1)·D_h − 1 of the first third of `qkv`, i.e. X times the matching rows
+# of the weight: W^h_qry is a block of `qkv.weight`. The concat of Eq. 2 is the inverse reshape.
+
+# %%
+head_dim = D // heads
+h = 1
+w_qry_h = qkv_layer.weight[h * head_dim : (h + 1) * head_dim]
+torch.testing.assert_close(q[:, h], x @ w_qry_h.T + qkv_layer.bias[h * head_dim : (h + 1) * head_dim])
+
+
+def multi_head_self_attention(x: torch.Tensor, qkv: nn.Linear, proj: nn.Linear, heads: int) -> torch.Tensor:
+    """Eq. 2-3 with every head's projections stacked in ``qkv``; x: (B, L, D_emb)."""
+    q, k, v = rearrange(qkv(x), "b l (three h d) -> three b h l d", three=3, h=heads)
+    out, _ = attention(q, k, v)  # SA_h(X) = A^h X W^h_val for every head at once
+    return proj(rearrange(out, "b h l d -> b l (h d)"))  # concat over heads, then W_out, b_out
+
+
+y = multi_head_self_attention(x, qkv_layer, proj_layer, heads)
+print("y", tuple(y.shape))
+
+# %% [markdown]
+# PyTorch's `nn.MultiheadAttention` implements the same equations with the same layout: `in_proj_weight` stacks
+# the query, key and value projections, each split into heads along its rows. Copying our weights into it must
+# give our output and, per head, our attention maps:
+
+# %%
+torch_mha = nn.MultiheadAttention(D, heads, batch_first=True)
+with torch.no_grad():
+    torch_mha.in_proj_weight.copy_(qkv_layer.weight)
+    torch_mha.in_proj_bias.copy_(qkv_layer.bias)
+    torch_mha.out_proj.weight.copy_(proj_layer.weight)
+    torch_mha.out_proj.bias.copy_(proj_layer.bias)
+y_torch, a_torch = torch_mha(x, x, x, need_weights=True, average_attn_weights=False)
+torch.testing.assert_close(y, y_torch)
+_, a = attention(*rearrange(qkv_layer(x), "b l (three h d) -> three b h l d", three=3, h=heads))
+torch.testing.assert_close(a, a_torch)
+print("matches nn.MultiheadAttention: output", tuple(y_torch.shape), "attention", tuple(a_torch.shape))
+
+# %% [markdown]
+# ## The `MHSA` module
+#
+# The layer that DeiT uses everywhere and the ConViT in its last two blocks. On top of Eq. 2-3 it has:
+#
+# * `qkv`: Linear(embed_dim → 3·embed_dim), with a bias only if `qkv_bias` (DeiT: yes; ConViT: no);
+# * `proj`: the output projection W_out, b_out of Eq. 2;
+# * dropout on the attention weights (`attn_drop`) and on the output (`proj_drop`), 0 in the paper's recipes;
+# * a fast path: unless you ask for the attention map, it calls SDPA, which never stores the (B, N_h, L, L)
+#   matrix and picks the fastest kernel for the hardware (FlashAttention on recent GPUs), with the attention
+#   dropout done inside SDPA (`dropout_p`) in training;
+# * `return_attention=True` materialises A as in Eq. 1 and returns it with the output, for the analyses of
+#   chapter 09. The map returned is the softmax of Eq. 1 (rows sum to 1); in training the values are mixed with a
+#   dropped-out copy of it.
+#
+# Names and layout (`qkv`, `proj`, q|k|v stacked, heads contiguous inside each) are those of DeiT and ConViT
+# checkpoints, so their weights load without renaming.
+
+# %%
+#| export
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+
+class MHSA(nn.Module):
+    """Multi-head self-attention, Eq. 1-3: ``concat_h[softmax(Q_h K_h^T / sqrt(head_dim)) V_h] W_out + b_out``.
+
+    ``embed_dim`` is the token width D_emb, split into ``num_heads`` heads of ``head_dim = embed_dim //
+    num_heads``. ``forward(x)`` runs through ``F.scaled_dot_product_attention`` and never stores the
+    attention matrix; ``forward(x, return_attention=True)`` computes it explicitly and returns
+    ``(y, attn)`` with ``attn`` of shape (B, num_heads, L, L), the softmax of Eq. 1 before attention dropout.
+    """
+
+    def __init__(
+        self, embed_dim: int, num_heads: int, qkv_bias: bool = False, attn_drop: float = 0.0, proj_drop: float = 0.0
+    ) -> None:
+        super().__init__()
+        if num_heads < 1:
+            raise ValueError(f"num_heads must be at least 1, got {num_heads}")
+        if embed_dim < 1 or embed_dim % num_heads:
+            raise ValueError(
+                f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}: "
+                f"embed_dim must be a positive multiple of num_heads (embed_dim = num_heads * head_dim)"
+            )
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(embed_dim, embed_dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        if x.ndim != 3 or x.shape[-1] != self.embed_dim:
+            raise ValueError(
+                f"MHSA expects x of shape (batch, tokens, embed_dim={self.embed_dim}), got {tuple(x.shape)}"
+            )
+        q, k, v = rearrange(self.qkv(x), "b l (three h d) -> three b h l d", three=3, h=self.num_heads)
+        if return_attention:
+            attn = (q @ k.transpose(-2, -1) * self.head_dim**-0.5).softmax(dim=-1)
+            out = self.attn_drop(attn) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+        y = self.proj_drop(self.proj(rearrange(out, "b h l d -> b l (h d)")))
+        return (y, attn) if return_attention else y
+
+
+# %% [markdown]
+# ### Checks
+#
+# `MHSA` with the weights of our from-scratch layer computes the same function, on both paths, and its attention
+# rows sum to 1:
+
+# %%
+mhsa = MHSA(D, heads, qkv_bias=True).eval()
+mhsa.load_state_dict({"qkv.weight": qkv_layer.weight, "qkv.bias": qkv_layer.bias,
+                      "proj.weight": proj_layer.weight, "proj.bias": proj_layer.bias})
+y_fast = mhsa(x)
+y_slow, attn = mhsa(x, return_attention=True)
+torch.testing.assert_close(y_fast, y)
+torch.testing.assert_close(y_slow, y)
+torch.testing.assert_close(attn, a_torch)
+torch.testing.assert_close(attn.sum(-1), torch.ones(B, heads, L))
+print("embed_dim", mhsa.embed_dim, "num_heads", mhsa.num_heads, "head_dim", mhsa.head_dim)
+
+# %% [markdown]
+# One MHSA layer of ConViT-Ti or DeiT-Ti (embed_dim 192) has 4·192² weights in `qkv` and `proj` plus the 192
+# biases of `proj`: 147,648 parameters, whatever the number of heads; DeiT adds the 576 biases of `qkv`.
+
+# %%
+def n_params(m: nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+assert n_params(MHSA(192, 4)) == n_params(MHSA(192, 3)) == 4 * 192**2 + 192 == 147_648
+assert n_params(MHSA(192, 3, qkv_bias=True)) == 147_648 + 576
+print(f"MHSA(192, 4): {n_params(MHSA(192, 4)):,} parameters; with qkv bias {n_params(MHSA(192, 3, qkv_bias=True)):,}")
+
+# %% [markdown]
+# **Dropout** is only active in training: there, two calls give different outputs, but dropping weights with
+# probability p and scaling the rest by 1/(1 − p) leaves the *average* unchanged, so over many draws the
+# training-mode output approaches the evaluation-mode one (here 4000 copies of one sequence in a batch):
+
+# %%
+_ = torch.manual_seed(0)
+drop = MHSA(8, 2, attn_drop=0.5)
+x1 = torch.randn(1, 4, 8)
+y_eval = drop.eval()(x1)
+torch.testing.assert_close(drop(x1), y_eval)
+drop.train()
+for return_attention in (False, True):
+    y_train = drop(x1.expand(4000, -1, -1), return_attention=return_attention)
+    y_train = y_train[0] if return_attention else y_train
+    assert not torch.allclose(y_train[0], y_train[1])
+    torch.testing.assert_close(y_train.mean(0, keepdim=True), y_eval, atol=0.02, rtol=0)
+    print(f"return_attention={return_attention}: |mean(train) - eval| = {(y_train.mean(0) - y_eval[0]).abs().max():.4f}")
+
+# %% [markdown]
+# The fast path is also the cheap one: the materialised path stores a (B, N_h, L, L) matrix per layer. For
+# DeiT-S at 224 px (6 heads, 197 tokens of width 384) that is three times the size of the layer's input:
+
+# %%
+attn_floats, token_floats = 6 * 197**2, 197 * 384
+print(f"per image, fp32: attention {attn_floats * 4 / 1e6:.2f} MB, tokens {token_floats * 4 / 1e6:.2f} MB")
+assert attn_floats > 3 * token_floats
+
+# %% [markdown]
+# A rough timing on this machine, forward only (it varies from run to run):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+layer = MHSA(384, 6).eval()
+xb = torch.randn(8 if FAST else 32, 197, 384)
+with torch.no_grad():
+    for return_attention in (False, True):
+        layer(xb, return_attention=return_attention)
+        start = time.perf_counter()
+        for _ in range(3):
+            layer(xb, return_attention=return_attention)
+        ms = (time.perf_counter() - start) / 3 * 1e3
+        print(f"batch {xb.shape[0]}, return_attention={return_attention}: {ms:.1f} ms")
+
+# %% [markdown]
+# ## Self-attention knows no positions
+#
+# Shuffle the tokens of the input with a permutation π. Every score q_i·k_j is computed from token contents
+# only, so the shuffled input gives the shuffled output, and the attention matrix is shuffled along both axes:
+#
+# $$\mathrm{MHSA}(X_{\pi}) = \mathrm{MHSA}(X)_{\pi}, \qquad A(X_\pi)_{ij} = A(X)_{\pi(i)\pi(j)} .$$
+#
+# SA is **permutation-equivariant**: a layer of it cannot tell whether a patch was in the corner or in the
+# centre of the image, or whether two patches were neighbours. An image is not a bag of patches, and this is
+# why ViT adds positional embeddings to its input and why the ConViT gives attention *relative* positions
+# (chapter 02).
+
+# %%
+_ = torch.manual_seed(1)
+mhsa = MHSA(32, 4).eval()
+x = torch.randn(1, 9, 32)
+perm = torch.randperm(9)
+with torch.no_grad():
+    y, attn = mhsa(x, return_attention=True)
+    y_perm, attn_perm = mhsa(x[:, perm], return_attention=True)
+torch.testing.assert_close(y_perm, y[:, perm])
+torch.testing.assert_close(attn_perm, attn[:, :, perm][:, :, :, perm])
+print("permutation", perm.tolist())
+
+# %%
+inverse = perm.argsort()
+fig, axes = plt.subplots(1, 3, figsize=(8, 2.6), dpi=90)
+panels = [
+    (attn[0, 0], "A(X), head 0"),
+    (attn_perm[0, 0], "A(X shuffled)"),
+    (attn_perm[0, 0][inverse][:, inverse], "A(X shuffled), unshuffled"),
+]
+for ax, (img, title) in zip(axes, panels):
+    ax.imshow(img, cmap="magma", vmin=0, vmax=attn[0, 0].max())
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("key"), ax.set_ylabel("query")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Bad input
+#
+# Errors are raised before any computation and name the wrong value:
+
+# %%
+for make in (lambda: MHSA(100, 3), lambda: MHSA(192, 0)):
+    try:
+        make()
+    except ValueError as e:
+        print("ValueError:", e)
+    else:
+        raise AssertionError("no error")
+for shape in [(197, 192), (2, 197, 96)]:
+    try:
+        MHSA(192, 3)(torch.zeros(shape))
+    except ValueError as e:
+        print("ValueError:", e)
+    else:
+        raise AssertionError("no error")
+
+# %% [markdown]
+# ## What we built
+#
+# * Eq. 1 as five lines, equal to `F.scaled_dot_product_attention`;
+# * Eq. 2-3 as an einops reshape around it, equal to `nn.MultiheadAttention` with the same weights;
+# * `convit_edu.attention.MHSA(embed_dim, num_heads, qkv_bias, attn_drop, proj_drop)`: SDPA by default,
+#   attention maps on request, checkpoint-compatible names;
+# * the reason for the next chapter: SA is permutation-equivariant and needs to be told where patches are.
