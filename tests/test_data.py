@@ -1,0 +1,490 @@
+"""Tests for convit_edu.data (notebook nbs/06_data): datasets, subsampling, the DeiT recipe, samplers, loaders."""
+
+import hashlib
+import math
+import pickle
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import datasets
+
+from convit_edu.data import (
+    PRESETS,
+    AugConfig,
+    ImageFolderDataset,
+    MixupCutmix,
+    RepeatAugSampler,
+    SyntheticImages,
+    benchmark_loader,
+    build_datasets,
+    build_loader,
+    build_mixup,
+    build_transforms,
+    extract_subset,
+    scaled_epochs,
+    subsample_per_class,
+)
+
+TINY_IMAGENET = Path(__file__).resolve().parents[2] / "shared" / "data" / "tiny-imagenet-100.tar.gz"
+CLASSES = ["cat", "dog", "eel"]
+TRAIN_PER_CLASS, VAL_PER_CLASS = 6, 2
+
+
+def write_jpeg(path: Path, seed: int, mode: str = "RGB", size: int = 20) -> None:
+    rng = np.random.default_rng(seed)
+    channels = {"RGB": 3, "L": 1, "CMYK": 4}[mode]
+    pixels = rng.integers(0, 256, (size, size + 4, channels), dtype=np.uint8)
+    Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels, mode).save(path, "JPEG")
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """An ImageNet-style tree of small JPEGs; cat/img_01 is greyscale, dog/img_02 is CMYK."""
+    for split, n in (("train", TRAIN_PER_CLASS), ("val", VAL_PER_CLASS)):
+        for c, name in enumerate(CLASSES):
+            (tmp_path / split / name).mkdir(parents=True)
+            for k in range(n):
+                mode = "L" if (name, k) == ("cat", 1) else "CMYK" if (name, k) == ("dog", 2) else "RGB"
+                write_jpeg(tmp_path / split / name / f"img_{k:02d}.jpg", seed=100 * c + k, mode=mode)
+    return tmp_path
+
+
+# ------------------------------------------------------------------------------------------ image folders
+
+
+def test_imagefolder_reads_greyscale_and_cmyk_jpegs_as_rgb(folder):
+    train, val, names = build_datasets("imagefolder", folder)
+    assert names == CLASSES and len(train) == 3 * TRAIN_PER_CLASS and len(val) == 3 * VAL_PER_CLASS
+    with Image.open(folder / "train" / "cat" / "img_01.jpg") as im:
+        assert im.mode == "L"
+    with Image.open(folder / "train" / "dog" / "img_02.jpg") as im:
+        assert im.mode == "CMYK"
+    for i in range(len(train)):
+        image, label = train[i]
+        assert image.mode == "RGB" and image.size == (24, 20)
+        assert label == train.samples[i][1] == CLASSES.index(Path(train.samples[i][0]).parent.name)
+
+
+def test_fraction_keeps_the_first_files_of_each_class_in_sorted_order(folder):
+    for fraction, per_class in ((1 / 6, 1), (0.5, 3), (0.99, 5), (1.0, 6)):
+        train, val, _ = build_datasets("imagefolder", folder, fraction=fraction)
+        names = [(Path(p).parent.name, Path(p).name) for p, _ in train.samples]
+        assert names == [(c, f"img_{k:02d}.jpg") for c in CLASSES for k in range(per_class)], fraction
+        assert len(val) == 3 * VAL_PER_CLASS  # validation is never subsampled
+    again, _, _ = build_datasets("imagefolder", folder, fraction=0.5)
+    assert again.samples == build_datasets("imagefolder", folder, fraction=0.5)[0].samples
+
+
+def test_subsample_per_class_counts_and_order():
+    targets = [i % 4 for i in range(400)]  # 100 per class, interleaved
+    for f in (0.05, 0.1, 0.29, 0.3, 0.5, 1.0):
+        keep = subsample_per_class(targets, f)
+        assert keep == sorted(keep)
+        for c in range(4):
+            mine = [i for i in keep if targets[i] == c]
+            assert mine == [i for i in range(400) if targets[i] == c][: math.floor(round(f * 100, 6))]
+
+
+def test_scaled_epochs_multiplies_by_one_over_f():
+    assert [scaled_epochs(300, f) for f in (0.05, 0.1, 0.3, 0.5, 1)] == [6000, 3000, 1000, 600, 300]
+
+
+def test_max_classes_keeps_the_first_k_sorted_classes_in_both_splits(folder):
+    train, val, names = build_datasets("imagefolder", folder, max_classes=2, fraction=0.5)
+    assert names == CLASSES[:2] and train.classes == val.classes == CLASSES[:2]
+    assert sorted(set(train.targets)) == sorted(set(val.targets)) == [0, 1]
+    assert len(train) == 2 * 3 and len(val) == 2 * VAL_PER_CLASS
+
+
+@pytest.mark.parametrize("fraction", [0, -0.1, 1.5, float("nan")])
+def test_fraction_outside_zero_one_is_an_error_naming_it(folder, fraction):
+    with pytest.raises(ValueError, match=rf"fraction {fraction!r} is outside \(0, 1\]"):
+        build_datasets("imagefolder", folder, fraction=fraction)
+
+
+def test_fraction_that_empties_a_class_is_an_error(folder):
+    with pytest.raises(ValueError, match=r"fraction 0.1 keeps none of the 6 images of class 0; use fraction >= 0.1667"):
+        build_datasets("imagefolder", folder, fraction=0.1)
+
+
+def test_max_classes_larger_than_the_number_of_classes_is_an_error(folder):
+    with pytest.raises(ValueError, match="max_classes 5 is larger than the 3 classes"):
+        build_datasets("imagefolder", folder, max_classes=5)
+    with pytest.raises(ValueError, match="max_classes 0 must be a positive integer"):
+        build_datasets("imagefolder", folder, max_classes=0)
+
+
+def test_missing_or_empty_dataset_folder_explains_the_layout(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no train/ and val/ folders \(folder missing\).*ROOT/train/<class>"):
+        build_datasets("imagefolder", tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=r"found \[\].*data/README.md"):
+        build_datasets("imagefolder", tmp_path)
+    (tmp_path / "train").mkdir()
+    (tmp_path / "val").mkdir()
+    with pytest.raises(FileNotFoundError, match="no class folders in .*train: expected"):
+        build_datasets("imagefolder", tmp_path)
+
+
+def test_class_folder_without_images_is_an_error_naming_it(folder):
+    (folder / "train" / "fox").mkdir()
+    (folder / "train" / "fox" / "notes.txt").write_text("not an image")
+    with pytest.raises(ValueError, match=r"class folder\(s\) with no images in .*train: fox"):
+        build_datasets("imagefolder", folder)
+
+
+def test_train_and_val_with_different_classes_is_an_error(folder):
+    (folder / "val" / "eel").rename(folder / "val" / "emu")
+    with pytest.raises(ValueError, match=r"only in train \['eel'\], only in val \['emu'\]"):
+        build_datasets("imagefolder", folder)
+
+
+def test_truncated_image_is_skipped_with_a_warning_naming_the_file(folder):
+    bad = folder / "train" / "cat" / "img_03.jpg"
+    bad.write_bytes(bad.read_bytes()[:200])  # truncated JPEG
+    (folder / "train" / "cat" / "img_04.jpg").write_bytes(b"not a jpeg at all")
+    train, _, _ = build_datasets("imagefolder", folder)
+    index = [Path(p).name for p, _ in train.samples].index("img_03.jpg")
+    with pytest.warns(UserWarning) as record:
+        image, label = train[index]
+    messages = [str(w.message) for w in record]
+    assert any("img_03.jpg" in m for m in messages) and any("img_04.jpg" in m for m in messages)
+    expected, _ = train[index + 2]  # the next readable file, img_05
+    assert label == 0 and np.array_equal(np.asarray(image), np.asarray(expected))
+    train.transform = build_transforms(AugConfig(img_size=16))[1]
+    loader = build_loader(train, 4, None, num_workers=0, seed=0, drop_last=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert sum(len(y) for _, y in loader) == len(train)  # a whole epoch, no crash
+
+
+def test_unknown_name_or_keywords_are_errors(folder):
+    with pytest.raises(ValueError, match="unknown dataset 'imagenet': choose one of cifar100, imagefolder, fake"):
+        build_datasets("imagenet", folder)
+    with pytest.raises(TypeError, match="unexpected keyword.*num_train"):
+        build_datasets("imagefolder", folder, num_train=3)
+
+
+# ------------------------------------------------------------------------------------------ CIFAR-100
+
+
+def write_cifar100(root: Path, n_train_per_class: int = 4, n_test_per_class: int = 2, num_classes: int = 100):
+    """An archive in the CIFAR-100 python pickle format (class-interleaved, as the real one is shuffled).
+
+    The real files are Python 2 pickles whose keys torchvision reads with ``encoding="latin1"`` as ``str``
+    ("data", "fine_labels", "fine_label_names"); a Python 3 pickle with ``str`` keys reads the same way.
+    """
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for split, n in (("train", n_train_per_class), ("test", n_test_per_class)):
+        labels = [c for _ in range(n) for c in range(num_classes)]
+        data = rng.integers(0, 256, (len(labels), 3072), dtype=np.uint8)
+        arrays[split] = (data, labels)
+        with open(folder / split, "wb") as f:
+            pickle.dump({"data": data, "fine_labels": labels, "coarse_labels": [0] * len(labels)}, f)
+    names = [f"fine_{c:02d}" for c in range(num_classes)]
+    with open(folder / "meta", "wb") as f:
+        pickle.dump({"fine_label_names": names, "coarse_label_names": ["x"]}, f)
+    return arrays, names
+
+
+@pytest.fixture
+def cifar_root(tmp_path, monkeypatch):
+    """A test archive read through torchvision's real CIFAR100 code, integrity check included: the expected
+    md5 sums (class attributes) are set to those of the files written here, everything else is unchanged."""
+    arrays, names = write_cifar100(tmp_path)
+    md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in (tmp_path / "cifar-100-python").iterdir()}
+    monkeypatch.setattr(datasets.CIFAR100, "train_list", [["train", md5["train"]]])
+    monkeypatch.setattr(datasets.CIFAR100, "test_list", [["test", md5["test"]]])
+    monkeypatch.setattr(datasets.CIFAR100, "meta", {**datasets.CIFAR100.meta, "md5": md5["meta"]})
+    return tmp_path, arrays, names
+
+
+def test_cifar100_reads_the_pickle_archive_through_torchvision(cifar_root):
+    root, arrays, names = cifar_root
+    train, val, class_names = build_datasets("cifar100", root, download=False)
+    assert class_names == names and len(train) == 400 and len(val) == 200
+    image, label = train[7]
+    pixels = arrays["train"][0][7].reshape(3, 32, 32).transpose(1, 2, 0)
+    assert label == 7 and image.mode == "RGB" and np.array_equal(np.asarray(image), pixels)
+
+
+def test_cifar100_fraction_and_max_classes(cifar_root):
+    root, arrays, names = cifar_root
+    train, val, class_names = build_datasets("cifar100", root, download=False, fraction=0.5, max_classes=10)
+    assert class_names == names[:10] and len(train) == 10 * 2 and len(val) == 10 * 2
+    expected = [i for i, t in enumerate(arrays["train"][1]) if t < 10][:20]  # class-interleaved: first 2 of each
+    assert np.array_equal(train.data, arrays["train"][0][expected].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+    assert train.targets == [arrays["train"][1][i] for i in expected]
+    assert sorted(set(val.targets)) == list(range(10))
+
+
+def test_cifar100_missing_or_corrupt_says_how_to_download(cifar_root, tmp_path_factory):
+    with pytest.raises(FileNotFoundError, match=r"CIFAR-100 not found .*download=True"):
+        build_datasets("cifar100", tmp_path_factory.mktemp("empty"), download=False)
+    root, _, _ = cifar_root
+    (root / "cifar-100-python" / "test").write_bytes(b"corrupt")
+    with pytest.raises(FileNotFoundError, match="checksums do not match"):
+        build_datasets("cifar100", root, download=False)
+
+
+# ------------------------------------------------------------------------------------------ synthetic data
+
+
+def test_fake_images_are_reproducible_and_learnable():
+    train, val, names = build_datasets("fake", num_train=200, num_val=50, num_classes=5, image_size=16, seed=3)
+    assert names == [f"class_{c:03d}" for c in range(5)] and (len(train), len(val)) == (200, 50)
+    again, _, _ = build_datasets("fake", num_train=200, num_val=50, num_classes=5, image_size=16, seed=3)
+    assert np.array_equal(np.asarray(train[17][0]), np.asarray(again[17][0]))
+    assert not np.array_equal(np.asarray(train[17][0]), np.asarray(val[17][0]))
+    to_array = lambda ds: (np.stack([np.asarray(ds[i][0], dtype=np.float32) for i in range(len(ds))]),
+                           np.array(ds.targets))
+    x, y = to_array(train)
+    means = np.stack([x[y == c].mean(0) for c in range(5)])
+    xv, yv = to_array(val)
+    predicted = ((xv[:, None] - means[None]) ** 2).sum((2, 3, 4)).argmin(1)
+    assert (predicted == yv).mean() >= 0.9  # a nearest-class-mean classifier separates the classes
+
+
+def test_fake_fraction_and_max_classes():
+    train, val, names = build_datasets("fake", num_train=100, num_val=40, num_classes=10, max_classes=4,
+                                       fraction=0.3)
+    assert names == [f"class_{c:03d}" for c in range(4)]
+    assert [train.targets.count(c) for c in range(4)] == [3, 3, 3, 3]
+    assert [val.targets.count(c) for c in range(4)] == [4, 4, 4, 4]
+    with pytest.raises(TypeError, match="unexpected keyword.*colour"):
+        build_datasets("fake", colour=True)
+
+
+# ------------------------------------------------------------------------------------------ transforms
+
+
+@pytest.mark.parametrize("preset,size", [("imagenet", 224), ("cifar100-224", 224), ("cifar100-32", 32)])
+def test_presets_give_normalised_tensors_of_the_preset_size(preset, size):
+    train_tf, val_tf = build_transforms(PRESETS[preset])
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    torch.manual_seed(0)
+    for tf in (train_tf, val_tf):
+        x = tf(image)
+        assert x.shape == (3, size, size) and x.dtype == torch.float32
+    assert torch.equal(val_tf(image), val_tf(image))  # evaluation is deterministic
+
+
+def test_imagenet_recipe_has_deit_values():
+    train_tf, val_tf = build_transforms(PRESETS["imagenet"])
+    steps = {type(t).__name__: t for t in train_tf.transforms}
+    rrc = steps["RandomResizedCrop"]
+    assert rrc.size == (224, 224) and rrc.scale == (0.08, 1.0) and rrc.interpolation.value == "bicubic"
+    assert steps["RandomHorizontalFlip"].p == 0.5
+    assert (steps["RandAugment"].num_ops, steps["RandAugment"].magnitude) == (2, 9)
+    assert steps["RandomErasing"].p == 0.25 and steps["RandomErasing"].value is None  # None: per-pixel random
+    assert list(steps) == ["RandomResizedCrop", "RandomHorizontalFlip", "RandAugment", "ToImage", "ToDtype",
+                           "Normalize", "RandomErasing"]
+    resize, crop = val_tf.transforms[:2]
+    assert resize.size == [256] and crop.size == (224, 224)
+    cfg = PRESETS["imagenet"]
+    assert (cfg.mixup_alpha, cfg.cutmix_alpha, cfg.cutmix_prob, cfg.label_smoothing) == (0.8, 1.0, 0.5, 0.1)
+
+
+def test_eval_transform_is_resize_then_centre_crop():
+    from torchvision.transforms.v2 import functional as TF
+
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (300, 400, 3), dtype=np.uint8))
+    cfg = AugConfig(img_size=64, crop_ratio=0.8)
+    _, val_tf = build_transforms(cfg)
+    by_hand = TF.center_crop(TF.resize(TF.pil_to_tensor(image), [80], interpolation=TF.InterpolationMode.BICUBIC,
+                                       antialias=True), [64])
+    expected = (by_hand.float() / 255 - torch.tensor(cfg.mean)[:, None, None]) / torch.tensor(cfg.std)[:, None, None]
+    torch.testing.assert_close(val_tf(image), expected, atol=2 / 255 / 0.22, rtol=0)  # PIL vs tensor resize
+
+
+def test_cifar_32_preset_pads_and_crops():
+    train_tf, _ = build_transforms(PRESETS["cifar100-32"])
+    names = [type(t).__name__ for t in train_tf.transforms]
+    assert names == ["RandomCrop", "RandomHorizontalFlip", "ToImage", "ToDtype", "Normalize"]
+    assert train_tf.transforms[0].padding == [4, 4, 4, 4]
+    assert build_mixup(PRESETS["cifar100-32"], 100) is None
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(img_size=0), "img_size 0 must be a positive integer"),
+    (dict(erasing=1.5), "erasing 1.5 is a probability"),
+    (dict(crop="centre"), "crop 'centre' must be"),
+    (dict(crop_ratio=0), r"crop_ratio 0 must lie in \(0, 1\]"),
+    (dict(label_smoothing=1.0), r"label_smoothing 1.0 must lie in \[0, 1\)"),
+])
+def test_bad_aug_config_values_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AugConfig(**kwargs)
+
+
+# ------------------------------------------------------------------------------------------ MixUp / CutMix
+
+
+def test_mixup_cutmix_soft_targets_sum_to_one_with_label_smoothing():
+    torch.manual_seed(0)
+    mix = build_mixup(PRESETS["imagenet"], num_classes=10)
+    for _ in range(20):
+        images, labels = torch.rand(8, 3, 16, 16), torch.randint(0, 10, (8,))
+        mixed, targets = mix(images, labels)
+        assert mixed.shape == images.shape and targets.shape == (8, 10)
+        torch.testing.assert_close(targets.sum(1), torch.ones(8))
+        assert targets.min() >= 0.1 / 10 - 1e-6  # smoothing: every class keeps at least eps / C
+
+
+def test_mixup_mixes_images_and_targets_with_the_same_lambda():
+    torch.manual_seed(1)
+    mix = MixupCutmix(num_classes=4, mixup_alpha=0.8, cutmix_alpha=0.0, label_smoothing=0.0)
+    images, labels = torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+    mixed, targets = mix(images, labels)
+    lam = targets[0, 0]  # sample 0 is mixed with sample 3 (torchvision pairs sample i with i - 1)
+    torch.testing.assert_close(targets[0, 3], 1 - lam)
+    torch.testing.assert_close(mixed, lam * images + (1 - lam) * images.roll(1, 0))
+
+
+def test_cutmix_target_is_the_share_of_pasted_pixels():
+    torch.manual_seed(2)
+    mix = MixupCutmix(num_classes=4, mixup_alpha=0.0, cutmix_alpha=1.0, label_smoothing=0.0)
+    images = torch.arange(4.0)[:, None, None, None].expand(4, 3, 16, 16).clone()  # image i is constant i
+    for _ in range(10):
+        mixed, targets = mix(images, torch.arange(4))
+        from_partner = (mixed[1] == 0).float().mean()  # sample 1's partner is sample 0
+        torch.testing.assert_close(targets[1, 0], from_partner)
+
+
+def test_mixup_rejects_bad_labels():
+    mix = build_mixup(PRESETS["imagenet"], num_classes=5)
+    with pytest.raises(ValueError, match=r"labels must lie in 0..4, got 0..7"):
+        mix(torch.rand(2, 3, 4, 4), torch.tensor([0, 7]))
+
+
+# ------------------------------------------------------------------------------------------ samplers
+
+
+def epoch_per_rank(n, world, repeats=1, epoch=0, seed=0):
+    out = []
+    for rank in range(world):
+        s = RepeatAugSampler(n, world, rank, repeats=repeats, seed=seed)
+        s.set_epoch(epoch)
+        out.append(list(s))
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [12, 13, 37])
+def test_sampler_ranks_are_disjoint_equal_length_and_cover_the_data(n, world):
+    ranks = epoch_per_rank(n, world)
+    assert {len(r) for r in ranks} == {math.ceil(n / world)}
+    seen = [i for r in ranks for i in r]
+    assert set(seen) == set(range(n))
+    assert len(seen) - n == (-n) % world  # the only overlap: padding to a multiple of the world size
+    if n % world == 0:
+        assert len(set(seen)) == len(seen)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_repeated_augmentation_sends_copies_to_different_ranks(world):
+    n, r = 24, 3
+    ranks = epoch_per_rank(n, world, repeats=r)
+    assert {len(x) for x in ranks} == {n // world}
+    counts = {}
+    for x in ranks:
+        for i in x:
+            counts[i] = counts.get(i, 0) + 1
+    assert set(counts.values()) == {r} and len(counts) == n // r  # a third of the data, three times each
+    if world >= r:
+        assert all(len(set(x)) == len(x) for x in ranks)  # no rank sees the same image twice
+
+
+def test_global_batches_are_the_same_for_every_world_size():
+    n, batch = 48, 12  # global batch 12: one rank x 12, two x 6, three x 4, four x 3
+    reference = epoch_per_rank(n, 1, repeats=3, epoch=5)[0]
+    for world in (2, 3, 4):
+        ranks = epoch_per_rank(n, world, repeats=3, epoch=5)
+        per = batch // world
+        for step in range(n // batch):
+            union = sorted(i for x in ranks for i in x[step * per : (step + 1) * per])
+            assert union == sorted(reference[step * batch : (step + 1) * batch])
+
+
+def test_sampler_reshuffles_per_epoch_and_is_reproducible():
+    a, b = epoch_per_rank(50, 2, epoch=0), epoch_per_rank(50, 2, epoch=1)
+    assert a != b and a == epoch_per_rank(50, 2, epoch=0)
+    assert epoch_per_rank(50, 2, epoch=0, seed=1) != a
+    unshuffled = RepeatAugSampler(6, 2, 1, shuffle=False)
+    assert list(unshuffled) == [1, 3, 5]
+
+
+@pytest.mark.parametrize("world,repeats", [(1, 1), (2, 3), (3, 1), (4, 3)])
+def test_sampler_resumes_mid_epoch_exactly(world, repeats):
+    for rank in range(world):
+        full = RepeatAugSampler(41, world, rank, repeats=repeats, seed=7)
+        full.set_epoch(3)
+        whole = list(full)
+        for start in (0, 5, len(whole)):
+            resumed = RepeatAugSampler(41, world, rank, repeats=repeats, seed=7)
+            resumed.set_epoch(3, start)
+            assert list(resumed) == whole[start:] and resumed.remaining == len(whole) - start
+            assert len(resumed) == len(whole)
+
+
+def test_sampler_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="rank 2 must lie in 0..1 for num_replicas 2"):
+        RepeatAugSampler(10, 2, 2)
+    with pytest.raises(ValueError, match="repeats 0 must be a positive integer"):
+        RepeatAugSampler(10, repeats=0)
+    with pytest.raises(ValueError, match="start 6 must lie in 0..5"):
+        RepeatAugSampler(10, 2).set_epoch(0, 6)
+
+
+# ------------------------------------------------------------------------------------------ loaders
+
+
+def test_loader_with_workers_is_reproducible_from_its_seed():
+    train, _, _ = build_datasets("fake", num_train=24, num_val=4, image_size=16,
+                                 train_transform=build_transforms(AugConfig(img_size=16))[0])
+    def epoch(seed):
+        sampler = RepeatAugSampler(len(train), seed=seed)
+        loader = build_loader(train, 8, sampler, num_workers=2, seed=seed, drop_last=True)
+        assert loader.persistent_workers and loader.prefetch_factor == 4 and len(loader) == 3
+        return [(x, y) for x, y in loader]
+
+    a, b, c = epoch(0), epoch(0), epoch(1)
+    assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
+    assert not torch.equal(a[0][0], c[0][0])
+
+
+def test_benchmark_reports_every_stage_and_restores_the_transform():
+    train, _, _ = build_datasets("fake", num_train=32, num_val=4, image_size=16)
+    tf, _ = build_transforms(AugConfig(img_size=16))
+    result = benchmark_loader(train, tf, batch_size=8, num_batches=3, num_workers=0,
+                              mixup=build_mixup(AugConfig(), 10))
+    assert all(v > 0 for v in (result.decode, result.augment, result.collate, result.loader))
+    assert train.transform is None and "slowest stage" in str(result)
+
+
+# ------------------------------------------------------------------------------------------ real images
+
+
+@pytest.mark.skipif(not TINY_IMAGENET.is_file(), reason=f"shared archive {TINY_IMAGENET} not present")
+def test_tiny_imagenet_subset_loads_through_the_whole_pipeline(tmp_path):
+    root = extract_subset(TINY_IMAGENET, tmp_path / "tin", max_classes=3, max_per_class=8)
+    assert extract_subset(TINY_IMAGENET, tmp_path / "tin", max_classes=3, max_per_class=8) == root  # cached
+    train_tf, val_tf = build_transforms(PRESETS["imagenet"])
+    train, val, names = build_datasets("imagefolder", root, train_transform=train_tf, val_transform=val_tf,
+                                       fraction=0.5)
+    assert train.classes == sorted(train.classes) and len(names) == 3 and names[0] == "goldfish"
+    assert len(train) == 3 * 4 and len(val) == 3 * 8
+    loader = build_loader(train, 4, RepeatAugSampler(len(train), repeats=3), num_workers=0, seed=0,
+                          drop_last=True)
+    mix = build_mixup(PRESETS["imagenet"], len(names))
+    for images, labels in loader:
+        mixed, targets = mix(images, labels)
+        assert mixed.shape == (4, 3, 224, 224) and targets.shape == (4, 3)
+    with pytest.raises(FileExistsError, match="is not empty"):
+        extract_subset(TINY_IMAGENET, tmp_path / "tin", max_classes=2)
