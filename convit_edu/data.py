@@ -11,7 +11,7 @@ import math
 import tarfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -150,7 +150,7 @@ class SyntheticImages(Dataset):
     """
 
     def __init__(self, num_images: int, num_classes: int = 10, image_size: int = 32, seed: int = 0,
-                 split: str = "train", transform: Callable | None = None, noise: float = 0.25):
+                 split: str = "train", transform: Callable | None = None, noise: float = 0.15):
         for name, value in (("num_images", num_images), ("num_classes", num_classes), ("image_size", image_size)):
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} {value!r} must be a positive integer")
@@ -325,7 +325,7 @@ def extract_subset(archive: str | Path, dest: str | Path, max_classes: int,
     return dest
 
 
-# %% nbs/06_data.py 19
+# %% nbs/06_data.py 27
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
@@ -387,7 +387,7 @@ PRESETS: dict[str, AugConfig] = {
 }
 
 
-# %% nbs/06_data.py 21
+# %% nbs/06_data.py 29
 def build_transforms(cfg: AugConfig) -> tuple[v2.Compose, v2.Compose]:
     """``(train_transform, val_transform)`` of a recipe, PIL image in, normalised float tensor (3, S, S) out."""
     interpolation = v2.InterpolationMode(cfg.interpolation)
@@ -411,7 +411,7 @@ def build_transforms(cfg: AugConfig) -> tuple[v2.Compose, v2.Compose]:
     return v2.Compose(train), v2.Compose(val)
 
 
-# %% nbs/06_data.py 24
+# %% nbs/06_data.py 36
 class MixupCutmix:
     """Per batch: MixUp or CutMix (chosen at random), soft targets with label smoothing (DeiT recipe)."""
 
@@ -452,7 +452,7 @@ def build_mixup(cfg: AugConfig, num_classes: int) -> MixupCutmix | None:
     return MixupCutmix(num_classes, cfg.mixup_alpha, cfg.cutmix_alpha, cfg.cutmix_prob, cfg.label_smoothing)
 
 
-# %% nbs/06_data.py 26
+# %% nbs/06_data.py 42
 class RepeatAugSampler(Sampler[int]):
     """Distributed sampler with repeated augmentation; resumable within an epoch.
 
@@ -513,7 +513,7 @@ class RepeatAugSampler(Sampler[int]):
         return iter(mine[self.start :].tolist())
 
 
-# %% nbs/06_data.py 28
+# %% nbs/06_data.py 50
 def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, num_workers: int, seed: int,
                  drop_last: bool, pin_memory: bool | None = None) -> DataLoader:
     """A DataLoader over ``sampler`` (None: dataset order) with workers, pinning, prefetch and a seeded generator."""
@@ -532,7 +532,7 @@ def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, 
     )
 
 
-# %% nbs/06_data.py 30
+# %% nbs/06_data.py 52
 @dataclass
 class LoaderBenchmark:
     """Images per second of each pipeline stage, measured by ``benchmark_loader``."""

@@ -63,7 +63,7 @@ import math
 import tarfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -234,7 +234,7 @@ class SyntheticImages(Dataset):
     """
 
     def __init__(self, num_images: int, num_classes: int = 10, image_size: int = 32, seed: int = 0,
-                 split: str = "train", transform: Callable | None = None, noise: float = 0.25):
+                 split: str = "train", transform: Callable | None = None, noise: float = 0.15):
         for name, value in (("num_images", num_images), ("num_classes", num_classes), ("image_size", image_size)):
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} {value!r} must be a positive integer")
@@ -409,6 +409,66 @@ def extract_subset(archive: str | Path, dest: str | Path, max_classes: int,
     return dest
 
 # %% [markdown]
+# ### ImageNet in miniature: Tiny ImageNet
+#
+# The project's developers have a 100-class Tiny ImageNet (64×64 photographs of ImageNet classes, 500 training
+# and 50 validation images per class, in the ImageNet folder layout) beside the repository. We extract its
+# first four classes, once, into `data/` (ignored by git) and read them exactly as ImageNet-1k would be read.
+# Without the archive (a user's machine) the chapter falls back to synthetic images and `grace_hopper.jpg`.
+
+# %%
+ARCHIVE = Path("../../shared/data/tiny-imagenet-100.tar.gz")
+HAVE_TINY = ARCHIVE.is_file()
+if HAVE_TINY:
+    TINY = extract_subset(ARCHIVE, Path("../data/tiny-imagenet-100-first4"), max_classes=4)
+    train_ds, val_ds, names = build_datasets("imagefolder", TINY)
+else:
+    train_ds, val_ds, names = build_datasets("fake", num_train=2000, num_val=200, num_classes=4, image_size=64)
+print(f"{type(train_ds).__name__}: {len(train_ds)} train / {len(val_ds)} val images, classes {names}")
+image, label = train_ds[0]
+print("first image:", image.mode, image.size, "label", label, f"({names[label]})")
+
+# %% [markdown]
+# Table 2's fractions on these classes. Each class keeps ⌊f·500⌋ images, the first ones in sorted file order, so
+# a smaller fraction is always a subset of a larger one (the runs of Table 2 are nested), and the epochs grow as
+# 1/f:
+
+# %%
+print(f"{'f':>5} {'per class':>10} {'total':>6} {'epochs (300 at f=1)':>20}")
+subsets = {}
+for f in (0.05, 0.1, 0.3, 0.5, 1.0):
+    sub, _, _ = build_datasets("imagefolder" if HAVE_TINY else "fake", TINY if HAVE_TINY else "data",
+                               fraction=f, **({} if HAVE_TINY else dict(num_train=2000, num_classes=4, image_size=64)))
+    counts = [sub.targets.count(c) for c in range(len(names))]
+    assert counts == [math.floor(f * 500 + 1e-9)] * 4
+    subsets[f] = sub.samples if HAVE_TINY else sub.indices
+    print(f"{f:>5} {counts[0]:>10} {len(sub):>6} {scaled_epochs(300, f):>20}")
+fs = sorted(subsets)
+assert all(set(subsets[a]) <= set(subsets[b]) for a, b in zip(fs, fs[1:]))  # nested subsets
+
+# %% [markdown]
+# The first K classes: labels stay 0..K−1 and both splits agree.
+
+# %%
+first2, val2, names2 = build_datasets("imagefolder" if HAVE_TINY else "fake", TINY if HAVE_TINY else "data",
+                                      max_classes=2, **({} if HAVE_TINY else dict(num_train=2000, num_classes=4)))
+assert names2 == names[:2] and sorted(set(first2.targets)) == sorted(set(val2.targets)) == [0, 1]
+print(names2, len(first2), len(val2))
+
+# %% [markdown]
+# The synthetic images, one row per class: a smooth colour pattern per class plus noise, different for every
+# image, so a model can learn them (the tests check that a nearest-class-mean classifier already does).
+
+# %%
+fake_train, _, fake_names = build_datasets("fake", num_train=40, num_val=10, num_classes=5, image_size=32)
+fig, axes = plt.subplots(5, 8, figsize=(6, 4), dpi=80)
+for ax, (img, y) in zip(axes.T.flat, (fake_train[i] for i in range(40))):
+    ax.imshow(img)
+    ax.set_axis_off()
+fig.suptitle("build_datasets('fake'): rows = classes 0..4")
+plt.show()
+
+# %% [markdown]
 # ## The DeiT recipe, every value visible
 #
 # DeiT trains a ViT on ImageNet-1k alone by regularising hard, and the ConViT paper keeps every value of that
@@ -533,6 +593,55 @@ print(val_tf)
 assert val_tf.transforms[0].size == [256]  # 224 / 0.875
 
 # %% [markdown]
+# What the recipe does to one photograph: eight training views (each a new random crop, flip, RandAugment and
+# sometimes an erased box, shown after undoing the normalisation) and the single evaluation view. The crops
+# are aggressive — scale down to 8 % of the area — which is part of why DeiT needs 300 epochs.
+
+# %%
+if HAVE_TINY:
+    photo = load_rgb(TINY / "train" / "n01443537" / "n01443537_0.JPEG")
+    photo_name = f"Tiny ImageNet, {names[0]}"
+else:
+    import matplotlib.cbook
+
+    photo = load_rgb(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))
+    photo_name = "grace_hopper.jpg"
+print(photo_name, photo.size)
+
+
+def show(x: torch.Tensor, cfg: AugConfig):
+    """A normalised (3, H, W) tensor back to an image array for imshow."""
+    mean, std = torch.tensor(cfg.mean)[:, None, None], torch.tensor(cfg.std)[:, None, None]
+    return (x * std + mean).clamp(0, 1).permute(1, 2, 0).numpy()
+
+
+def augmentation_grid(image, preset: str, title: str):
+    cfg = PRESETS[preset]
+    train_tf, val_tf = build_transforms(cfg)
+    torch.manual_seed(0)
+    fig, axes = plt.subplots(1, 9, figsize=(11, 1.6), dpi=80)
+    views = [train_tf(image) for _ in range(8)] + [val_tf(image)]
+    for i, (ax, x) in enumerate(zip(axes, views)):
+        assert x.shape == (3, cfg.img_size, cfg.img_size)
+        ax.imshow(show(x, cfg))
+        ax.set_title("eval" if i == 8 else f"train {i}", fontsize=8)
+        ax.set_axis_off()
+    fig.suptitle(title, fontsize=9, y=1.05)
+    plt.show()
+
+
+augmentation_grid(photo, "imagenet", f"preset 'imagenet' on {photo_name}")
+
+# %% [markdown]
+# The two CIFAR-100 presets on the same photograph shrunk to CIFAR's 32×32: `cifar100-32` only shifts and
+# mirrors; `cifar100-224` upsamples with the full ImageNet recipe, as in the paper's SM C.
+
+# %%
+small = photo.resize((32, 32), Image.BICUBIC)
+augmentation_grid(small, "cifar100-32", "preset 'cifar100-32' (32x32 input)")
+augmentation_grid(small, "cifar100-224", "preset 'cifar100-224' (32x32 input, upsampled)")
+
+# %% [markdown]
 # ## MixUp and CutMix with label smoothing
 #
 # MixUp blends two images, x = λ·x_i + (1−λ)·x_j, λ ~ Beta(α, α); CutMix pastes a random box of x_j into
@@ -582,6 +691,46 @@ def build_mixup(cfg: AugConfig, num_classes: int) -> MixupCutmix | None:
     if cfg.mixup_alpha == 0 and cfg.cutmix_alpha == 0:
         return None
     return MixupCutmix(num_classes, cfg.mixup_alpha, cfg.cutmix_alpha, cfg.cutmix_prob, cfg.label_smoothing)
+
+# %% [markdown]
+# MixUp and CutMix on four images of four classes, with their soft targets. Each row of targets sums to 1; the
+# smallest entry is ε/C = 0.1/4 = 0.025 (label smoothing), the two largest are λ·(1−ε) + ε/C for the image
+# itself and (1−λ)·(1−ε) + ε/C for its partner, the image before it in the batch.
+
+# %%
+cfg = PRESETS["imagenet"]
+_, val_tf = build_transforms(cfg)
+source = val_ds if HAVE_TINY else build_datasets("fake", num_val=40, num_classes=4, image_size=64)[1]
+picks = [next(i for i, t in enumerate(source.targets) if t == c) for c in range(4)]
+images = torch.stack([val_tf(source[i][0]) for i in picks])
+labels = torch.tensor([source.targets[i] for i in picks])
+torch.manual_seed(3)
+for name, mixer in (("MixUp", MixupCutmix(4, mixup_alpha=0.8, cutmix_alpha=0.0)),
+                    ("CutMix", MixupCutmix(4, mixup_alpha=0.0, cutmix_alpha=1.0))):
+    mixed, targets = mixer(images, labels)
+    torch.testing.assert_close(targets.sum(1), torch.ones(4))
+    assert torch.allclose(targets.min(), torch.tensor(0.025))
+    print(f"{name} soft targets (rows: images, columns: {names}):\n{targets}")
+    fig, axes = plt.subplots(1, 4, figsize=(7, 2.2), dpi=80)
+    for ax, x, t in zip(axes, mixed, targets):
+        ax.imshow(show(x, cfg))
+        top = t.topk(2)
+        ax.set_title("\n".join(f"{v:.2f} {names[int(c)]}" for v, c in zip(top.values, top.indices)), fontsize=7)
+        ax.set_axis_off()
+    fig.suptitle(name, fontsize=9)
+    plt.show()
+
+# %% [markdown]
+# In training, `build_mixup(cfg, num_classes)` returns this callable for the recipe (one random choice between
+# MixUp and CutMix per batch, probability `cutmix_prob`), or None for recipes without mixing, whose loss then
+# applies `cfg.label_smoothing` itself:
+
+# %%
+mix = build_mixup(PRESETS["imagenet"], 100)
+assert build_mixup(PRESETS["cifar100-32"], 100) is None
+torch.manual_seed(0)
+kinds = [type(mix.mix.transforms[int(torch.multinomial(torch.tensor(mix.mix.p), 1))]).__name__ for _ in range(1000)]
+print({k: kinds.count(k) for k in ("MixUp", "CutMix")})
 
 # %% [markdown]
 # ## Samplers: many processes, repeated augmentation, resuming mid-epoch
@@ -672,6 +821,60 @@ class RepeatAugSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         mine = self.global_stream(self.epoch)[self.rank :: self.num_replicas]
         return iter(mine[self.start :].tolist())
+
+# %% [markdown]
+# Twelve images, one to three ranks, without and with repeated augmentation (epoch 0, seed 0). Every rank gets
+# the same number of samples; with ×3 each of 4 images appears three times, on three different ranks when there
+# are three of them:
+
+# %%
+for repeats in (1, 3):
+    for world in (1, 2, 3):
+        ranks = [RepeatAugSampler(12, world, r, repeats=repeats) for r in range(world)]
+        print(f"repeats {repeats}, world {world}: " + " | ".join(" ".join(f"{i:2d}" for i in s) for s in ranks))
+    print(f"  distinct images per epoch: {ranks[0].unique_per_epoch} of 12")
+
+# %% [markdown]
+# The claims of the design, checked: ranks partition the stream; the global batch of each step is the same for
+# every world size at equal global batch; a new epoch reshuffles; `set_epoch(epoch, start)` resumes exactly.
+
+# %%
+N, GLOBAL_BATCH = 96, 24
+single = RepeatAugSampler(N, repeats=3)
+single.set_epoch(4)
+stream = list(single)
+for world in (2, 3, 4):
+    ranks = [RepeatAugSampler(N, world, r, repeats=3) for r in range(world)]
+    for s in ranks:
+        s.set_epoch(4)
+    per_rank = [list(s) for s in ranks]
+    assert {len(p) for p in per_rank} == {N // world}
+    b = GLOBAL_BATCH // world
+    for step in range(N // GLOBAL_BATCH):
+        step_batch = sorted(i for p in per_rank for i in p[step * b : (step + 1) * b])
+        assert step_batch == sorted(stream[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH])
+single.set_epoch(5)
+assert list(single) != stream
+resumed = RepeatAugSampler(N, repeats=3)
+resumed.set_epoch(4, start=40)
+assert list(resumed) == stream[40:] and resumed.remaining == N - 40 and len(resumed) == N
+print("global batches independent of the world size; reshuffled per epoch; exact mid-epoch resume")
+
+# %% [markdown]
+# On ImageNet-1k, what an epoch is under each sampler. The official `RASampler` gives each rank
+# ⌊⌊N/256⌋·256 / W⌋ samples (so a few images are dropped each epoch) drawn from the ×3 stream; ours gives each
+# rank ⌈N/W⌉. Both cover about a third of the images per epoch, three times each, at *every* world size — that
+# is what repeated augmentation with an unchanged epoch length means, not a single-process accident. The only
+# single-process difference is where the copies sit: with one rank, in the same batch.
+
+# %%
+N_IMAGENET = 1_281_167
+print(f"{'world':>5} {'official/rank':>14} {'ours/rank':>10} {'distinct images per epoch (ours)':>34}")
+for world in (1, 8, 64):
+    official = (N_IMAGENET // 256 * 256) // world
+    ours = RepeatAugSampler(N_IMAGENET, world, repeats=3)
+    print(f"{world:>5} {official:>14,} {len(ours):>10,} {ours.unique_per_epoch:>34,}")
+assert RepeatAugSampler(N_IMAGENET, repeats=3).unique_per_epoch == math.ceil(N_IMAGENET / 3)
 
 # %% [markdown]
 # ## Loaders that keep the accelerator busy
@@ -772,3 +975,97 @@ def benchmark_loader(dataset: Dataset, transform: Callable, batch_size: int = 64
     return LoaderBenchmark(decode=n / (t1 - t0), augment=n / (t2 - t1), collate=collated / (t3 - t2),
                            loader=count / (t5 - t4) if count else float("nan"), num_workers=num_workers,
                            batch_size=batch_size)
+
+# %% [markdown]
+# One call from the name of a dataset to a training loader: the Tiny ImageNet classes with the ImageNet recipe,
+# repeated augmentation and a seeded loader, then MixUp/CutMix on the batch.
+
+# %%
+cfg = PRESETS["imagenet"]
+train_tf, val_tf = build_transforms(cfg)
+train_ds, val_ds, names = build_datasets("imagefolder" if HAVE_TINY else "fake", TINY if HAVE_TINY else "data",
+                                         train_transform=train_tf, val_transform=val_tf)
+sampler = RepeatAugSampler(len(train_ds), repeats=3, seed=0)
+loader = build_loader(train_ds, 32, sampler, num_workers=2, seed=0, drop_last=True)
+mix = build_mixup(cfg, len(names))
+sampler.set_epoch(0)
+torch.manual_seed(0)
+images, labels = next(iter(loader))
+mixed, targets = mix(images, labels)
+print(f"batch {tuple(mixed.shape)} {mixed.dtype}, soft targets {tuple(targets.shape)}, {len(loader)} batches/epoch")
+assert mixed.shape == (32, 3, 224, 224) and torch.allclose(targets.sum(1), torch.ones(32))
+
+# %% [markdown]
+# The benchmark on this machine (its numbers change from run to run, and with the CPU). Decoding a 64×64 JPEG
+# is cheap; the augmentations at 224 px dominate — RandomResizedCrop's bicubic upsampling and RandAugment —
+# so `num_workers` should be as large as the CPU cores allow (DeiT used 10 per GPU). At 32 px the same
+# pipeline is an order of magnitude faster.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+n_batches = 2 if FAST else 8
+for preset, dataset in (("imagenet", train_ds), ("cifar100-32", SyntheticImages(4096, 100, 32))):
+    tf, _ = build_transforms(PRESETS[preset])
+    result = benchmark_loader(dataset, tf, batch_size=64, num_batches=n_batches, num_workers=2,
+                              mixup=build_mixup(PRESETS[preset], 100))
+    print(f"--- preset {preset}\n{result}")
+
+# %% [markdown]
+# ## Bad input
+#
+# Each mistake a user can make with data gets an error (or, for one bad file among a million, a warning) that
+# names the value and says what would be right, before any training starts.
+
+# %%
+import tempfile
+
+def error_of(fn):
+    try:
+        fn()
+    except (ValueError, FileNotFoundError, TypeError) as e:
+        return f"{type(e).__name__}: {e}"
+    raise AssertionError("no error raised")
+
+with tempfile.TemporaryDirectory() as tmp:
+    tmp = Path(tmp)
+    print(error_of(lambda: build_datasets("imagefolder", tmp / "imagenet")), "\n")
+    (tmp / "train" / "cat").mkdir(parents=True)
+    (tmp / "val" / "cat").mkdir(parents=True)
+    print(error_of(lambda: build_datasets("imagefolder", tmp)), "\n")
+    print(error_of(lambda: build_datasets("cifar100", tmp, download=False)), "\n")
+print(error_of(lambda: build_datasets("fake", fraction=1.5)), "\n")
+print(error_of(lambda: build_datasets("fake", num_train=100, fraction=0.05)), "\n")
+print(error_of(lambda: build_datasets("fake", max_classes=1000)), "\n")
+print(error_of(lambda: RepeatAugSampler(100, num_replicas=4, rank=4)))
+
+# %% [markdown]
+# A truncated file inside a dataset: the epoch goes on, and the warning names the file.
+
+# %%
+with tempfile.TemporaryDirectory() as tmp:
+    tmp = Path(tmp)
+    for split in ("train", "val"):
+        (tmp / split / "a").mkdir(parents=True)
+        for k in range(3):
+            photo.resize((16, 16)).save(tmp / split / "a" / f"{k}.jpg")
+    broken = tmp / "train" / "a" / "1.jpg"
+    broken.write_bytes(broken.read_bytes()[:100])
+    ds, _, _ = build_datasets("imagefolder", tmp, train_transform=v2.PILToTensor())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = list(build_loader(ds, 3, None, num_workers=0, seed=0, drop_last=False))
+    assert len(caught) == 1 and "1.jpg" in str(caught[0].message) and batches[0][0].shape == (3, 3, 16, 16)
+    print(caught[0].message)
+
+# %% [markdown]
+# ## Summary
+#
+# * `build_datasets(name, root, fraction=f, max_classes=K, ...)` returns `(train, val, class_names)` for
+#   CIFAR-100, any ImageNet-style folder or synthetic data; f keeps the first ⌊f·n_c⌋ images of each class
+#   (Table 2, `scaled_epochs` for the 1/f epochs), K the first K classes (Section 4).
+# * `PRESETS` hold every value of the DeiT recipe (`imagenet`, `cifar100-224`) and of the classic CIFAR one
+#   (`cifar100-32`); `build_transforms` turns one into torchvision v2 pipelines, `build_mixup` into the batch
+#   MixUp/CutMix with label smoothing.
+# * `RepeatAugSampler` deals one global stream to the ranks: equal lengths, disjoint positions, repeated
+#   augmentation with the copies on different ranks, the same global batches at any world size, exact resume.
+# * `build_loader` and `benchmark_loader` make and measure loaders; chapter 07 trains with them.
