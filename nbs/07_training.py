@@ -1,0 +1,1071 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Training: one loop from a laptop CPU to many GPUs, with exact resume
+#
+# The ConViT is trained with DeiT's recipe, unchanged (§4 of the paper): AdamW, a learning rate scaled with
+# the batch, a warm-up and a cosine decay, stochastic depth, Mixup/CutMix with label smoothing, and optionally
+# an EMA of the weights and hard distillation from a CNN teacher (SM B, Table 4). This chapter writes the loop
+# that does it, once, for every scale: one process on a CPU, one GPU, `torchrun` on one node, or many nodes
+# under SLURM. Along the way it makes a run survive the things that happen to long runs — pre-emption, a
+# killed job, a NaN — and checks the strongest property a checkpoint can have: **a run stopped anywhere and
+# resumed ends with exactly the weights of a run that never stopped.**
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
+
+# %%
+#| default_exp training
+
+# %%
+import tempfile
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+torch.set_printoptions(precision=4, sci_mode=False)
+_ = torch.manual_seed(0)
+
+# %% [markdown]
+# ## A run is a config
+#
+# Everything that decides what a run computes lives in one dataclass. It is written into every checkpoint and
+# into `run.json` beside them, so a run can be repeated, resumed or audited from its files alone. The defaults
+# are DeiT's (Touvron et al. 2020, Table 9): base learning rate 5·10⁻⁴ for a batch of 512, AdamW with weight
+# decay 0.05, 5 warm-up epochs, cosine decay to 10⁻⁵, drop path 0.1, 300 epochs, 64 images per GPU.
+#
+# Two sizes of batch matter. `batch_size` is what one process puts through the model at once; the **global
+# batch**, what one optimiser step averages over, is
+#
+# $$B_\text{global} = \texttt{batch\_size} \times \texttt{accum\_steps} \times \text{world size},$$
+#
+# and the learning rate follows it: lr = `lr` × B_global / 512. A recipe can instead fix `global_batch`, and
+# each process then takes its share — the same preset runs on 1 GPU (with accumulation) or on 16.
+
+# %%
+#| export
+import contextlib
+import csv
+import json
+import math
+import os
+import platform
+import random
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+PROGRESS = ("auto", "bar", "lines", "none")
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a training run, with DeiT's defaults; saved in checkpoints and `run.json`.
+
+    `batch_size` is per process; `global_batch`, when set, replaces it by global_batch / (accum_steps ×
+    world size). `lr` is the base rate for a global batch of 512 (DeiT's linear scaling rule).
+    """
+
+    model: str = "convit_tiny"
+    model_args: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides, e.g. {"depth": 6}
+    img_size: int = 224
+    drop_path: float = 0.1
+    data: str = "fake"
+    data_root: str = "data"
+    data_args: dict[str, Any] = field(default_factory=dict)  # more build_datasets arguments (FakeData sizes)
+    aug: str | None = "imagenet"  # a convit_edu.data.PRESETS name; None: no augmentation, mixup or smoothing
+    aug_args: dict[str, Any] = field(default_factory=dict)  # AugConfig overrides, e.g. {"mixup_alpha": 0.0}
+    fraction: float = 1.0
+    classes: int | None = None
+    repeats: int = 1
+    num_workers: int = 4
+    epochs: int = 300
+    batch_size: int = 64
+    global_batch: int | None = None
+    accum_steps: int = 1
+    lr: float = 5e-4
+    min_lr: float = 1e-5
+    warmup_lr: float = 1e-6
+    warmup_epochs: float = 5.0
+    weight_decay: float = 0.05
+    clip_grad: float | None = None
+    ema_decay: float | None = None
+    distill_teacher: str | None = None
+    teacher_checkpoint: str | None = None
+    precision: str = "bf16"
+    compile: bool = False
+    seed: int = 0
+    device: str = "auto"  # "auto": cuda:LOCAL_RANK when CUDA is available, else cpu
+    output: str = "runs/run"
+    resume: str | None = None  # a checkpoint path, or "auto": OUTPUT/last.pt when it exists
+    ckpt_every: int = 0  # also checkpoint every N optimiser steps (0: at the end of each epoch only)
+    log_every: int = 50
+    progress: str = "auto"  # auto: bars in a notebook or terminal, plain lines otherwise (CI, SLURM logs)
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Raise ValueError naming the first setting that cannot work, before any training work starts."""
+    positive = {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "accum_steps": cfg.accum_steps,
+                "repeats": cfg.repeats, "lr": cfg.lr, "log_every": cfg.log_every, "img_size": cfg.img_size}
+    for name, value in positive.items():
+        if not value > 0:
+            raise ValueError(f"{name} {value} must be > 0")
+    checks = [
+        (cfg.precision in PRECISIONS, f"precision {cfg.precision!r} is not one of {', '.join(PRECISIONS)}"),
+        (cfg.progress in PROGRESS, f"progress {cfg.progress!r} is not one of {', '.join(PROGRESS)}"),
+        (0 < cfg.fraction <= 1, f"fraction {cfg.fraction} must be in (0, 1]"),
+        (cfg.classes is None or cfg.classes > 0, f"classes {cfg.classes} must be > 0"),
+        (0 <= cfg.min_lr and 0 <= cfg.warmup_lr, f"min_lr {cfg.min_lr} and warmup_lr {cfg.warmup_lr} must be >= 0"),
+        (cfg.warmup_epochs >= 0, f"warmup_epochs {cfg.warmup_epochs} must be >= 0"),
+        (cfg.weight_decay >= 0, f"weight_decay {cfg.weight_decay} must be >= 0"),
+        (0 <= cfg.drop_path < 1, f"drop_path {cfg.drop_path} must be in [0, 1)"),
+        (cfg.clip_grad is None or cfg.clip_grad > 0, f"clip_grad {cfg.clip_grad} must be > 0 (or None: off)"),
+        (cfg.ema_decay is None or 0 < cfg.ema_decay < 1, f"ema_decay {cfg.ema_decay} must be in (0, 1)"),
+        (cfg.global_batch is None or cfg.global_batch > 0, f"global_batch {cfg.global_batch} must be > 0"),
+        (cfg.num_workers >= 0 and cfg.ckpt_every >= 0, f"num_workers {cfg.num_workers} and ckpt_every "
+         f"{cfg.ckpt_every} must be >= 0"),
+        (cfg.teacher_checkpoint is None or cfg.distill_teacher, f"teacher_checkpoint {cfg.teacher_checkpoint} "
+         "given without distill_teacher (the teacher's model name)"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+
+
+def per_device_batch(cfg: TrainConfig, world_size: int) -> int:
+    """The batch one process runs at once: `batch_size`, or its share of `global_batch`."""
+    if cfg.global_batch is None:
+        return cfg.batch_size
+    share = cfg.accum_steps * world_size
+    if cfg.global_batch % share:
+        raise ValueError(
+            f"global_batch {cfg.global_batch} is not divisible by accum_steps {cfg.accum_steps} × world size "
+            f"{world_size} = {share}: pick a global batch that is a multiple of {share}"
+        )
+    return cfg.global_batch // share
+
+
+# %% [markdown]
+# A wrong setting fails here, naming the value, and not an hour later inside torch:
+
+# %%
+from convit_edu.training import TrainConfig, check_config, per_device_batch
+
+cfg = TrainConfig(global_batch=1024)
+print("per-device batch on 8 GPUs:", per_device_batch(cfg, 8))
+print("per-device batch on 1 GPU with 4 accumulation steps:", per_device_batch(TrainConfig(global_batch=1024, accum_steps=4), 1))
+for wrong in [lambda: check_config(TrainConfig(precision="fp8")), lambda: per_device_batch(cfg, 3)]:
+    try:
+        wrong()
+        raise AssertionError("accepted a wrong setting")
+    except ValueError as e:
+        print("ValueError:", e)
+
+# %% [markdown]
+# ## The optimiser and the schedule
+#
+# AdamW with decoupled weight decay 0.05, applied to the weight matrices only: biases, LayerNorm gains, the
+# gating parameters λ (all 1-D) and whatever the model lists in `no_weight_decay()` (its position embedding
+# and class token) are not decayed — shrinking a LayerNorm gain or a gate towards zero is not regularisation,
+# it is a change of architecture.
+#
+# The learning rate is set at every optimiser step: a linear warm-up from `warmup_lr` to the peak over the
+# first `warmup_epochs`, then half a cosine down to `min_lr` at the last step,
+#
+# $$\eta(t) = \eta_\min + \tfrac12(\eta_\text{peak}-\eta_\min)\Bigl(1+\cos\pi\,\tfrac{t-t_w}{T-t_w}\Bigr),
+# \qquad t \ge t_w.$$
+
+# %%
+#| export
+def scaled_lr(base_lr: float, global_batch: int) -> float:
+    """DeiT's linear scaling rule: the peak learning rate is base_lr × global_batch / 512."""
+    return base_lr * global_batch / 512
+
+
+def deit_lr(step: int, total_steps: int, warmup_steps: int, peak_lr: float, min_lr: float, warmup_lr: float) -> float:
+    """The learning rate at optimiser step `step` (0-based): linear warm-up, then cosine to `min_lr`."""
+    if step < warmup_steps:
+        return warmup_lr + (peak_lr - warmup_lr) * step / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr + 0.5 * (peak_lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two AdamW groups: weight matrices decayed; 1-D parameters and `model.no_weight_decay()` not."""
+    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+# %% [markdown]
+# The schedule of a 300-epoch DeiT run at global batch 1024 (1,251 steps per ImageNet epoch), and the checks
+# of its three landmarks:
+
+# %%
+from convit_edu.training import deit_lr, param_groups, scaled_lr
+
+steps_per_epoch, epochs, warmup = 1251, 300, 5
+peak = scaled_lr(5e-4, 1024)
+lrs = [deit_lr(t, steps_per_epoch * epochs, steps_per_epoch * warmup, peak, 1e-5, 1e-6) for t in range(steps_per_epoch * epochs)]
+assert peak == 1e-3 and lrs[0] == 1e-6
+assert abs(lrs[steps_per_epoch * warmup] - peak) < 1e-12 and max(lrs) == lrs[steps_per_epoch * warmup]
+assert abs(lrs[-1] - 1e-5) < 1e-8
+print(f"peak lr {peak:.1e} at step {lrs.index(max(lrs))}, last lr {lrs[-1]:.2e}")
+fig, ax = plt.subplots(figsize=(6, 2.5), dpi=80)
+ax.plot([t / steps_per_epoch for t in range(len(lrs))], lrs)
+ax.set(xlabel="epoch", ylabel="learning rate", title="warm-up + cosine, stepped per iteration")
+plt.show()
+
+# %% [markdown]
+# ## The loss, and hard distillation
+#
+# Mixup and CutMix (chapter 06) turn each label into a soft target y ∈ Δ^C with label smoothing already
+# applied, so the loss is the cross-entropy with a probability vector. DeiT's **hard distillation** (used in
+# SM B of the paper, Table 4) adds a second token and head to the student; the class head learns from the
+# labels and the distillation head from the teacher's decision on the *same* (mixed) image:
+#
+# $$\mathcal L = \tfrac12\,\mathrm{CE}\bigl(\psi(Z_\text{cls}),\,y\bigr)
+#             + \tfrac12\,\mathrm{CE}\bigl(\psi(Z_\text{dist}),\,\arg\max_c Z_\text{teacher}\bigr).$$
+#
+# At test time the two heads' logits are averaged (the model does that itself in `eval()` mode).
+
+# %%
+#| export
+def train_loss(output: torch.Tensor | tuple[torch.Tensor, torch.Tensor], targets: torch.Tensor,
+               teacher_logits: torch.Tensor | None = None, smoothing: float = 0.0) -> torch.Tensor:
+    """Cross-entropy with hard labels (B,) or soft targets (B, C); with a teacher, DeiT's hard distillation:
+    ½·CE(class head, targets) + ½·CE(distillation head, teacher's argmax)."""
+    distilled = isinstance(output, tuple)
+    if distilled != (teacher_logits is not None):
+        raise ValueError(
+            "the model has a distillation head but no teacher was given (set distill_teacher)" if distilled else
+            "a teacher was given but the model has no distillation head (create it with distilled=True)"
+        )
+    smoothing = smoothing if targets.ndim == 1 else 0.0  # soft targets carry their smoothing already
+    if not distilled:
+        return F.cross_entropy(output, targets, label_smoothing=smoothing)
+    class_logits, dist_logits = output
+    return 0.5 * F.cross_entropy(class_logits, targets, label_smoothing=smoothing) + 0.5 * F.cross_entropy(
+        dist_logits, teacher_logits.argmax(dim=1)
+    )
+
+
+# %%
+from convit_edu.training import train_loss
+
+logits_cls, logits_dist, teacher = torch.randn(4, 10), torch.randn(4, 10), torch.randn(4, 10)
+soft = torch.softmax(torch.randn(4, 10), dim=1)
+expected = 0.5 * -(soft * logits_cls.log_softmax(1)).sum(1).mean() + 0.5 * F.cross_entropy(logits_dist, teacher.argmax(1))
+torch.testing.assert_close(train_loss((logits_cls, logits_dist), soft, teacher), expected)
+torch.testing.assert_close(train_loss(logits_cls, soft), -(soft * logits_cls.log_softmax(1)).sum(1).mean())
+print(f"distillation loss {train_loss((logits_cls, logits_dist), soft, teacher).item():.4f} = ½ CE(class) + ½ CE(dist)")
+
+# %% [markdown]
+# ## Randomness that does not depend on the past
+#
+# Exact resume is a question about random numbers. An uninterrupted run and a resumed one must draw the same
+# shuffling, the same augmentations, the same Mixup pairs and the same drop-path masks at every step. Saving
+# the generators' states at the checkpoint is not enough on its own: a data loader created afresh consumes
+# random numbers, workers are re-seeded, and a transform's draws depend on how many samples came before. So
+# this loop makes every random draw a function of *where* it happens, not of *what ran before*:
+#
+# * the sampler's permutation is a function of (seed, epoch) — `RepeatAugSampler.set_epoch(epoch, start)`
+#   of chapter 06 skips the `start` samples this process already consumed;
+# * each sample's augmentation runs under generators seeded from (seed, epoch, rank, position in the epoch),
+#   inside `torch.random.fork_rng` so the caller's generators are left untouched — the same in the main
+#   process and in loader workers;
+# * at the start of every optimiser step the torch, numpy and python generators are seeded from
+#   (seed, rank, epoch, step), which fixes Mixup/CutMix and drop path.
+#
+# The generators' states are saved in checkpoints anyway; with this scheme they are what the seeding gives.
+
+# %%
+#| exporti
+def _seed_from(*keys: int) -> int:
+    """A well-mixed 32-bit seed from a tuple of non-negative integers (numpy's SeedSequence)."""
+    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])
+
+
+def _seed_step(seed: int, rank: int, epoch: int, step: int) -> None:
+    s = _seed_from(seed, rank, epoch, step)
+    torch.manual_seed(s)
+    random.seed(s)
+    np.random.seed(s)
+
+
+class _KeyedSampler(Sampler):
+    """Wraps an epoch sampler so that it yields (epoch, rank, position, index) keys for `_SeededSamples`."""
+
+    def __init__(self, sampler: Sampler, rank: int):
+        self.sampler, self.rank, self.epoch, self.start = sampler, rank, 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.sampler.set_epoch(epoch, start)
+        self.epoch, self.start = epoch, start
+
+    def __iter__(self):
+        for i, index in enumerate(self.sampler):
+            yield self.epoch, self.rank, self.start + i, int(index)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class _SeededSamples(Dataset):
+    """Reads `dataset[index]` with torch's and python's generators seeded from the sample's key."""
+
+    def __init__(self, dataset: Dataset, seed: int):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int, int, int]):
+        epoch, rank, position, index = key
+        s = _seed_from(self.seed, epoch, rank, position)
+        python_state = random.getstate()
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(s)  # CPU only: fork_rng restores the CPU generator
+            random.seed(s)
+            try:
+                return self.dataset[index]
+            finally:
+                random.setstate(python_state)
+
+
+# %% [markdown]
+# ## Checkpoints that lose nothing
+#
+# A checkpoint holds the model, the optimiser, the schedule, the fp16 loss scaler, the EMA, the position
+# (epoch, optimiser steps done in it, which sets the sampler's `start`), every generator's state, the log so
+# far and the full config. It is written **atomically**: to a temporary file in the same folder, flushed to
+# disk, then renamed over the old one. A rename within one file system is atomic, so a crash — a SIGKILL, a
+# full disk, a node failure — at any moment leaves either the old checkpoint or the new one, never half of
+# one. Everything in it is a tensor, number, string or container, so it loads with `weights_only=True` (no
+# pickled code runs when you open a checkpoint someone sent you).
+
+# %%
+#| export
+CHECKPOINT_FORMAT = "convit-edu-train-1"
+
+
+def save_checkpoint(checkpoint: dict, path: str | Path) -> Path:
+    """Write `checkpoint` to `path` atomically (temporary file, fsync, rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(checkpoint, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """Load a training checkpoint on the CPU; ValueError naming the file when it is corrupt or foreign."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, not a torch file, or pickled code: all mean "not ours to load"
+        raise ValueError(f"checkpoint {path} is corrupt or not a torch checkpoint ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:160]})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} is not a convit-edu training checkpoint (format {CHECKPOINT_FORMAT!r} missing);"
+                         " to start from pretrained weights use convit_edu.models.load_checkpoint")
+    return ckpt
+
+
+# %%
+#| exporti
+def _rng_states() -> dict:
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    kind, keys, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = states["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+# %% [markdown]
+# ## Processes, devices, precision
+#
+# `torchrun` (and `srun … torchrun` under SLURM) starts one process per GPU and tells each its `RANK`,
+# `LOCAL_RANK` and `WORLD_SIZE` through the environment; a plain `python` start has none of them and is a world
+# of one. GPUs talk through NCCL, CPU processes through gloo — the same code, which is how CI tests the real
+# distributed path with two CPU processes. Only rank 0 prints, writes logs and writes checkpoints; every
+# number it logs is first summed over all ranks.
+#
+# Precision: bf16 autocast runs matmuls in bfloat16 (same exponent range as fp32, so no loss scaling) on
+# recent GPUs and on CPUs with AVX-512 BF16/AMX; fp16 needs a `GradScaler`, which scales the loss up so small
+# gradients survive and skips steps whose gradients overflow; fp32 is exact and what the resume tests use.
+
+# %%
+#| exporti
+@dataclass
+class _World:
+    rank: int
+    world_size: int
+    device: torch.device
+    owns_group: bool  # this call initialised the process group and must destroy it
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def _init_world(device: str) -> _World:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(f"cuda:{local_rank}" if device == "cuda" else device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for but CUDA is not available: use --device cpu")
+        torch.cuda.set_device(dev)
+    owns = world_size > 1 and not dist.is_initialized()
+    if owns:
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    return _World(rank, world_size, dev, owns)
+
+
+def _all_reduce(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+# %% [markdown]
+# ## Evaluation
+#
+# Each process evaluates every `world_size`-th image of the validation set and the sums (loss, top-1 and top-5
+# hits, count) are all-reduced, so the accuracy is exact at any world size: no sample is padded in twice, as
+# happens with a `DistributedSampler` whose dataset does not divide evenly.
+
+# %%
+#| export
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset: Dataset, *, batch_size: int = 256, device: str | torch.device = "cpu",
+             precision: str = "fp32", num_workers: int = 0, rank: int = 0, world_size: int = 1) -> dict[str, float]:
+    """Mean cross-entropy, top-1 and top-5 accuracy (in %) of `model` on `dataset`, summed over processes."""
+    device = torch.device(device)
+    part = Subset(dataset, range(rank, len(dataset), world_size))
+    loader = DataLoader(part, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1 hits, top-5 hits, images
+    for images, labels in loader:
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        with _autocast(device, precision):
+            logits = model(images)
+        logits = logits.float()
+        top = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        sums += torch.stack([
+            F.cross_entropy(logits, labels, reduction="sum"), (top[:, 0] == labels).sum(),
+            (top == labels[:, None]).any(dim=1).sum(), torch.tensor(len(labels), device=device),
+        ]).double()
+    model.train(was_training)
+    loss, top1, top5, n = _all_reduce(sums).tolist()
+    if n == 0:
+        raise ValueError("the evaluation set is empty")
+    return {"loss": loss / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n}
+
+
+# %% [markdown]
+# ## Hooks, state and progress
+#
+# The loop calls a few hooks on every rank, with a `TrainState` that holds the live objects. That is the whole
+# extension interface: the analysis chapter records nonlocality and the gates σ(λ) during training through it,
+# and a hook that sets `state.stop = True` ends the run cleanly (checkpoint, then return) — the same path a
+# SIGTERM takes.
+
+# %%
+#| export
+@dataclass
+class TrainState:
+    """What the hooks see: the bare model (not wrapped in DDP or compiled), the optimiser and the position."""
+
+    cfg: TrainConfig
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    rank: int
+    world_size: int
+    steps_per_epoch: int
+    epoch: int = 0  # the current epoch, 0-based
+    step: int = 0  # optimiser steps done in this epoch
+    global_step: int = 0
+    loss: float = float("nan")  # the last step's loss, averaged over every process
+    epoch_losses: list[float] = field(default_factory=list)  # the losses of this epoch's steps so far
+    history: list[dict] = field(default_factory=list)  # one row per finished epoch
+    stop: bool = False  # set it to end the run cleanly after the current step
+
+
+class Callback:
+    """Override any of these; `train` calls them on every process, rank 0 included."""
+
+    def on_train_begin(self, state: TrainState) -> None: ...
+    def on_step_end(self, state: TrainState) -> None: ...
+    def on_epoch_end(self, state: TrainState) -> None: ...
+    def on_train_end(self, state: TrainState) -> None: ...
+
+
+@dataclass
+class TrainResult:
+    """What `train` returns. `stopped` says why it ended early ("SIGTERM", "SIGINT", "callback") or is None."""
+
+    model: nn.Module
+    ema: nn.Module | None
+    history: list[dict]
+    output: Path
+    stopped: str | None
+
+
+def gate_means(model: nn.Module) -> list[float]:
+    """Mean σ(λ) over the heads of each layer that has a `gating_param` (Eq. 6), in layer order."""
+    return [torch.sigmoid(m.gating_param.detach().float()).mean().item()
+            for m in model.modules() if isinstance(getattr(m, "gating_param", None), torch.Tensor)]
+
+
+# %% [markdown]
+# Progress is shown by rank 0 only: fastprogress bars with a live loss curve in a notebook, a console bar in
+# a terminal, and plain lines (one every `log_every` steps and one per epoch) when the output goes to a file —
+# CI logs and SLURM's `slurm-JOB.out` stay readable.
+
+# %%
+#| exporti
+class _Progress:
+    def __init__(self, mode: str, epochs: int, log_every: int):
+        from fastprogress.fastprogress import IN_NOTEBOOK
+
+        if mode == "auto":
+            mode = "bar" if IN_NOTEBOOK or sys.stdout.isatty() else "lines"
+        self.mode, self.epochs, self.log_every, self.notebook = mode, epochs, log_every, IN_NOTEBOOK
+        self.master, self.losses, self.val_losses = None, [], []
+
+    def epochs_of(self, epochs: range):
+        if self.mode != "bar":
+            return epochs
+        from fastprogress.fastprogress import ConsoleMasterBar, NBMasterBar
+
+        self.master = (NBMasterBar if self.notebook else ConsoleMasterBar)(epochs, total=self.epochs)
+        if self.notebook:
+            self.master.names = ["train loss", "val loss"]
+        return self.master
+
+    def steps_of(self, steps: range):
+        if self.mode != "bar":
+            return steps
+        from fastprogress.fastprogress import ConsoleProgressBar, NBProgressBar
+
+        return (NBProgressBar if self.notebook else ConsoleProgressBar)(steps, parent=self.master)
+
+    def step(self, state: TrainState, lr: float, images_per_s: float) -> None:
+        x = state.epoch + state.step / state.steps_per_epoch
+        self.losses.append((x, state.loss))
+        if self.mode == "bar" and self.master is not None:
+            self.master.child.comment = f"loss {state.loss:.4f}"
+            if self.notebook and state.step % self.log_every == 0:
+                self._graph()
+        elif self.mode == "lines" and (state.step % self.log_every == 0 or state.step == state.steps_per_epoch):
+            print(f"epoch {state.epoch + 1}/{self.epochs} step {state.step}/{state.steps_per_epoch} "
+                  f"loss {state.loss:.4f} lr {lr:.3e} {images_per_s:.0f} img/s", flush=True)
+
+    def epoch_end(self, row: dict) -> None:
+        self.val_losses.append((row["epoch"], row["val_loss"]))
+        line = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                         for k, v in row.items() if k != "gates")
+        if self.mode == "bar" and self.master is not None:
+            self.master.write(line)
+            if self.notebook:
+                self._graph()
+        elif self.mode == "lines":
+            print(line, flush=True)
+
+    def _graph(self) -> None:
+        curves = [list(zip(*self.losses)), list(zip(*self.val_losses)) if self.val_losses else [[], []]]
+        self.master.update_graph(curves)
+
+
+def _write_logs(history: list[dict], output: Path) -> None:
+    """log.jsonl (one JSON line per epoch) and log.csv, rewritten from the checkpointed history."""
+    lines = "".join(json.dumps(row) + "\n" for row in history)
+    (output / "log.jsonl.tmp").write_text(lines)
+    os.replace(output / "log.jsonl.tmp", output / "log.jsonl")
+    flat = [{**{k: v for k, v in row.items() if k != "gates"},
+             **{f"gate_{i}": g for i, g in enumerate(row.get("gates", []))}} for row in history]
+    with open(output / "log.csv.tmp", "w", newline="") as f:
+        if flat:
+            writer = csv.DictWriter(f, fieldnames=list(flat[-1]))
+            writer.writeheader()
+            writer.writerows(flat)
+    os.replace(output / "log.csv.tmp", output / "log.csv")
+
+
+# %%
+#| export
+def plot_history(history: list[dict]):
+    """The curves of a run (loss; top-1 and top-5 of the model and its EMA; mean σ(λ) per layer) as a figure."""
+    from matplotlib.figure import Figure
+
+    epochs = [row["epoch"] for row in history]
+    gates = [row["gates"] for row in history if row.get("gates")]
+    fig = Figure(figsize=(11 if gates else 7.5, 3), dpi=80)
+    axes = fig.subplots(1, 3 if gates else 2)
+    axes[0].plot(epochs, [r["train_loss"] for r in history], "o-", label="train")
+    axes[0].plot(epochs, [r["val_loss"] for r in history], "o-", label="val")
+    axes[0].set(xlabel="epoch", ylabel="loss")
+    for key in ("val_top1", "val_top5", "ema_top1", "ema_top5"):
+        if key in history[0]:
+            axes[1].plot(epochs, [r[key] for r in history], "o-", label=key)
+    axes[1].set(xlabel="epoch", ylabel="accuracy (%)")
+    if gates:
+        for layer, values in enumerate(zip(*gates)):
+            axes[2].plot(epochs[-len(gates):], values, label=f"layer {layer}")
+        axes[2].set(xlabel="epoch", ylabel="mean σ(λ)", ylim=(0, 1))
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# %% [markdown]
+# ## Stopping cleanly
+#
+# SLURM pre-empts or time-limits a job by sending SIGTERM, then SIGKILL a grace period later; Jupyter's
+# *interrupt* sends SIGINT. Both only raise a flag here. The loop finishes the optimiser step it is in, sums the
+# flag over ranks (so every process stops at the same step even when only one got the signal), writes a
+# checkpoint and returns; `convit-edu train` then exits with status 0 and `--resume auto` continues. A loss
+# that is not finite is handled in the same all-reduce: every rank raises `FloatingPointError` before the
+# optimiser touches the weights, so the last checkpoint stays the last good state.
+
+# %%
+#| exporti
+class _StopSignals:
+    """Turn SIGTERM and SIGINT into a flag for the duration of a run (main thread only), then restore."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGINT):
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signal.Signals(signum).name
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+# %% [markdown]
+# ## Putting it together: `train`
+#
+# What follows builds the pieces in the order that lets every bad input fail before any training work:
+# the config; the output folder (writable?); the data (more processes than samples? a batch larger than a
+# process's share?); the model and the resume checkpoint (the same model? the same global batch?). Then the
+# loop: each optimiser step seeds the generators, runs `accum_steps` micro-batches (DDP synchronises
+# gradients on the last one only), checks the loss and the stop flag across ranks, clips, steps the
+# optimiser and the schedule, updates the EMA and calls the hooks; each epoch ends with evaluation, a log row,
+# the logs rewritten and a checkpoint (`last.pt`, and `best.pt` when the top-1 improved).
+
+# %%
+#| exporti
+def _build_data(cfg: TrainConfig):
+    from convit_edu.data import PRESETS, build_datasets, build_transforms
+
+    if cfg.aug is None:
+        raise ValueError("aug None needs datasets passed to train(); built datasets need an augmentation preset "
+                         f"({', '.join(PRESETS)})")
+    aug = _aug_config(cfg)
+    train_tf, val_tf = build_transforms(aug)
+    return build_datasets(cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
+                          fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
+
+
+def _aug_config(cfg: TrainConfig):
+    from convit_edu.data import PRESETS
+
+    if cfg.aug not in PRESETS:
+        raise ValueError(f"unknown aug preset {cfg.aug!r}: choose one of {', '.join(PRESETS)}")
+    return replace(PRESETS[cfg.aug], **{"img_size": cfg.img_size, **cfg.aug_args})
+
+
+def _build_model(cfg: TrainConfig, num_classes: int, distilled: bool) -> nn.Module:
+    from convit_edu.models import create_model, list_models
+
+    if cfg.model not in list_models():
+        raise ValueError(f"unknown model {cfg.model!r}: choose one of {', '.join(list_models())}")
+    args = {"img_size": cfg.img_size, "num_classes": num_classes, "drop_path_rate": cfg.drop_path, **cfg.model_args}
+    return create_model(cfg.model, distilled=distilled, **args)
+
+
+def build_teacher(name: str, checkpoint: str | None, num_classes: int, img_size: int) -> nn.Module:
+    """A frozen teacher: a convit_edu model or a torchvision classifier, with weights from `checkpoint`."""
+    import torchvision
+
+    from convit_edu.models import create_model, list_models, load_checkpoint
+
+    if name in list_models():
+        teacher = create_model(name, num_classes=num_classes, img_size=img_size)
+        if checkpoint:
+            ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
+            load_checkpoint(teacher, ckpt["model"] if ckpt.get("format") == CHECKPOINT_FORMAT else ckpt)
+    elif name in torchvision.models.list_models(module=torchvision.models):
+        teacher = torchvision.models.get_model(name, num_classes=num_classes)
+        if checkpoint:
+            state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+            teacher.load_state_dict(state.get("model", state.get("state_dict", state)))
+    else:
+        raise ValueError(f"unknown teacher {name!r}: give a convit_edu model ({', '.join(list_models())}) or a "
+                         "torchvision classifier (e.g. regnet_y_16gf, resnet50)")
+    return teacher.eval().requires_grad_(False)
+
+
+def _check_resume(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, global_batch: int, world_size: int):
+    saved = ckpt["config"]
+    if saved["model"] != cfg.model:
+        raise ValueError(f"checkpoint {path} holds a {saved['model']!r}, this run builds {cfg.model!r}: "
+                         f"resume with --model {saved['model']} or start a new --output")
+    own = model.state_dict()
+    theirs = ckpt["model"]
+    wrong = sorted(set(own) ^ set(theirs)) + [k for k in own if k in theirs and own[k].shape != theirs[k].shape]
+    if wrong:
+        k = wrong[0]
+        detail = (f"{tuple(theirs[k].shape)} there, {tuple(own[k].shape)} here" if k in own and k in theirs
+                  else "missing " + ("there" if k in own else "here"))
+        raise ValueError(f"checkpoint {path} does not fit this model ({len(wrong)} tensors differ, first {k}: "
+                         f"{detail}): same --model but other sizes or classes?")
+    if ckpt["global_batch"] != global_batch:
+        raise ValueError(f"checkpoint {path} was trained with global batch {ckpt['global_batch']}, this run has "
+                         f"{global_batch}: keep batch_size × accum_steps × world size equal to resume")
+    if ckpt["step"] > 0 and ckpt["world_size"] != world_size:
+        raise ValueError(f"checkpoint {path} stopped mid-epoch with {ckpt['world_size']} processes; this run has "
+                         f"{world_size}: resume mid-epoch with the same number of processes")
+
+
+def _versions() -> dict[str, str]:
+    import torchvision
+
+    import convit_edu
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "torchvision": torchvision.__version__, "convit_edu": convit_edu.__version__}
+
+
+# %%
+#| export
+def train(cfg: TrainConfig, *, model: nn.Module | None = None, datasets: tuple | None = None,
+          teacher: nn.Module | None = None, callbacks: Sequence[Callback] = ()) -> TrainResult:
+    """Train as `cfg` says, on one process or under `torchrun`; the single entry point of notebook and CLI.
+
+    By default the model is `create_model(cfg.model)` and the data `build_datasets(cfg.data)` with the
+    transforms of `cfg.aug`; pass `model`, `datasets` = (train, val, class names) or `teacher` to use your own.
+    Returns when the last epoch is done, or early (with a checkpoint) on SIGTERM/SIGINT or `state.stop`.
+    """
+    check_config(cfg)
+    world = _init_world(cfg.device)
+    try:
+        return _Run(cfg, world, model, datasets, teacher, callbacks).fit()
+    finally:
+        if world.owns_group:
+            dist.destroy_process_group()
+
+
+# %%
+#| exporti
+class _Run:
+    def __init__(self, cfg, world: _World, model, datasets, teacher, callbacks):
+        self.cfg, self.world, self.callbacks = cfg, world, list(callbacks)
+        self.device, self.output = world.device, Path(cfg.output)
+        if cfg.precision == "bf16" and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ValueError("precision bf16 is not supported by this GPU: use --precision fp16")
+        if world.main:
+            self._check_output()
+        self.batch_size = per_device_batch(cfg, world.world_size)
+        self.global_batch = self.batch_size * cfg.accum_steps * world.world_size
+
+        train_set, self.val_set, classes = datasets if datasets is not None else _build_data(cfg)
+        self.num_classes = len(classes)
+        n = len(train_set)
+        if n < world.world_size:
+            raise ValueError(f"{world.world_size} processes but the training set has only {n} samples: "
+                             f"use at most {n} processes")
+        from convit_edu.data import RepeatAugSampler, build_loader, build_mixup
+
+        self.sampler = _KeyedSampler(RepeatAugSampler(n, world.world_size, world.rank, repeats=cfg.repeats,
+                                                      seed=cfg.seed), world.rank)
+        self.steps_per_epoch = len(self.sampler) // self.batch_size // cfg.accum_steps
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"each of the {world.world_size} processes gets {len(self.sampler)} samples per epoch, fewer than one "
+                f"optimiser step of batch {self.batch_size} × accum_steps {cfg.accum_steps}: lower the batch"
+            )
+        self.loader = build_loader(_SeededSamples(train_set, cfg.seed), self.batch_size, self.sampler,
+                                   num_workers=cfg.num_workers, seed=cfg.seed, drop_last=True)
+        aug = _aug_config(cfg) if cfg.aug is not None else None
+        self.mixup = build_mixup(aug, self.num_classes) if aug is not None else None
+        self.smoothing = aug.label_smoothing if aug is not None else 0.0
+
+        if teacher is None and cfg.distill_teacher:
+            teacher = build_teacher(cfg.distill_teacher, cfg.teacher_checkpoint, self.num_classes, cfg.img_size)
+        self.teacher = teacher.to(self.device).eval() if teacher is not None else None
+        self.model = (model if model is not None else
+                      _build_model(cfg, self.num_classes, distilled=self.teacher is not None)).to(self.device)
+
+        ckpt, self.ckpt_path = self._resume_checkpoint()
+        if ckpt is not None:
+            self.model.load_state_dict(ckpt["model"])
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=1.0)
+        peak = scaled_lr(cfg.lr, self.global_batch)
+        total = self.steps_per_epoch * cfg.epochs
+        warmup = round(cfg.warmup_epochs * self.steps_per_epoch)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda t: deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr))
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
+        self.ema = (AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
+                    if cfg.ema_decay else None)
+        self.ddp = (DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
+                    if world.world_size > 1 else self.model)
+        self.forward = torch.compile(self.ddp) if cfg.compile else self.ddp
+
+        self.state = TrainState(cfg, self.model, self.optimizer, world.rank, world.world_size, self.steps_per_epoch)
+        self.best_top1 = -1.0
+        if ckpt is not None:
+            self._load_state(ckpt)
+        if world.main:
+            self._write_run_info(peak)
+
+    def _check_output(self) -> None:
+        try:
+            self.output.mkdir(parents=True, exist_ok=True)
+            probe = self.output / ".write-test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as e:
+            raise ValueError(f"output directory {self.output} is not writable ({e.strerror}): "
+                             "choose another --output") from None
+
+    def _resume_checkpoint(self) -> tuple[dict | None, Path | None]:
+        resume = self.cfg.resume
+        if resume is None:
+            return None, None
+        path = self.output / "last.pt" if resume == "auto" else Path(resume)
+        if resume == "auto" and not path.exists():
+            if self.world.main:
+                print(f"resume auto: no {path} yet, starting from scratch", flush=True)
+            return None, None
+        ckpt = read_checkpoint(path)
+        _check_resume(ckpt, path, self.cfg, self.model, self.global_batch, self.world.world_size)
+        return ckpt, path
+
+    def _load_state(self, ckpt: dict) -> None:
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        if self.ema is not None and ckpt["ema"] is not None:
+            self.ema.load_state_dict(ckpt["ema"])
+        s = self.state
+        s.epoch, s.step, s.global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
+        s.epoch_losses, s.history = ckpt["epoch_losses"], ckpt["history"]
+        self.best_top1 = ckpt["best_top1"]
+        _set_rng_states(ckpt["rng"])
+        if self.world.main:
+            print(f"resumed from {self.ckpt_path}: epoch {s.epoch + 1}, step {s.step}/{self.steps_per_epoch}",
+                  flush=True)
+
+    def _write_run_info(self, peak_lr: float) -> None:
+        info = {"config": asdict(self.cfg), "world_size": self.world.world_size, "batch_size": self.batch_size,
+                "global_batch": self.global_batch, "scaled_lr": peak_lr, "steps_per_epoch": self.steps_per_epoch,
+                "device": str(self.device), "seed": self.cfg.seed, "versions": _versions(),
+                "command": sys.argv}
+        (self.output / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+
+    def _checkpoint(self, name: str = "last.pt") -> None:
+        if not self.world.main:
+            return
+        s = self.state
+        ckpt = {
+            "format": CHECKPOINT_FORMAT, "config": asdict(self.cfg), "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
+            "epoch": s.epoch, "step": s.step, "global_step": s.global_step,
+            "sampler": {"epoch": s.epoch, "start": s.step * self.cfg.accum_steps * self.batch_size},
+            "world_size": self.world.world_size, "global_batch": self.global_batch, "rng": _rng_states(),
+            "epoch_losses": s.epoch_losses, "history": s.history, "best_top1": self.best_top1, "num_classes": self.num_classes,
+        }
+        save_checkpoint(ckpt, self.output / name)
+
+    def _train_step(self, batches) -> tuple[float, float]:
+        """One optimiser step over `accum_steps` micro-batches; returns (local mean loss, non-finite flag)."""
+        cfg, losses = self.cfg, []
+        for micro in range(cfg.accum_steps):
+            images, labels = next(batches)
+            images, labels = images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+            targets = labels
+            if self.mixup is not None:
+                images, targets = self.mixup(images, labels)
+            sync = micro == cfg.accum_steps - 1 or self.ddp is self.model
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                with _autocast(self.device, cfg.precision):
+                    teacher_logits = None
+                    if self.teacher is not None:
+                        with torch.no_grad():
+                            teacher_logits = self.teacher(images)
+                    loss = train_loss(self.forward(images), targets, teacher_logits, self.smoothing)
+                self.scaler.scale(loss / cfg.accum_steps).backward()
+            losses.append(loss.detach().float())
+        loss = torch.stack(losses).mean()
+        return loss, (~torch.isfinite(loss)).float()
+
+    def fit(self) -> TrainResult:
+        cfg, s, world = self.cfg, self.state, self.world
+        progress = _Progress(cfg.progress if world.main else "none", cfg.epochs, cfg.log_every)
+        for cb in self.callbacks:
+            cb.on_train_begin(s)
+        stopped = None
+        with _StopSignals() as signals:
+            for epoch in progress.epochs_of(range(s.epoch, cfg.epochs)):
+                s.epoch = epoch
+                self.sampler.set_epoch(epoch, start=s.step * cfg.accum_steps * self.batch_size)
+                batches = iter(self.loader)
+                self.model.train()
+                t0, images_seen = time.perf_counter(), 0
+                for step in progress.steps_of(range(s.step, self.steps_per_epoch)):
+                    _seed_step(cfg.seed, world.rank, epoch, step)
+                    loss, bad = self._train_step(batches)
+                    flags = _all_reduce(torch.stack([loss, bad, torch.tensor(float(signals.received is not None),
+                                                                              device=self.device)]))
+                    loss_sum, bad_ranks, signalled = flags.tolist()
+                    if bad_ranks:
+                        self.optimizer.zero_grad(set_to_none=True)
+                        raise FloatingPointError(
+                            f"non-finite loss ({loss_sum / world.world_size}) at epoch {epoch + 1}, step {step + 1} "
+                            f"(global step {s.global_step + 1}) on {bad_ranks:.0f} of {world.world_size} process(es); "
+                            f"the weights were not updated and {self.output / 'last.pt'} is the last good "
+                            "checkpoint: lower --lr, set --clip-grad, or use bf16/fp32 instead of fp16")
+                    if cfg.clip_grad:
+                        self.scaler.unscale_(self.optimizer)
+                        nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.scheduler.step()
+                    if self.ema is not None:
+                        self.ema.update_parameters(self.model)
+                    s.step, s.global_step, s.loss = step + 1, s.global_step + 1, loss_sum / world.world_size
+                    s.epoch_losses.append(s.loss)
+                    images_seen += self.global_batch
+                    for cb in self.callbacks:
+                        cb.on_step_end(s)
+                    progress.step(s, self.optimizer.param_groups[0]["lr"],
+                                  images_seen / (time.perf_counter() - t0))
+                    if signalled or s.stop:
+                        stopped = (signals.received or "a signal to another process") if signalled else "callback"
+                        break
+                    if cfg.ckpt_every and s.global_step % cfg.ckpt_every == 0:
+                        self._checkpoint()
+                if stopped and s.step < self.steps_per_epoch:
+                    self._checkpoint()
+                    break
+                row = self._epoch_row(epoch, s.epoch_losses, images_seen, time.perf_counter() - t0)
+                s.history.append(row)
+                progress.epoch_end(row)
+                s.epoch, s.step, s.epoch_losses = epoch + 1, 0, []
+                if world.main:
+                    _write_logs(s.history, self.output)
+                self._checkpoint()
+                if row["val_top1"] > self.best_top1:
+                    self.best_top1 = row["val_top1"]
+                    self._checkpoint("best.pt")
+                for cb in self.callbacks:
+                    cb.on_epoch_end(s)
+                signalled = _all_reduce(torch.tensor(float(signals.received is not None), device=self.device)).item()
+                if stopped or signalled or s.stop:
+                    stopped = stopped or ((signals.received or "a signal to another process") if signalled else "callback")
+                    break
+        for cb in self.callbacks:
+            cb.on_train_end(s)
+        if world.main:
+            if s.history:
+                plot_history(s.history).savefig(self.output / "curves.png")
+            if stopped:
+                print(f"stopped by {stopped} at epoch {s.epoch + 1}, step {s.step}: checkpoint "
+                      f"{self.output / 'last.pt'}; continue with --resume auto", flush=True)
+        return TrainResult(self.model, self.ema.module if self.ema is not None else None, s.history, self.output,
+                           stopped)
+
+    def _epoch_row(self, epoch: int, step_losses: list[float], images: int, seconds: float) -> dict:
+        """Evaluate, and gather the epoch's numbers into one log row."""
+        cfg, world = self.cfg, self.world
+        kwargs = dict(batch_size=self.batch_size, device=self.device, precision=cfg.precision,
+                      rank=world.rank, world_size=world.world_size)
+        val = evaluate(self.model, self.val_set, **kwargs)
+        row = {"epoch": epoch + 1, "step": self.state.global_step,
+               "train_loss": sum(step_losses) / max(1, len(step_losses)),
+               "val_loss": val["loss"], "val_top1": val["top1"], "val_top5": val["top5"]}
+        if self.ema is not None:
+            ema = evaluate(self.ema.module, self.val_set, **kwargs)
+            row.update(ema_loss=ema["loss"], ema_top1=ema["top1"], ema_top5=ema["top5"])
+        row.update(lr=self.optimizer.param_groups[0]["lr"], images_per_s=images / seconds, epoch_time_s=seconds,
+                   gates=gate_means(self.model))
+        return row
+

@@ -1,0 +1,330 @@
+"""Tests of convit_edu.training: learning, exact resume, crashes, signals, NaNs, DDP, bf16, distillation.
+
+This file is also the worker script of its subprocess tests: `python tests/test_training.py MODE OUTPUT`
+(and under `torchrun` for the two-process test), so the subprocesses and the tests share one definition
+of the model, data and config.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from convit_edu import training
+from convit_edu.training import (
+    Callback,
+    TrainConfig,
+    gate_means,
+    per_device_batch,
+    read_checkpoint,
+    save_checkpoint,
+    train,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+NUM_CLASSES = 4
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest, and without contention with the subprocesses, on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class TinyNet(nn.Module):
+    """A small image classifier with dropout (randomness inside the step) and a gated layer to log."""
+
+    def __init__(self, hidden: int = 32, dropout: float = 0.1):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, hidden), nn.GELU(), nn.Dropout(dropout))
+        self.gate = nn.Module()
+        self.gate.gating_param = nn.Parameter(torch.ones(2))
+        self.head = nn.Linear(hidden, NUM_CLASSES)
+
+    def forward(self, x):
+        return self.head(self.body(x) * torch.sigmoid(self.gate.gating_param).mean())
+
+
+class DistilledTinyNet(TinyNet):
+    """Class and distillation heads: both logits in training mode, their average in eval mode (DeiT)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head_dist = nn.Linear(32, NUM_CLASSES)
+
+    def forward(self, x):
+        h = self.body(x)
+        cls, dist = self.head(h), self.head_dist(h)
+        return (cls, dist) if self.training else (cls + dist) / 2
+
+
+class Noisy(Dataset):
+    """Random augmentation drawn from torch's global generator, as torchvision transforms do."""
+
+    def __init__(self, base: Dataset):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        x, y = self.base[i]
+        return x + 0.1 * torch.randn_like(x), y
+
+
+def make_data(n_train: int = 96, n_val: int = 32, nan_at: int | None = None):
+    g = torch.Generator().manual_seed(0)
+    patterns = torch.randn(NUM_CLASSES, 3, 8, 8, generator=g)
+    y = torch.arange(n_train + n_val) % NUM_CLASSES
+    x = patterns[y] + 2 * torch.randn(n_train + n_val, 3, 8, 8, generator=g)
+    if nan_at is not None:
+        x[nan_at] = float("nan")
+    train_set = Noisy(TensorDataset(x[:n_train], y[:n_train]))
+    return train_set, TensorDataset(x[n_train:], y[n_train:]), [f"c{i}" for i in range(NUM_CLASSES)]
+
+
+def make_model(**kwargs) -> nn.Module:
+    torch.manual_seed(0)
+    return TinyNet(**kwargs)
+
+
+def config(output, **changes) -> TrainConfig:
+    base = TrainConfig(model="tiny", aug="cifar100-32", aug_args={"mixup_alpha": 0.8, "cutmix_alpha": 1.0,
+                       "label_smoothing": 0.1}, epochs=2, batch_size=8, lr=0.5, warmup_epochs=0.5,
+                       ema_decay=0.9, precision="fp32", device="cpu", num_workers=0, output=str(output),
+                       progress="none", img_size=8)
+    return replace(base, **changes)
+
+
+def assert_same_weights(a: nn.Module, b: nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), f"{k} differs"
+
+
+class StopAt(Callback):
+    """Ask for a clean stop after optimiser step `step` of epoch `epoch` (0-based epoch)."""
+
+    def __init__(self, epoch: int, step: int):
+        self.epoch, self.step = epoch, step
+
+    def on_step_end(self, state):
+        if (state.epoch, state.step) == (self.epoch, self.step):
+            state.stop = True
+
+
+def test_loss_falls_on_a_small_learnable_problem(tmp_path):
+    result = train(config(tmp_path, epochs=6, aug_args={"mixup_alpha": 0.0, "cutmix_alpha": 0.0}),
+                   model=make_model(), datasets=make_data())
+    losses = [row["train_loss"] for row in result.history]
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert result.history[-1]["val_top1"] > 50  # chance is 25 %
+    assert {"val_top5", "ema_top1", "lr", "images_per_s", "gates"} <= set(result.history[-1])
+    assert result.history[-1]["gates"] == pytest.approx(gate_means(result.model))
+    assert (tmp_path / "log.jsonl").read_text().count("\n") == 6
+    assert (tmp_path / "log.csv").read_text().splitlines()[0].startswith("epoch,step,train_loss")
+    assert {"run.json", "last.pt", "best.pt", "curves.png"} <= {p.name for p in tmp_path.iterdir()}
+
+
+@pytest.mark.parametrize("stop_epoch, stop_step, accum", [(0, 12, 1), (1, 3, 2)],
+                         ids=["at-epoch-boundary", "mid-epoch-with-accumulation"])
+def test_stop_and_resume_gives_weights_identical_to_an_uninterrupted_run(tmp_path, stop_epoch, stop_step, accum):
+    cfg = config(tmp_path / "straight", accum_steps=accum, batch_size=8 // accum)
+    straight = train(cfg, model=make_model(), datasets=make_data())
+
+    cfg = replace(cfg, output=str(tmp_path / "stopped"))
+    first = train(cfg, model=make_model(), datasets=make_data(), callbacks=[StopAt(stop_epoch, stop_step)])
+    assert first.stopped == "callback"
+    ckpt = read_checkpoint(tmp_path / "stopped" / "last.pt")
+    assert (ckpt["epoch"], ckpt["step"]) == ((1, 0) if stop_step == 12 else (stop_epoch, stop_step))
+    resumed = train(replace(cfg, resume="auto"), model=make_model(), datasets=make_data())
+
+    assert resumed.stopped is None
+    assert_same_weights(straight.model, resumed.model)
+    assert_same_weights(straight.ema, resumed.ema)
+    keys = ["epoch", "step", "train_loss", "val_loss", "val_top1", "ema_top1", "lr"]
+    assert [[r[k] for k in keys] for r in straight.history] == [[r[k] for k in keys] for r in resumed.history]
+
+
+def test_checkpoint_survives_a_crash_during_writing(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_checkpoint({"format": "convit-edu-train-1", "weights": torch.arange(3.0)}, path)
+
+    def crash_halfway(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a zip file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash_halfway)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint({"format": "convit-edu-train-1", "weights": torch.zeros(3)}, path)
+    assert torch.equal(read_checkpoint(path)["weights"], torch.arange(3.0))
+
+
+def test_corrupt_or_foreign_checkpoints_are_refused_by_name(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"\x00" * 100)
+    with pytest.raises(ValueError, match="bad.pt is corrupt"):
+        read_checkpoint(bad)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {}}, foreign)
+    with pytest.raises(ValueError, match="not a convit-edu training checkpoint"):
+        read_checkpoint(foreign)
+    with pytest.raises(ValueError, match="bad.pt is corrupt"):
+        train(config(tmp_path / "run", resume=str(bad)), model=make_model(), datasets=make_data())
+
+
+def test_resume_from_another_model_is_refused_before_training(tmp_path):
+    train(config(tmp_path, epochs=1), model=make_model(), datasets=make_data())
+    with pytest.raises(ValueError, match="holds a 'tiny', this run builds 'other'"):
+        train(config(tmp_path, model="other", resume="auto"), model=make_model(), datasets=make_data())
+    with pytest.raises(ValueError, match=r"does not fit this model .*body.1.weight: \(32, 192\) there, \(16, 192\)"):
+        train(config(tmp_path, resume="auto"), model=make_model(hidden=16), datasets=make_data())
+
+
+def test_nan_in_the_loss_stops_the_run_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path):
+    cfg = config(tmp_path, ckpt_every=1, aug_args={"mixup_alpha": 0.0, "cutmix_alpha": 0.0})
+    with pytest.raises(FloatingPointError, match=r"non-finite loss \(nan\) at epoch 1, step \d+"):
+        train(cfg, model=make_model(), datasets=make_data(nan_at=50))
+    ckpt = read_checkpoint(tmp_path / "last.pt")
+    assert ckpt["step"] > 0 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
+
+
+def test_bf16_autocast_runs_on_cpu(tmp_path):
+    result = train(config(tmp_path, epochs=1, precision="bf16"), model=make_model(), datasets=make_data())
+    assert all(torch.isfinite(p).all() for p in result.model.parameters())
+    assert result.history[0]["val_top1"] >= 0
+
+
+def test_hard_distillation_with_a_tiny_random_teacher_trains(tmp_path):
+    torch.manual_seed(1)
+    teacher = TinyNet(dropout=0.0).eval()
+    torch.manual_seed(0)
+    student = DistilledTinyNet()
+    before = [p.clone() for p in student.head_dist.parameters()]
+    result = train(config(tmp_path, epochs=3), model=student, datasets=make_data(), teacher=teacher)
+    losses = [row["train_loss"] for row in result.history]
+    assert losses[-1] < losses[0]
+    assert any(not torch.equal(a, b) for a, b in zip(before, result.model.head_dist.parameters()))
+    with pytest.raises(ValueError, match="no teacher was given"):
+        train(config(tmp_path / "x", epochs=1), model=DistilledTinyNet(), datasets=make_data())
+
+
+def test_bad_settings_fail_early_naming_the_value(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="global_batch 100 is not divisible by accum_steps 1 × world size 8"):
+        per_device_batch(TrainConfig(global_batch=100), 8)
+    with pytest.raises(ValueError, match="precision 'fp8' is not one of fp32, bf16, fp16"):
+        train(config(tmp_path, precision="fp8"), model=make_model(), datasets=make_data())
+    with pytest.raises(ValueError, match="fewer than one optimiser step of batch 128"):
+        train(config(tmp_path, batch_size=128), model=make_model(), datasets=make_data())
+    with pytest.raises(ValueError, match="4 processes but the training set has only 3 samples"):
+        monkeypatch.setattr(training, "_init_world", lambda device: training._World(0, 4, torch.device("cpu"), False))
+        train(config(tmp_path), model=make_model(), datasets=make_data(n_train=3))
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ValueError, match=f"output directory {blocker}/run is not writable"):
+        train(config(blocker / "run"), model=make_model(), datasets=make_data())
+
+
+# ------------------------------------------------------------------------------------ subprocess tests
+
+def run_worker(mode: str, output: Path, *, torchrun: int = 0) -> subprocess.Popen:
+    launcher = [sys.executable]
+    if torchrun:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={torchrun}", f"--master_port={port}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(launcher + [__file__, mode, str(output)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"worker ended early:\n{proc.stdout.read()}"
+        assert time.monotonic() < end, f"no {path} after {timeout} s"
+        time.sleep(0.05)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    proc = run_worker("slow", tmp_path)
+    wait_for(tmp_path / "started", proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "stopped by SIGTERM" in out
+    ckpt = read_checkpoint(tmp_path / "last.pt")
+    assert 1 <= ckpt["global_step"] < 10 * 12
+
+
+def test_a_killed_run_resumes_from_its_last_checkpoint_to_identical_weights(tmp_path):
+    proc = run_worker("slow", tmp_path)
+    wait_for(tmp_path / "last.pt", proc)
+    time.sleep(0.3)
+    proc.kill()
+    proc.wait(timeout=30)
+    killed_at = read_checkpoint(tmp_path / "last.pt")["global_step"]
+    assert killed_at >= 2 and killed_at % 2 == 0
+
+    resumed = train(replace(slow_config(tmp_path), resume="auto"), model=make_model(), datasets=make_data())
+    straight = train(slow_config(tmp_path / "straight"), model=make_model(), datasets=make_data())
+    assert_same_weights(straight.model, resumed.model)
+
+
+def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path):
+    proc = run_worker("ddp", tmp_path / "two", torchrun=2)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 0, out
+    two = read_checkpoint(tmp_path / "two" / "last.pt")
+    assert two["world_size"] == 2 and two["global_batch"] == 16
+
+    one = train(ddp_config(tmp_path / "one", batch_size=16), model=make_model(dropout=0.0), datasets=ddp_data())
+    for k, v in one.model.state_dict().items():
+        torch.testing.assert_close(two["model"][k], v, atol=1e-5, rtol=1e-5)
+    assert two["history"][-1]["val_top1"] == pytest.approx(one.history[-1]["val_top1"])
+
+
+def slow_config(output) -> TrainConfig:
+    return config(output, epochs=10, ckpt_every=2)
+
+
+def ddp_config(output, batch_size: int) -> TrainConfig:
+    # no mixup, no dropout, no augmentation noise: the 2 x 8 and 1 x 16 batches then hold the same images
+    return config(output, aug=None, batch_size=batch_size, epochs=2)
+
+
+def ddp_data():
+    train_set, val_set, classes = make_data()
+    return train_set.base, val_set, classes
+
+
+class Sleep(Callback):
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def on_step_end(self, state):
+        self.marker.touch()
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    mode, output = sys.argv[1], Path(sys.argv[2])
+    if mode == "slow":
+        train(slow_config(output), model=make_model(), datasets=make_data(), callbacks=[Sleep(output / "started")])
+    elif mode == "ddp":
+        train(ddp_config(output, batch_size=8), model=make_model(dropout=0.0), datasets=ddp_data())
