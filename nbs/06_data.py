@@ -429,6 +429,18 @@ image, label = train_ds[0]
 print("first image:", image.mode, image.size, "label", label, f"({names[label]})")
 
 # %% [markdown]
+# Some of these JPEGs are greyscale; the dataset hands them out as RGB like the others:
+
+# %%
+if HAVE_TINY:
+    files = [p for p, _ in train_ds.samples + val_ds.samples]
+    grey = [i for i, p in enumerate(files) if Image.open(p).mode != "RGB"]
+    print(f"{len(grey)} of {len(files)} files are not RGB on disk, e.g. {Path(files[grey[0]]).name} "
+          f"({Image.open(files[grey[0]]).mode})")
+    grey_train = [i for i, (p, _) in enumerate(train_ds.samples) if Image.open(p).mode != "RGB"]
+    assert grey_train and all(train_ds[i][0].mode == "RGB" for i in grey_train)
+
+# %% [markdown]
 # Table 2's fractions on these classes. Each class keeps ⌊f·500⌋ images, the first ones in sorted file order, so
 # a smaller fraction is always a subset of a larger one (the runs of Table 2 are nested), and the epochs grow as
 # 1/f:
@@ -800,7 +812,11 @@ class RepeatAugSampler(Sampler[int]):
         return len(set(self.global_stream(self.epoch).tolist()))
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Use the permutation of ``epoch`` and skip this rank's first ``start`` samples (mid-epoch resume)."""
+        """Use the permutation of ``epoch`` and skip this rank's first ``start`` samples (mid-epoch resume).
+
+        Call it before every epoch. ``len()`` stays the full epoch (so a loader's ``len`` does too);
+        ``remaining`` is what this rank still yields.
+        """
         if not (isinstance(start, int) and 0 <= start <= len(self)):
             raise ValueError(f"start {start!r} must lie in 0..{len(self)} (samples of this rank already consumed "
                              "this epoch)")
@@ -883,7 +899,9 @@ assert RepeatAugSampler(N_IMAGENET, repeats=3).unique_per_epoch == math.ceil(N_I
 # `persistent_workers` keeps them (and their open files) alive across epochs instead of re-forking every
 # epoch, `prefetch_factor` keeps 4 batches per worker in flight, `pin_memory` (default: on when CUDA is
 # present) makes host-to-GPU copies asynchronous, and a **seeded generator** fixes the base seed of the
-# workers' random augmentations (worker w gets `base_seed + w`), so a run is reproducible.
+# workers' random augmentations (worker w gets `base_seed + w`), so a run is reproducible. With
+# `num_workers=0` the augmentations draw from the main process's global torch RNG instead, which a checkpoint
+# saves and restores like any other RNG state.
 
 # %%
 #| export
@@ -903,6 +921,66 @@ def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, 
         generator=torch.Generator().manual_seed(seed), persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers > 0 else None,
     )
+
+# %% [markdown]
+# ### From a dataset name to loaders in one call
+#
+# `build_loaders` strings the chapter together for the common case: datasets, the recipe's transforms, a
+# `RepeatAugSampler` for this rank (the validation sampler keeps dataset order), seeded loaders and the batch
+# MixUp/CutMix. Everything it builds is returned, so a training loop can call `sampler.set_epoch` and apply
+# `mixup`.
+
+# %%
+#| export
+@dataclass
+class DataLoaders:
+    """What ``build_loaders`` makes: loaders, class names, the batch mixing and the train sampler."""
+
+    train: DataLoader
+    val: DataLoader
+    classes: list[str]
+    mixup: MixupCutmix | None
+    sampler: RepeatAugSampler
+    aug: AugConfig
+
+
+def build_loaders(name: str, root: str | Path = "data", *, preset: str | AugConfig, batch_size: int,
+                  num_workers: int = 4, repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0,
+                  fraction: float = 1.0, max_classes: int | None = None, download: bool = True,
+                  **fake_kwargs) -> DataLoaders:
+    """Datasets, transforms of ``preset`` (a name in ``PRESETS`` or an ``AugConfig``), samplers and loaders
+    for rank ``rank`` of ``num_replicas``, in one call. ``batch_size`` is per rank; the train loader drops
+    the last incomplete batch, the val loader keeps it (with several ranks, val pads to equal lengths)."""
+    if isinstance(preset, str) and preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)} or pass an AugConfig")
+    aug = PRESETS[preset] if isinstance(preset, str) else preset
+    train_tf, val_tf = build_transforms(aug)
+    train, val, classes = build_datasets(name, root, train_transform=train_tf, val_transform=val_tf,
+                                         fraction=fraction, max_classes=max_classes, download=download,
+                                         **fake_kwargs)
+    sampler = RepeatAugSampler(len(train), num_replicas, rank, repeats=repeats, seed=seed)
+    val_sampler = RepeatAugSampler(len(val), num_replicas, rank, shuffle=False)
+    return DataLoaders(
+        train=build_loader(train, batch_size, sampler, num_workers=num_workers, seed=seed, drop_last=True),
+        val=build_loader(val, batch_size, val_sampler, num_workers=num_workers, seed=seed, drop_last=False),
+        classes=classes, mixup=build_mixup(aug, len(classes)), sampler=sampler, aug=aug)
+
+# %% [markdown]
+# The Tiny ImageNet classes with the ImageNet recipe and repeated augmentation ×3 (the same call with
+# `"cifar100"` downloads CIFAR-100 into `data/`), one batch, mixed:
+
+# %%
+data = build_loaders("imagefolder" if HAVE_TINY else "fake", TINY if HAVE_TINY else "data", preset="imagenet",
+                     batch_size=32, num_workers=2, repeats=3,
+                     **({} if HAVE_TINY else dict(num_train=2000, num_val=200, num_classes=4, image_size=64)))
+data.sampler.set_epoch(0)
+torch.manual_seed(0)
+images, labels = next(iter(data.train))
+mixed, targets = data.mixup(images, labels)
+print(f"classes {data.classes}; train {len(data.train)} batches/epoch, val {len(data.val)} batches")
+print(f"batch {tuple(mixed.shape)} {mixed.dtype}, soft targets {tuple(targets.shape)}")
+assert mixed.shape == (32, 3, 224, 224) and torch.allclose(targets.sum(1), torch.ones(32))
+train_ds = data.train.dataset
 
 # %% [markdown]
 # ## Which stage limits the pipeline?
@@ -975,25 +1053,6 @@ def benchmark_loader(dataset: Dataset, transform: Callable, batch_size: int = 64
     return LoaderBenchmark(decode=n / (t1 - t0), augment=n / (t2 - t1), collate=collated / (t3 - t2),
                            loader=count / (t5 - t4) if count else float("nan"), num_workers=num_workers,
                            batch_size=batch_size)
-
-# %% [markdown]
-# One call from the name of a dataset to a training loader: the Tiny ImageNet classes with the ImageNet recipe,
-# repeated augmentation and a seeded loader, then MixUp/CutMix on the batch.
-
-# %%
-cfg = PRESETS["imagenet"]
-train_tf, val_tf = build_transforms(cfg)
-train_ds, val_ds, names = build_datasets("imagefolder" if HAVE_TINY else "fake", TINY if HAVE_TINY else "data",
-                                         train_transform=train_tf, val_transform=val_tf)
-sampler = RepeatAugSampler(len(train_ds), repeats=3, seed=0)
-loader = build_loader(train_ds, 32, sampler, num_workers=2, seed=0, drop_last=True)
-mix = build_mixup(cfg, len(names))
-sampler.set_epoch(0)
-torch.manual_seed(0)
-images, labels = next(iter(loader))
-mixed, targets = mix(images, labels)
-print(f"batch {tuple(mixed.shape)} {mixed.dtype}, soft targets {tuple(targets.shape)}, {len(loader)} batches/epoch")
-assert mixed.shape == (32, 3, 224, 224) and torch.allclose(targets.sum(1), torch.ones(32))
 
 # %% [markdown]
 # The benchmark on this machine (its numbers change from run to run, and with the CPU). Decoding a 64×64 JPEG

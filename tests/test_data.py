@@ -22,6 +22,7 @@ from convit_edu.data import (
     benchmark_loader,
     build_datasets,
     build_loader,
+    build_loaders,
     build_mixup,
     build_transforms,
     extract_subset,
@@ -466,6 +467,25 @@ def test_benchmark_reports_every_stage_and_restores_the_transform():
                               mixup=build_mixup(AugConfig(), 10))
     assert all(v > 0 for v in (result.decode, result.augment, result.collate, result.loader))
     assert train.transform is None and "slowest stage" in str(result)
+
+
+def test_build_loaders_goes_from_a_name_to_batches_in_one_call(folder):
+    data = build_loaders("fake", preset="cifar100-32", batch_size=16, num_workers=0, num_train=64, num_val=20,
+                         num_classes=4)
+    assert data.classes == [f"class_{c:03d}" for c in range(4)] and data.mixup is None
+    images, labels = next(iter(data.train))
+    assert images.shape == (16, 3, 32, 32) and labels.shape == (16,)
+    assert [len(y) for _, y in data.val] == [16, 4]
+    cfg = AugConfig(img_size=16)
+    ranks = [build_loaders("imagefolder", folder, preset=cfg, batch_size=2, num_workers=0, repeats=3,
+                           num_replicas=2, rank=r) for r in range(2)]
+    assert [len(d.train) for d in ranks] == [4, 4] and [len(d.val) for d in ranks] == [2, 2]
+    images, targets = ranks[0].mixup(*next(iter(ranks[0].train)))
+    assert images.shape == (2, 3, 16, 16) and targets.shape == (2, 3)
+    with pytest.raises(ValueError, match="unknown preset 'cifar': choose one of imagenet, cifar100-224"):
+        build_loaders("fake", preset="cifar", batch_size=4)
+    with pytest.raises(ValueError, match="batch_size 64 with drop_last=True leaves no batch: .* only 9 samples"):
+        build_loaders("imagefolder", folder, preset=cfg, batch_size=64, num_replicas=2)
 
 
 # ------------------------------------------------------------------------------------------ real images
