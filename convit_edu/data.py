@@ -517,7 +517,7 @@ class RepeatAugSampler(Sampler[int]):
         return iter(mine[self.start :].tolist())
 
 
-# %% nbs/06_data.py 52
+# %% nbs/06_data.py 53
 def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, num_workers: int, seed: int,
                  drop_last: bool, pin_memory: bool | None = None) -> DataLoader:
     """A DataLoader over ``sampler`` (None: dataset order) with workers, pinning, prefetch and a seeded generator."""
@@ -536,7 +536,7 @@ def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, 
     )
 
 
-# %% nbs/06_data.py 54
+# %% nbs/06_data.py 55
 @dataclass
 class DataLoaders:
     """What ``build_loaders`` makes: loaders, class names, the batch mixing and the train sampler."""
@@ -571,7 +571,7 @@ def build_loaders(name: str, root: str | Path = "data", *, preset: str | AugConf
         classes=classes, mixup=build_mixup(aug, len(classes)), sampler=sampler, aug=aug)
 
 
-# %% nbs/06_data.py 58
+# %% nbs/06_data.py 59
 @dataclass
 class LoaderBenchmark:
     """Images per second of each pipeline stage, measured by ``benchmark_loader``."""

@@ -757,17 +757,18 @@ print({k: kinds.count(k) for k in ("MixUp", "CutMix")})
 # r times *in a row* in that stream: [a, a, a, b, b, b, ...]. The stream keeps the length of a normal epoch
 # (⌈N/W⌉ per rank), so an epoch shows N/r distinct images, r times each, with independent augmentations. As
 # consecutive positions go to consecutive ranks, the r copies land on r different ranks when W ≥ r, in the
-# same step.
+# same global batch (unless they straddle the boundary between two).
 #
-# **One process.** The official DeiT sampler (`RASampler`) does the same on every rank, and on a single
-# process its behaviour surprises users: each image appears three times *in one batch* and an epoch covers a
-# third of the data (it also rounds the epoch down to a multiple of 256 images). What we do: the same global
+# **One process.** The official DeiT sampler (`RASampler`) builds the same kind of ×3 stream, and on a single
+# process its behaviour surprises users: each image appears three times *in one batch*, and an epoch covers a
+# third of the data (the epoch is also rounded down to a multiple of 256 images). What we do: the same global
 # stream, on purpose, at every world size. Because rank k takes every W-th position, the *global* batch of step
-# s (the union over ranks) is always the contiguous slice s·B·W … (s+1)·B·W−1 of the stream. So a run with
-# W = 1 and batch B·W sees exactly the same global batches as a run on W ranks with batch B: in both, the r
-# copies share a global batch, and an epoch covers N/r images. The single-process case is not a special case;
-# repeats = 1 (the default) gives plain shuffling. Training chapters state the r and print how much of the
-# data each epoch covers.
+# s (the union over ranks) is always the contiguous slice s·B·W … (s+1)·B·W−1 of the stream. So one process
+# with batch B·W sees exactly the same global batches as W ranks with batch B each: in both, the r copies share
+# a global batch and an epoch covers N/r images — which is also what the official code does on 8 GPUs. Only
+# where the copies sit differs (one process: side by side in its batch; W ≥ r: one per rank). Repeated
+# augmentation is never on by surprise: `repeats` defaults to 1 (plain shuffling), and `unique_per_epoch`
+# says how many distinct images an epoch shows.
 #
 # **Resuming.** `set_epoch(epoch, start)` sets the epoch (hence the permutation) and skips the first `start`
 # samples of this rank's share, so a run stopped after b batches of batch size B resumes with
@@ -882,6 +883,26 @@ print("global batches independent of the world size; reshuffled per epoch; exact
 # rank ⌈N/W⌉. Both cover about a third of the images per epoch, three times each, at *every* world size — that
 # is what repeated augmentation with an unchanged epoch length means, not a single-process accident. The only
 # single-process difference is where the copies sit: with one rank, in the same batch.
+
+# %%
+def official_ra_share(n: int, world: int, rank: int, epoch: int = 0) -> list[int]:
+    """What DeiT's RASampler gives one rank (described, not its code): each index of a seeded permutation
+    three times in a row, padded to a multiple of the world size, every world-th position from rank on,
+    cut to ⌊⌊n/256⌋·256 / world⌋ samples."""
+    stream = torch.randperm(n, generator=torch.Generator().manual_seed(epoch)).repeat_interleave(3).tolist()
+    per_rank = math.ceil(3 * n / world)
+    stream += stream[: per_rank * world - len(stream)]
+    return stream[rank : per_rank * world : world][: (n // 256 * 256) // world]
+
+
+n = 5120
+for world in (1, 8):
+    shares = [official_ra_share(n, world, r) for r in range(world)]
+    seen = [i for share in shares for i in share]
+    assert len(set(seen)) == math.ceil(n / 3)  # a third of the data, at any world size
+    print(f"official, world {world}: {len(seen)} samples per epoch, {len(set(seen))} distinct of {n}")
+one = official_ra_share(n, 1, 0)
+assert one[:3] == [one[0]] * 3  # one process: the three copies side by side, in the same batch
 
 # %%
 N_IMAGENET = 1_281_167

@@ -348,6 +348,20 @@ def test_mixup_mixes_images_and_targets_with_the_same_lambda():
     torch.testing.assert_close(mixed, lam * images + (1 - lam) * images.roll(1, 0))
 
 
+def test_soft_targets_match_timm_mixup_target():
+    """timm (DeiT's library) as a reference: on/off smoothing values, mixed with the partner's targets.
+    With two samples timm's partner (the batch flipped) is torchvision's (the batch rolled by one)."""
+    from timm.data.mixup import mixup_target
+
+    torch.manual_seed(4)
+    mix = build_mixup(PRESETS["imagenet"], num_classes=7)
+    for _ in range(5):
+        labels = torch.randint(0, 7, (2,))
+        _, targets = mix(torch.rand(2, 3, 8, 8), labels)
+        lam = float((targets[0, labels[0]] - 0.1 / 7) / 0.9) if labels[0] != labels[1] else 1.0
+        torch.testing.assert_close(targets, mixup_target(labels, 7, lam=lam, smoothing=0.1))
+
+
 def test_cutmix_target_is_the_share_of_pasted_pixels():
     torch.manual_seed(2)
     mix = MixupCutmix(num_classes=4, mixup_alpha=0.0, cutmix_alpha=1.0, label_smoothing=0.0)
