@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -46,7 +46,7 @@ class TrainConfig:
     model: str = "convit_tiny"
     model_args: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides, e.g. {"depth": 6}
     img_size: int = 224
-    drop_path: float = 0.1
+    drop_path_rate: float = 0.1  # stochastic depth of the last block (ModelConfig.drop_path_rate)
     data: str = "fake"
     data_root: str = "data"
     data_args: dict[str, Any] = field(default_factory=dict)  # more build_datasets arguments (FakeData sizes)
@@ -95,7 +95,7 @@ def check_config(cfg: TrainConfig) -> None:
         (0 <= cfg.min_lr and 0 <= cfg.warmup_lr, f"min_lr {cfg.min_lr} and warmup_lr {cfg.warmup_lr} must be >= 0"),
         (cfg.warmup_epochs >= 0, f"warmup_epochs {cfg.warmup_epochs} must be >= 0"),
         (cfg.weight_decay >= 0, f"weight_decay {cfg.weight_decay} must be >= 0"),
-        (0 <= cfg.drop_path < 1, f"drop_path {cfg.drop_path} must be in [0, 1)"),
+        (0 <= cfg.drop_path_rate < 1, f"drop_path_rate {cfg.drop_path_rate} must be in [0, 1)"),
         (cfg.clip_grad is None or cfg.clip_grad > 0, f"clip_grad {cfg.clip_grad} must be > 0 (or None: off)"),
         (cfg.ema_decay is None or 0 < cfg.ema_decay < 1, f"ema_decay {cfg.ema_decay} must be in (0, 1)"),
         (cfg.global_batch is None or cfg.global_batch > 0, f"global_batch {cfg.global_batch} must be > 0"),
@@ -530,7 +530,7 @@ def _build_model(cfg: TrainConfig, num_classes: int, distilled: bool) -> nn.Modu
 
     if cfg.model not in list_models():
         raise ValueError(f"unknown model {cfg.model!r}: choose one of {', '.join(list_models())}")
-    args = {"img_size": cfg.img_size, "num_classes": num_classes, "drop_path_rate": cfg.drop_path, **cfg.model_args}
+    args = {"img_size": cfg.img_size, "num_classes": num_classes, "drop_path_rate": cfg.drop_path_rate, **cfg.model_args}
     return create_model(cfg.model, distilled=distilled, **args)
 
 
@@ -543,8 +543,7 @@ def build_teacher(name: str, checkpoint: str | None, num_classes: int, img_size:
     if name in list_models():
         teacher = create_model(name, num_classes=num_classes, img_size=img_size)
         if checkpoint:
-            ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
-            load_checkpoint(teacher, ckpt["model"] if ckpt.get("format") == CHECKPOINT_FORMAT else ckpt)
+            load_checkpoint(teacher, checkpoint)  # also reads our training checkpoints (their "model" entry)
     elif name in torchvision.models.list_models(module=torchvision.models):
         teacher = torchvision.models.get_model(name, num_classes=num_classes)
         if checkpoint:

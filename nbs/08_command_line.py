@@ -1,0 +1,585 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The command line: `convit-edu train / eval / bench`, torchrun and SLURM
+#
+# Chapter 07 wrote one training loop, `train(TrainConfig)`. This chapter puts a command in front of it, so
+# that the same run starts from a terminal on a laptop, on one GPU, on the 8 GPUs of a node with `torchrun`,
+# or on many nodes under SLURM:
+#
+# * `convit-edu train` — every field of `TrainConfig`, of the model's `ModelConfig` and of the augmentation
+#   recipe's `AugConfig` is a flag of the same name; **presets** fill in the paper's recipes and print what
+#   they expand to;
+# * `convit-edu eval` — top-1/top-5 of a checkpoint, with the test-time masking switches of chapter 05
+#   (SM F, Tables 5-6);
+# * `convit-edu bench` — training and inference images/s and peak memory of a model on this machine, and the
+#   data loader's images/s.
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
+
+# %%
+#| default_exp cli
+
+# %%
+import contextlib
+import io
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+torch.set_printoptions(precision=4, sci_mode=False)
+
+# %% [markdown]
+# ## Presets: the paper's recipes by name
+#
+# A preset is a dictionary of `TrainConfig` fields. `deit` is DeiT's ImageNet recipe as the ConViT paper
+# uses it unchanged (§4): 300 epochs, global batch 1024 (so lr = 5·10⁻⁴ × 1024/512 = 10⁻³), 5 warm-up epochs,
+# cosine to 10⁻⁵, AdamW wd 0.05, drop path 0.1, RandAugment, random erasing, Mixup/CutMix with label
+# smoothing, repeated augmentation ×3. `imagenet` is `deit` on an ImageNet folder. `cifar100-224` is SM C's
+# CIFAR-100 setting: every hyper-parameter unchanged, images rescaled to 224 × 224 (the paper then trains far
+# longer than 300 epochs, up to 3000: pass `--epochs`). `cifar100-32` is this course's own small setting for
+# one GPU or a CPU: native 32 × 32 images cut into 4 × 4 patches (an 8 × 8 grid), the classic CIFAR
+# augmentation (pad-and-crop, flip) without mixing, batch 128.
+#
+# Explicit flags override the preset; the global batch of a preset holds on any number of GPUs, each process
+# taking its share.
+
+# %%
+#| export
+import argparse
+import ast
+import json
+import os
+import resource
+import sys
+import time
+import typing
+from dataclasses import MISSING, asdict, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from convit_edu.training import TrainConfig, evaluate, read_checkpoint, train
+
+_DEIT = dict(epochs=300, global_batch=1024, lr=5e-4, min_lr=1e-5, warmup_lr=1e-6, warmup_epochs=5.0,
+             weight_decay=0.05, drop_path_rate=0.1, img_size=224, aug="imagenet", repeats=3, ema_decay=None,
+             clip_grad=None)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "deit": _DEIT,
+    "imagenet": {**_DEIT, "data": "imagefolder", "data_root": "data/imagenet"},
+    "cifar100-224": {**_DEIT, "data": "cifar100", "aug": "cifar100-224"},
+    "cifar100-32": {**_DEIT, "data": "cifar100", "aug": "cifar100-32", "img_size": 32, "model_args": {"patch_size": 4},
+                    "global_batch": None, "batch_size": 128, "repeats": 1},
+}
+
+
+def expand_preset(name: str) -> dict[str, Any]:
+    """The `TrainConfig` fields a preset sets; ValueError listing the presets for an unknown name."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
+    return dict(PRESETS[name])
+
+
+# %% [markdown]
+# ## One flag per field
+#
+# The flags are generated from the three dataclasses, so a field and its flag never drift apart and there is
+# one name per idea: `TrainConfig.warmup_epochs` is `--warmup-epochs`, `ModelConfig.local_up_to_layer` is
+# `--local-up-to-layer`, `AugConfig.mixup_alpha` is `--mixup-alpha`, and the log keys and checkpoint
+# fields are those names again. A few fields are not flags: the model's `img_size`, `num_classes`,
+# `drop_path_rate` and `distilled` come from the run (`--img-size`, the dataset, `--drop-path-rate`,
+# `--distill-teacher`), and `aug`'s image size is the run's `--img-size`.
+
+# %%
+#| exporti
+_NOT_MODEL_FLAGS = {"img_size", "num_classes", "drop_path_rate", "distilled"}
+_NOT_AUG_FLAGS = {"img_size"}
+_DICT_FIELDS = {"model_args", "aug_args", "data_args"}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _parse_value(text: str) -> Any:
+    """`3` -> 3, `0.5` -> 0.5, `none` -> None, `true` -> True, `(1, 2)` -> (1, 2), anything else -> the string."""
+    lowered = text.strip().lower()
+    if lowered in ("none", "null"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _add_field_flags(group, dataclass_fields, skip: set[str], dest_prefix: str) -> None:
+    for f in dataclass_fields:
+        if f.name in skip:
+            continue
+        default = f.default if f.default is not MISSING else f.default_factory()
+        kwargs = dict(dest=dest_prefix + f.name, default=argparse.SUPPRESS, help=f"(default: {default})")
+        optional = type(None) in typing.get_args(f.type)  # `X | None`: "none" is a valid value
+        if isinstance(default, bool):
+            group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
+        elif isinstance(default, tuple):
+            group.add_argument(_flag(f.name), type=float, nargs=len(default), metavar="X", **kwargs)
+        elif optional or default is None:
+            group.add_argument(_flag(f.name), type=_parse_value, metavar="VALUE", **kwargs)
+        else:
+            group.add_argument(_flag(f.name), type=type(default), metavar=type(default).__name__.upper(), **kwargs)
+
+
+def _train_parser(sub) -> argparse.ArgumentParser:
+    from convit_edu.data import AugConfig
+    from convit_edu.models import ModelConfig
+
+    p = sub.add_parser(
+        "train", help="train a model", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a ConViT or DeiT (one process, or one per GPU under torchrun). Precedence: "
+                    "TrainConfig defaults < --preset < explicit flags.",
+        epilog="examples:\n  convit-edu train --model convit_tiny --data cifar100 --preset cifar100-32 --epochs 1\n"
+               "  torchrun --nproc_per_node=8 -m convit_edu.cli train --model convit_small --preset imagenet "
+               "--data-root /data/imagenet --output runs/convit_small --resume auto")
+    p.add_argument("--preset", choices=list(PRESETS), help="a recipe; it prints what it expands to")
+    p.add_argument("--print-config", action="store_true", help="print the complete config as JSON and exit")
+    p.add_argument("--data-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra dataset arguments, e.g. --data-arg num_train=512 for --data fake")
+    _add_field_flags(p.add_argument_group("run (TrainConfig)"), fields(TrainConfig), _DICT_FIELDS, "")
+    _add_field_flags(p.add_argument_group("model architecture (ModelConfig; preset/default of --model)"),
+                     fields(ModelConfig), _NOT_MODEL_FLAGS, "model.")
+    _add_field_flags(p.add_argument_group("augmentation (AugConfig; default: the --aug recipe)"),
+                     fields(AugConfig), _NOT_AUG_FLAGS, "aug.")
+    return p
+
+
+def _config_from_args(args: argparse.Namespace) -> TrainConfig:
+    given = vars(args)
+    values = expand_preset(args.preset) if args.preset else {}
+    for key in ("model_args", "aug_args", "data_args"):
+        values[key] = dict(values.get(key, {}))
+    for key, value in given.items():
+        if key.startswith("model."):
+            values["model_args"][key[6:]] = tuple(value) if isinstance(value, list) else value
+        elif key.startswith("aug."):
+            values["aug_args"][key[4:]] = tuple(value) if isinstance(value, list) else value
+        elif key in {f.name for f in fields(TrainConfig)}:
+            values[key] = value
+    for item in args.data_arg:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--data-arg {item!r} is not KEY=VALUE")
+        values["data_args"][key] = _parse_value(value)
+    return TrainConfig(**values)
+
+
+# %% [markdown]
+# ## The three commands
+#
+# `main(argv)` returns an exit status: 0 when the work is done — including a training run that a SIGTERM or
+# SIGINT stopped *with a checkpoint written* (resume it with `--resume auto`) — and 1 with a one-line
+# message, no traceback, for a bad input or a non-finite loss. Under `torchrun` only rank 0 prints.
+
+# %%
+#| export
+def run_train(args: argparse.Namespace) -> int:
+    cfg = _config_from_args(args)
+    main_process = os.environ.get("RANK", "0") == "0"
+    if main_process and args.preset:
+        print(f"preset {args.preset} expands to:")
+        for key, value in expand_preset(args.preset).items():
+            print(f"  {key} = {value!r}")
+    if args.print_config:
+        if main_process:
+            print(json.dumps(asdict(cfg), indent=2))
+        return 0
+    train(cfg)
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from convit_edu.data import build_datasets, build_transforms
+    from convit_edu.models import mask_at_test_time
+    from convit_edu.training import _aug_config, _build_model
+
+    ckpt = read_checkpoint(args.checkpoint)
+    cfg = replace(TrainConfig(**ckpt["config"]), **{k: v for k, v in (("data", args.data), ("data_root", args.data_root),
+                                                                       ("classes", args.classes)) if v is not None})
+    model = _build_model(cfg, ckpt["num_classes"], distilled=cfg.distill_teacher is not None)
+    if args.ema:
+        if ckpt["ema"] is None:
+            raise ValueError(f"checkpoint {args.checkpoint} has no EMA (it was trained without --ema-decay)")
+        weights = {k.removeprefix("module."): v for k, v in ckpt["ema"].items() if k != "n_averaged"}
+    else:
+        weights = ckpt["model"]
+    model.load_state_dict(weights)
+    _, val_tf = build_transforms(_aug_config(cfg))
+    _, val_set, classes = build_datasets(cfg.data, cfg.data_root, val_transform=val_tf, max_classes=cfg.classes,
+                                         download=False, **cfg.data_args)
+    if len(classes) != ckpt["num_classes"]:
+        raise ValueError(f"the checkpoint has {ckpt['num_classes']} classes, dataset {cfg.data} has {len(classes)}: "
+                         "pass --classes")
+    device = _device(args.device)
+    with mask_at_test_time(model.to(device), mask_pos_embed=args.mask_pos_embed, gate=args.gate,
+                           num_layers=args.gate_layers):
+        metrics = evaluate(model, val_set, batch_size=args.batch_size, device=device, precision=args.precision,
+                           num_workers=args.num_workers)
+    print(json.dumps({"checkpoint": str(args.checkpoint), "weights": "ema" if args.ema else "model",
+                      "data": cfg.data, "images": len(val_set), "mask_pos_embed": args.mask_pos_embed,
+                      "gate": args.gate, "gate_layers": args.gate_layers,
+                      **{k: round(v, 4) for k, v in metrics.items()}}))
+    return 0
+
+
+def measure_model(model: nn.Module, batch_size: int, img_size: int, *, steps: int = 10,
+                  device: str | torch.device = "cpu", precision: str = "fp32") -> dict[str, float]:
+    """Training (forward, backward, AdamW step) and inference images/s on random images, and peak memory:
+    CUDA's peak allocation on a GPU, the process's peak resident size on a CPU (both in MiB)."""
+    from convit_edu.training import _autocast
+
+    device = torch.device(device)
+    model = model.to(device)
+    x = torch.randn(batch_size, 3, img_size, img_size, device=device)
+    y = torch.randint(0, 2, (batch_size,), device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def train_step():
+        with _autocast(device, precision):
+            out = model(x)
+            loss = nn.functional.cross_entropy(out[0] if isinstance(out, tuple) else out, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def infer_step():
+        with _autocast(device, precision):
+            model(x)
+
+    def rate(step, train_mode: bool) -> float:
+        model.train(train_mode)
+        step()  # warm-up: allocations, kernel selection, compilation
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return steps * batch_size / (time.perf_counter() - t0)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    result = {"train_images_per_s": rate(train_step, True), "infer_images_per_s": rate(infer_step, False)}
+    if device.type == "cuda":
+        result["peak_memory_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is in bytes on macOS, KiB on Linux
+        result["peak_memory_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+    return result
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from convit_edu.data import PRESETS as AUG_PRESETS, benchmark_loader, build_datasets, build_mixup, build_transforms
+    from convit_edu.models import create_model, list_models
+
+    if args.model not in list_models():
+        raise ValueError(f"unknown model {args.model!r}: choose one of {', '.join(list_models())}")
+    device = _device(args.device)
+    model = create_model(args.model, img_size=args.img_size, num_classes=args.num_classes,
+                         **dict(_key_value(item) for item in args.model_arg))
+    if args.compile:
+        model = torch.compile(model)
+    print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, {args.precision} on {device}:")
+    for key, value in measure_model(model, args.batch_size, args.img_size, steps=args.steps, device=device,
+                                    precision=args.precision).items():
+        print(f"  {key:<22}{value:>10.1f}")
+    if args.aug not in AUG_PRESETS:
+        raise ValueError(f"unknown aug preset {args.aug!r}: choose one of {', '.join(AUG_PRESETS)}")
+    aug = replace(AUG_PRESETS[args.aug], img_size=args.img_size)
+    train_tf, _ = build_transforms(aug)
+    data_args = dict(_key_value(item) for item in args.data_arg)
+    train_set, _, classes = build_datasets(args.data, args.data_root, download=False, **data_args)
+    print(f"data loader on {args.data} ({args.aug} recipe, {args.num_workers} workers):")
+    print(benchmark_loader(train_set, train_tf, batch_size=args.batch_size, num_workers=args.num_workers,
+                           mixup=build_mixup(aug, len(classes)) if len(classes) > 1 else None))
+    return 0
+
+
+# %%
+#| exporti
+def _device(name: str) -> torch.device:
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+
+
+def _key_value(item: str) -> tuple[str, Any]:
+    key, sep, value = item.partition("=")
+    if not sep:
+        raise ValueError(f"{item!r} is not KEY=VALUE")
+    return key, _parse_value(value)
+
+
+# %%
+#| export
+def build_parser() -> argparse.ArgumentParser:
+    """The `convit-edu` argument parser with its three sub-commands."""
+    parser = argparse.ArgumentParser(
+        prog="convit-edu", description="Train, evaluate and benchmark ConViT and DeiT models (d'Ascoli et al. 2021).")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,bench}")
+    _train_parser(sub)
+
+    e = sub.add_parser("eval", help="top-1/top-5 of a training checkpoint, optionally with parts masked (SM F)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    e.add_argument("checkpoint", type=Path, help="a checkpoint written by convit-edu train (last.pt, best.pt)")
+    e.add_argument("--data", help="dataset name (default: the checkpoint's)")
+    e.add_argument("--data-root", help="dataset folder (default: the checkpoint's)")
+    e.add_argument("--classes", type=int, help="first K classes (default: the checkpoint's)")
+    e.add_argument("--ema", action="store_true", help="evaluate the EMA weights instead of the model's")
+    e.add_argument("--mask-pos-embed", action="store_true", help="drop the absolute position embedding (Table 5)")
+    e.add_argument("--gate", type=float, help="replace σ(λ) by this value: 1 masks content, 0 position (Table 6)")
+    e.add_argument("--gate-layers", type=int, help="apply --gate to the first N GPSA layers only")
+    e.add_argument("--batch-size", type=int, default=256)
+    e.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    e.add_argument("--num-workers", type=int, default=4)
+    e.add_argument("--device", default="auto")
+
+    b = sub.add_parser("bench", help="training/inference images/s, peak memory, data loader images/s",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    b.add_argument("--model", default="convit_tiny")
+    b.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="ModelConfig override")
+    b.add_argument("--img-size", type=int, default=224)
+    b.add_argument("--num-classes", type=int, default=1000)
+    b.add_argument("--batch-size", type=int, default=64)
+    b.add_argument("--steps", type=int, default=10, help="timed steps after one warm-up step")
+    b.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="bf16")
+    b.add_argument("--compile", action="store_true", help="torch.compile the model first")
+    b.add_argument("--device", default="auto")
+    b.add_argument("--data", default="fake", help="dataset for the loader benchmark")
+    b.add_argument("--data-root", default="data")
+    b.add_argument("--data-arg", action="append", default=[], metavar="KEY=VALUE", help="e.g. num_train=512")
+    b.add_argument("--aug", default="imagenet", help="augmentation recipe for the loader benchmark")
+    b.add_argument("--num-workers", type=int, default=4)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `convit-edu` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = {"train": run_train, "eval": run_eval, "bench": run_bench}[args.command]
+    try:
+        return command(args)
+    except (ValueError, TypeError, FileNotFoundError, FloatingPointError) as e:
+        print(f"convit-edu {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+# %% [markdown]
+# ## `--help`
+#
+# The top level, then `train`'s flags: the run's own, then one per field of the model's `ModelConfig` and of
+# the augmentation recipe's `AugConfig` (their defaults are those of `--model` and `--aug`).
+
+# %%
+from convit_edu.cli import PRESETS, build_parser, main
+
+
+def captured(argv: list[str]) -> tuple[int, str, str]:
+    """Run `convit-edu ARGV` in this process; return (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(argv)
+        except SystemExit as e:  # argparse exits after --help and on usage errors
+            status = e.code
+    return status, out.getvalue(), err.getvalue()
+
+
+status, text, _ = captured(["--help"])
+assert status == 0
+print(text)
+
+# %%
+status, text, _ = captured(["train", "--help"])
+assert status == 0 and "--local-up-to-layer" in text and "--mixup-alpha" in text and "--warmup-epochs" in text
+print(text)
+
+# %% [markdown]
+# ## Presets, expanded
+#
+# A preset prints exactly what it sets before the run starts; `--print-config` prints the complete
+# `TrainConfig` the flags resolve to and exits — the way to check a command before spending GPU hours on it.
+
+# %%
+status, text, _ = captured(["train", "--preset", "cifar100-32", "--epochs", "100", "--print-config"])
+assert status == 0
+print(text)
+resolved = json.loads(text[text.index("{"):])
+assert resolved["epochs"] == 100 and resolved["img_size"] == 32 and resolved["model_args"] == {"patch_size": 4}
+
+# %%
+keys = ["data", "aug", "img_size", "epochs", "global_batch", "batch_size", "lr", "warmup_epochs", "repeats"]
+print(f"{'preset':<14}" + "".join(f"{k:>13}" for k in keys))
+for name, values in PRESETS.items():
+    print(f"{name:<14}" + "".join(f"{str(values.get(k, '(default)')):>13}" for k in keys))
+
+# %% [markdown]
+# ## A round trip: train, then evaluate
+#
+# A tiny ConViT (2 blocks, width 48) on synthetic 16 × 16 images for one epoch, then `eval` of its
+# checkpoint — which must give back the validation numbers the training logged — and `eval` with the
+# positional attention of every GPSA layer switched off (`--gate 0`, Table 6 of the paper).
+
+# %%
+RUNS = Path("runs")
+TINY = ["--model", "convit_tiny", "--img-size", "16", "--patch-size", "4", "--embed-dim", "48", "--depth", "2",
+        "--local-up-to-layer", "1", "--data", "fake", "--data-arg", "num_train=256", "--data-arg", "num_val=64",
+        "--data-arg", "image_size=16", "--batch-size", "32", "--warmup-epochs", "0", "--lr", "2e-3",
+        "--precision", "fp32", "--num-workers", "0"]
+out_dir = Path(tempfile.mkdtemp()) / "tiny"
+status, text, err = captured(["train", *TINY, "--epochs", "2", "--progress", "lines", "--log-every", "4",
+                              "--output", str(out_dir)])
+assert status == 0, err
+print(sorted(p.name for p in out_dir.iterdir()))
+logged = json.loads((out_dir / "log.jsonl").read_text().splitlines()[-1])
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(text)
+
+# %%
+status, text, err = captured(["eval", str(out_dir / "last.pt"), "--num-workers", "0"])
+assert status == 0, err
+evaluated = json.loads(text)
+assert abs(evaluated["top1"] - logged["val_top1"]) < 1e-3 and abs(evaluated["loss"] - logged["val_loss"]) < 1e-3
+status, text, err = captured(["eval", str(out_dir / "last.pt"), "--num-workers", "0", "--gate", "0"])
+masked = json.loads(text)
+print(f"top-1 {evaluated['top1']:.2f} % as logged; with positional attention masked (σ(λ) = 0): {masked['top1']:.2f} %")
+
+# %% [markdown]
+# ## Bad input: one line, before any work
+#
+# Each of these fails before a single image is loaded, with the value that was wrong and what would work:
+
+# %%
+corrupt = out_dir.parent / "corrupt.pt"
+corrupt.write_bytes(b"\x00" * 64)
+for argv in (["train", "--model", "convit_huge"],
+             ["train", *TINY, "--global-batch", "100", "--accum-steps", "3", "--output", str(out_dir.parent / "x")],
+             ["train", *TINY, "--model", "deit_tiny", "--output", str(out_dir), "--resume", "auto"],
+             ["train", *TINY, "--output", str(out_dir.parent / "y"), "--resume", str(corrupt)],
+             ["train", *TINY, "--output", str(corrupt / "run")]):
+    status, _, err = captured(argv)
+    assert status == 1 and "Traceback" not in err
+    print(err.strip().replace(str(out_dir.parent), "TMP"))
+
+# %% [markdown]
+# ## `bench`
+#
+# Training and inference images/s and peak memory of a model at a batch size on this machine, then the data
+# pipeline's images/s stage by stage (chapter 06's `benchmark_loader`). Here ConViT-Ti at 224 px with batch
+# 16 in bf16 on this notebook's CPU (FAST mode: 64 px). Chapter 11 goes further.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+size = "64" if FAST else "224"
+status, text, err = captured(["bench", "--model", "convit_tiny", "--img-size", size, "--batch-size", "16",
+                              "--steps", "2", "--num-workers", "2", "--data-arg", "num_train=64",
+                              "--data-arg", f"image_size={size}"])
+assert status == 0, err
+print(text)
+
+# %% [markdown]
+# ## Launching at every scale
+#
+# **Your laptop, one epoch of CIFAR-100** (downloads it into `data/` the first time, 161 MB):
+#
+# ```bash
+# convit-edu train --preset cifar100-32 --model convit_tiny --epochs 1 --warmup-epochs 0 --output runs/quickstart
+# ```
+#
+# **One GPU**, ImageNet in `data/imagenet/{train,val}` — the `imagenet` preset's global batch of 1024 is
+# reached with 8 accumulation steps of 128:
+#
+# ```bash
+# convit-edu train --preset imagenet --model convit_tiny --accum-steps 8 --output runs/convit_tiny
+# ```
+#
+# (With a `global_batch`, as the ImageNet presets have, `--batch-size` is not used: each process runs
+# global_batch / (accum_steps × processes) images at once. `--global-batch none --batch-size B` switches back.)
+#
+# **One node with 8 GPUs** — `torchrun` starts one process per GPU, each takes 1024 / 8 = 128 images:
+#
+# ```bash
+# torchrun --nproc_per_node=8 -m convit_edu.cli train --preset imagenet --model convit_small \
+#     --data-root /datasets/imagenet --output runs/convit_small --resume auto
+# ```
+#
+# **Many nodes under SLURM.** The script below asks for 4 nodes of 8 GPUs, starts one `torchrun` per node
+# with `srun`, and lets them meet through the c10d rendezvous on the first node. SLURM sends SIGTERM two
+# minutes before the time limit (`--signal`); the loop then finishes its step, writes `last.pt` and exits 0,
+# and `--requeue` with `--resume auto` makes the requeued job continue where it stopped — with the same
+# result, step for step, as if it had never been interrupted.
+#
+# ```bash
+# #!/bin/bash
+# #SBATCH --job-name=convit_small
+# #SBATCH --nodes=4
+# #SBATCH --ntasks-per-node=1
+# #SBATCH --gpus-per-node=8
+# #SBATCH --cpus-per-task=64
+# #SBATCH --time=24:00:00
+# #SBATCH --signal=TERM@120
+# #SBATCH --requeue
+# #SBATCH --output=slurm-%j.out
+#
+# head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=8 \
+#     --rdzv-backend=c10d --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" \
+#     -m convit_edu.cli train --preset imagenet --model convit_small \
+#     --data-root /datasets/imagenet --num-workers 8 --output runs/convit_small --resume auto
+# ```
+#
+# The flags of every command above are checked against the parser here (with `--print-config`, which stops
+# before any work):
+
+# %%
+COMMANDS = [
+    "train --preset cifar100-32 --model convit_tiny --epochs 1 --warmup-epochs 0 --output runs/quickstart",
+    "train --preset imagenet --model convit_tiny --accum-steps 8 --output runs/convit_tiny",
+    "train --preset imagenet --model convit_small --data-root /datasets/imagenet --output runs/convit_small --resume auto",
+    "train --preset imagenet --model convit_small --data-root /datasets/imagenet --num-workers 8 "
+    "--output runs/convit_small --resume auto",
+]
+for command in COMMANDS:
+    status, text, err = captured([*command.split(), "--print-config"])
+    assert status == 0, (command, err)
+    cfg = json.loads(text[text.index("{"):])
+    print(f"{cfg['model']:<13} {cfg['data']:<12} epochs {cfg['epochs']:>3}  global batch {cfg['global_batch']}"
+          f"  accum {cfg['accum_steps']}  resume {cfg['resume']}")

@@ -1,0 +1,122 @@
+"""Tests of the `convit-edu` command: help, presets, train -> eval round trip, bench, bad input."""
+
+import json
+
+import pytest
+import torch
+
+from convit_edu.cli import PRESETS, main
+from convit_edu.models import list_models
+from convit_edu.training import read_checkpoint
+
+TINY = ["--model", "convit_tiny", "--img-size", "16", "--patch-size", "4", "--embed-dim", "48", "--depth", "2",
+        "--local-up-to-layer", "1", "--data", "fake", "--data-arg", "num_train=64", "--data-arg", "num_val=32",
+        "--data-arg", "image_size=16", "--batch-size", "16", "--precision", "fp32", "--num-workers", "0",
+        "--progress", "none"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_help_names_the_commands_and_one_flag_per_config_field(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and all(c in capsys.readouterr().out for c in ("train", "eval", "bench"))
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--preset", "--warmup-epochs", "--global-batch", "--resume", "--distill-teacher",
+                 "--local-up-to-layer", "--locality-strength", "--mixup-alpha", "--label-smoothing", "--compile"):
+        assert flag in out, flag
+
+
+def test_a_preset_prints_its_expansion_and_explicit_flags_override_it(capsys):
+    assert main(["train", "--preset", "cifar100-32", "--epochs", "3", "--mixup-alpha", "0.2", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    expansion, config = out.split("{", 1)
+    assert "preset cifar100-32 expands to:" in expansion and "batch_size = 128" in expansion
+    cfg = json.loads("{" + config)
+    assert (cfg["epochs"], cfg["img_size"], cfg["batch_size"], cfg["data"]) == (3, 32, 128, "cifar100")
+    assert cfg["model_args"] == {"patch_size": 4} and cfg["aug_args"] == {"mixup_alpha": 0.2}
+    assert set(PRESETS) == {"deit", "imagenet", "cifar100-32", "cifar100-224"}
+    assert PRESETS["deit"]["global_batch"] == 1024 and PRESETS["imagenet"]["data"] == "imagefolder"
+
+
+def test_unknown_model_or_preset_is_refused_listing_the_valid_ones(tmp_path, capsys):
+    assert main(["train", "--model", "convit_huge", "--output", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "unknown model 'convit_huge'" in err and all(name in err for name in list_models())
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--preset", "jft"])
+    assert e.value.code == 2
+    assert "invalid choice: 'jft'" in capsys.readouterr().err
+
+
+def test_train_then_eval_round_trip_on_fake_data(tmp_path, capsys):
+    assert main(["train", *TINY, "--epochs", "1", "--ema-decay", "0.9", "--output", str(tmp_path)]) == 0
+    ckpt = read_checkpoint(tmp_path / "last.pt")
+    assert ckpt["epoch"] == 1 and ckpt["config"]["model_args"]["embed_dim"] == 48
+    logged = ckpt["history"][-1]
+    capsys.readouterr()
+
+    assert main(["eval", str(tmp_path / "last.pt"), "--num-workers", "0"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["images"] == 32
+    assert result["top1"] == pytest.approx(logged["val_top1"], abs=1e-3)
+    assert result["loss"] == pytest.approx(logged["val_loss"], abs=1e-3)
+
+    assert main(["eval", str(tmp_path / "last.pt"), "--num-workers", "0", "--ema"]) == 0
+    assert json.loads(capsys.readouterr().out)["top1"] == pytest.approx(logged["ema_top1"], abs=1e-3)
+    assert main(["eval", str(tmp_path / "last.pt"), "--num-workers", "0", "--gate", "1.0"]) == 0
+    masked = json.loads(capsys.readouterr().out)
+    assert masked["gate"] == 1.0 and masked["loss"] != pytest.approx(result["loss"], abs=1e-6)
+
+
+def test_distillation_from_the_command_line_trains_and_evaluates(tmp_path, capsys):
+    assert main(["train", *TINY, "--epochs", "1", "--distill-teacher", "deit_tiny", "--output", str(tmp_path)]) == 0
+    ckpt = read_checkpoint(tmp_path / "last.pt")
+    assert "head_dist.weight" in ckpt["model"] and "dist_token" in ckpt["model"]
+    assert main(["eval", str(tmp_path / "last.pt"), "--num-workers", "0"]) == 0
+    assert 0 <= json.loads(capsys.readouterr().out.splitlines()[-1])["top1"] <= 100
+
+
+def test_bench_reports_rates_memory_and_the_loader(capsys):
+    assert main(["bench", "--model", "convit_tiny", "--img-size", "16", "--model-arg", "patch_size=4",
+                 "--model-arg", "depth=1", "--model-arg", "local_up_to_layer=1", "--num-classes", "10",
+                 "--batch-size", "4", "--steps", "1", "--precision", "fp32", "--num-workers", "0",
+                 "--data-arg", "num_train=16", "--data-arg", "image_size=16"]) == 0
+    out = capsys.readouterr().out
+    for key in ("train_images_per_s", "infer_images_per_s", "peak_memory_mib", "loader", "slowest stage"):
+        assert key in out, key
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--global-batch", "100", "--accum-steps", "3"], "global_batch 100 is not divisible by accum_steps 3"),
+    (["--batch-size", "128"], "fewer than one optimiser step of batch 128"),
+    (["--data-arg", "num_train"], "--data-arg 'num_train' is not KEY=VALUE"),
+    (["--precision", "fp8"], "precision 'fp8' is not one of"),
+], ids=["global-batch", "batch-too-large", "data-arg", "precision"])
+def test_bad_input_gives_a_one_line_error_naming_the_value(tmp_path, capsys, args, message):
+    assert main(["train", *TINY, "--output", str(tmp_path), *args]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_resume_refuses_a_corrupt_file_another_model_and_an_unwritable_output(tmp_path, capsys):
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"not a checkpoint")
+    assert main(["train", *TINY, "--output", str(tmp_path / "a"), "--resume", str(corrupt)]) == 1
+    assert f"checkpoint {corrupt} is corrupt" in capsys.readouterr().err
+
+    assert main(["train", *TINY, "--epochs", "1", "--output", str(tmp_path / "b")]) == 0
+    assert main(["train", *TINY, "--model", "deit_tiny", "--output", str(tmp_path / "b"), "--resume", "auto"]) == 1
+    assert "holds a 'convit_tiny', this run builds 'deit_tiny'" in capsys.readouterr().err
+
+    (tmp_path / "file").write_text("")
+    assert main(["train", *TINY, "--output", str(tmp_path / "file" / "run")]) == 1
+    assert "is not writable" in capsys.readouterr().err
