@@ -406,8 +406,8 @@ def read_checkpoint(path: str | Path) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, not a torch file, or pickled code: all mean "not ours to load"
-        raise ValueError(f"checkpoint {path} is corrupt or not a torch checkpoint ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:160]})") from None
+        reason = str(e).split(".")[0][:100]  # the first sentence: torch's messages run on for lines
+        raise ValueError(f"checkpoint {path} is corrupt or not a torch checkpoint ({type(e).__name__}: {reason})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is not a convit-edu training checkpoint (format {CHECKPOINT_FORMAT!r} missing);"
                          " to start from pretrained weights use convit_edu.models.load_checkpoint")
@@ -583,8 +583,8 @@ def gate_means(model: nn.Module) -> list[float]:
 
 
 # %% [markdown]
-# Progress is shown by rank 0 only: fastprogress bars with a live loss curve in a notebook, a console bar in
-# a terminal, and plain lines (one every `log_every` steps and one per epoch) when the output goes to a file —
+# Progress is shown by rank 0 only: fastprogress bars with live curves (train and val loss, val top-1
+# error) in a notebook, a console bar in a terminal, and plain lines (one every `log_every` steps and one per epoch) when the output goes to a file —
 # CI logs and SLURM's `slurm-JOB.out` stay readable.
 
 # %%
@@ -596,7 +596,7 @@ class _Progress:
         if mode == "auto":
             mode = "bar" if IN_NOTEBOOK or sys.stdout.isatty() else "lines"
         self.mode, self.epochs, self.log_every, self.notebook = mode, epochs, log_every, IN_NOTEBOOK
-        self.master, self.losses, self.val_losses = None, [], []
+        self.master, self.losses, self.val_losses, self.val_errors = None, [], [], []
 
     def epochs_of(self, epochs: range):
         if self.mode != "bar":
@@ -605,7 +605,7 @@ class _Progress:
 
         self.master = (NBMasterBar if self.notebook else ConsoleMasterBar)(epochs, total=self.epochs)
         if self.notebook:
-            self.master.names = ["train loss", "val loss"]
+            self.master.names = ["train loss", "val loss", "val top-1 error"]
         return self.master
 
     def steps_of(self, steps: range):
@@ -628,6 +628,7 @@ class _Progress:
 
     def epoch_end(self, row: dict) -> None:
         self.val_losses.append((row["epoch"], row["val_loss"]))
+        self.val_errors.append((row["epoch"], 1 - row["val_top1"] / 100))
         line = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                          for k, v in row.items() if k != "gates")
         if self.mode == "bar" and self.master is not None:
@@ -638,7 +639,8 @@ class _Progress:
             print(line, flush=True)
 
     def _graph(self) -> None:
-        curves = [list(zip(*self.losses)), list(zip(*self.val_losses)) if self.val_losses else [[], []]]
+        curves = [list(zip(*points)) if points else [[], []]
+                  for points in (self.losses, self.val_losses, self.val_errors)]
         self.master.update_graph(curves)
 
 
@@ -729,20 +731,9 @@ class _StopSignals:
 # the logs rewritten and a checkpoint (`last.pt`, and `best.pt` when the top-1 improved).
 
 # %%
-#| exporti
-def _build_data(cfg: TrainConfig):
-    from convit_edu.data import PRESETS, build_datasets, build_transforms
-
-    if cfg.aug is None:
-        raise ValueError("aug None needs datasets passed to train(); built datasets need an augmentation preset "
-                         f"({', '.join(PRESETS)})")
-    aug = _aug_config(cfg)
-    train_tf, val_tf = build_transforms(aug)
-    return build_datasets(cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
-                          fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
-
-
-def _aug_config(cfg: TrainConfig):
+#| export
+def aug_config(cfg: TrainConfig):
+    """The run's augmentation recipe: `data.PRESETS[cfg.aug]` at `cfg.img_size`, with `cfg.aug_args` applied."""
     from convit_edu.data import PRESETS
 
     if cfg.aug not in PRESETS:
@@ -750,7 +741,8 @@ def _aug_config(cfg: TrainConfig):
     return replace(PRESETS[cfg.aug], **{"img_size": cfg.img_size, **cfg.aug_args})
 
 
-def _build_model(cfg: TrainConfig, num_classes: int, distilled: bool) -> nn.Module:
+def build_model(cfg: TrainConfig, num_classes: int, distilled: bool) -> nn.Module:
+    """`create_model(cfg.model)` at the run's image size, classes and drop path, with `cfg.model_args`."""
     from convit_edu.models import create_model, list_models
 
     if cfg.model not in list_models():
@@ -778,6 +770,21 @@ def build_teacher(name: str, checkpoint: str | None, num_classes: int, img_size:
         raise ValueError(f"unknown teacher {name!r}: give a convit_edu model ({', '.join(list_models())}) or a "
                          "torchvision classifier (e.g. regnet_y_16gf, resnet50)")
     return teacher.eval().requires_grad_(False)
+
+
+
+# %%
+#| exporti
+def _build_data(cfg: TrainConfig):
+    from convit_edu.data import PRESETS, build_datasets, build_transforms
+
+    if cfg.aug is None:
+        raise ValueError("aug None needs datasets passed to train(); built datasets need an augmentation preset "
+                         f"({', '.join(PRESETS)})")
+    aug = aug_config(cfg)
+    train_tf, val_tf = build_transforms(aug)
+    return build_datasets(cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
+                          fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
 
 
 def _check_resume(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, global_batch: int, world_size: int):
@@ -836,6 +843,13 @@ class _Run:
     def __init__(self, cfg, world: _World, model, datasets, teacher, callbacks):
         self.cfg, self.world, self.callbacks = cfg, world, list(callbacks)
         self.device, self.output = world.device, Path(cfg.output)
+        if model is None:
+            from convit_edu.models import list_models
+
+            if cfg.model not in list_models():
+                raise ValueError(f"unknown model {cfg.model!r}: choose one of {', '.join(list_models())}")
+        if cfg.aug is not None:
+            aug_config(cfg)  # an unknown preset or a wrong AugConfig field fails here, before the data is read
         if cfg.precision == "bf16" and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ValueError("precision bf16 is not supported by this GPU: use --precision fp16")
         if world.main:
@@ -861,7 +875,7 @@ class _Run:
             )
         self.loader = build_loader(_SeededSamples(train_set, cfg.seed), self.batch_size, self.sampler,
                                    num_workers=cfg.num_workers, seed=cfg.seed, drop_last=True)
-        aug = _aug_config(cfg) if cfg.aug is not None else None
+        aug = aug_config(cfg) if cfg.aug is not None else None
         self.mixup = build_mixup(aug, self.num_classes) if aug is not None else None
         self.smoothing = aug.label_smoothing if aug is not None else 0.0
 
@@ -869,7 +883,7 @@ class _Run:
             teacher = build_teacher(cfg.distill_teacher, cfg.teacher_checkpoint, self.num_classes, cfg.img_size)
         self.teacher = teacher.to(self.device).eval() if teacher is not None else None
         self.model = (model if model is not None else
-                      _build_model(cfg, self.num_classes, distilled=self.teacher is not None)).to(self.device)
+                      build_model(cfg, self.num_classes, distilled=self.teacher is not None)).to(self.device)
 
         ckpt, self.ckpt_path = self._resume_checkpoint()
         if ckpt is not None:
@@ -1191,7 +1205,11 @@ class RecordGates(Callback):
 
 recorder = RecordGates()
 train(replace(tiny, output=str(tmp / "hooks"), epochs=1), callbacks=[recorder])
-assert len(recorder.gates) == 6 and all(len(g) == 1 for g in recorder.gates)
+assert len(recorder.gates) == 6 and all(len(g) == 1 and 0 < g[0] < 1 for g in recorder.gates)
+assert recorder.gates[-1] != recorder.gates[0]  # λ is trained
+
+# %%
+# NBVAL_IGNORE_OUTPUT
 print("σ(λ) of the GPSA layer after each step:", [f"{g[0]:.4f}" for g in recorder.gates])
 
 # %% [markdown]
@@ -1218,9 +1236,9 @@ class Poisoned(Dataset):
 
 
 from convit_edu.data import build_datasets, build_transforms
-from convit_edu.training import _aug_config
+from convit_edu.training import aug_config
 
-train_tf, val_tf = build_transforms(_aug_config(tiny))
+train_tf, val_tf = build_transforms(aug_config(tiny))
 fake_train, fake_val, names = build_datasets("fake", train_transform=train_tf, val_transform=val_tf, **tiny.data_args)
 try:
     train(replace(tiny, output=str(tmp / "nan"), ckpt_every=1), datasets=(Poisoned(fake_train, 40), fake_val, names))

@@ -113,6 +113,40 @@ def expand_preset(name: str) -> dict[str, Any]:
 
 # %%
 #| exporti
+_TRAIN_HELP = {
+    "model": "model name (convit_edu.models.list_models())",
+    "img_size": "image side in pixels, for the model and the augmentation",
+    "drop_path_rate": "stochastic depth of the last block (DeiT: 0.1)",
+    "data": "dataset: cifar100, imagefolder (ROOT/train, ROOT/val) or fake",
+    "data_root": "dataset folder",
+    "aug": "augmentation recipe (convit_edu.data.PRESETS: imagenet, cifar100-32, cifar100-224)",
+    "fraction": "keep this fraction of the training images of each class (Table 2)",
+    "classes": "keep the first K classes",
+    "repeats": "repeated augmentation: each image this many times per epoch (DeiT: 3)",
+    "num_workers": "data loader processes per GPU/process",
+    "epochs": "training epochs",
+    "batch_size": "images per process and step (ignored when --global-batch is set)",
+    "global_batch": "images per optimiser step over all processes and accumulation steps",
+    "accum_steps": "gradient accumulation steps per optimiser step",
+    "lr": "base learning rate for a global batch of 512 (scaled linearly)",
+    "min_lr": "learning rate at the end of the cosine",
+    "warmup_lr": "learning rate at the start of the warm-up",
+    "warmup_epochs": "linear warm-up length in epochs (may be fractional)",
+    "weight_decay": "AdamW weight decay (not on 1-D parameters, pos_embed, cls_token)",
+    "clip_grad": "clip the gradient norm to this value (none: off)",
+    "ema_decay": "keep an EMA of the weights with this decay, evaluated too (none: off; DeiT code: 0.99996)",
+    "distill_teacher": "hard distillation from this convit_edu or torchvision model (SM B, Table 4)",
+    "teacher_checkpoint": "the teacher's weights",
+    "precision": "fp32, bf16 (autocast, CPU and GPU) or fp16 (autocast + GradScaler)",
+    "compile": "torch.compile the model",
+    "seed": "seed of every random draw (shuffling, augmentation, mixing, drop path)",
+    "device": "auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda",
+    "output": "run folder: checkpoints, logs, run.json, curves.png",
+    "resume": "continue from a checkpoint path, or auto (OUTPUT/last.pt when it exists)",
+    "ckpt_every": "also checkpoint every N optimiser steps (0: at epoch ends only)",
+    "log_every": "print a progress line every N steps (when not showing bars)",
+    "progress": "auto (bars in notebooks and terminals, lines otherwise), bar, lines or none",
+}
 _NOT_MODEL_FLAGS = {"img_size", "num_classes", "drop_path_rate", "distilled"}
 _NOT_AUG_FLAGS = {"img_size"}
 _DICT_FIELDS = {"model_args", "aug_args", "data_args"}
@@ -135,19 +169,21 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def _add_field_flags(group, dataclass_fields, skip: set[str], dest_prefix: str) -> None:
+def _add_field_flags(group, dataclass_fields, skip: set[str], dest_prefix: str, helps: dict[str, str]) -> None:
     for f in dataclass_fields:
         if f.name in skip:
             continue
         default = f.default if f.default is not MISSING else f.default_factory()
-        kwargs = dict(dest=dest_prefix + f.name, default=argparse.SUPPRESS, help=f"(default: {default})")
-        optional = type(None) in typing.get_args(f.type)  # `X | None`: "none" is a valid value
+        kwargs = dict(dest=dest_prefix + f.name, default=argparse.SUPPRESS,
+                      help=f"{helps.get(f.name, '')} (default: {default})".strip())
+        types = [t for t in typing.get_args(f.type) if t is not type(None)]  # `X | None`: "none" is valid too
         if isinstance(default, bool):
             group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
         elif isinstance(default, tuple):
             group.add_argument(_flag(f.name), type=float, nargs=len(default), metavar="X", **kwargs)
-        elif optional or default is None:
-            group.add_argument(_flag(f.name), type=_parse_value, metavar="VALUE", **kwargs)
+        elif types or default is None:
+            metavar = "|".join(t.__name__.upper() for t in types) or "VALUE"
+            group.add_argument(_flag(f.name), type=_parse_value, metavar=metavar, **kwargs)
         else:
             group.add_argument(_flag(f.name), type=type(default), metavar=type(default).__name__.upper(), **kwargs)
 
@@ -167,11 +203,13 @@ def _train_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--print-config", action="store_true", help="print the complete config as JSON and exit")
     p.add_argument("--data-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="extra dataset arguments, e.g. --data-arg num_train=512 for --data fake")
-    _add_field_flags(p.add_argument_group("run (TrainConfig)"), fields(TrainConfig), _DICT_FIELDS, "")
-    _add_field_flags(p.add_argument_group("model architecture (ModelConfig; preset/default of --model)"),
-                     fields(ModelConfig), _NOT_MODEL_FLAGS, "model.")
-    _add_field_flags(p.add_argument_group("augmentation (AugConfig; default: the --aug recipe)"),
-                     fields(AugConfig), _NOT_AUG_FLAGS, "aug.")
+    _add_field_flags(p.add_argument_group("run (TrainConfig)"), fields(TrainConfig), _DICT_FIELDS, "", _TRAIN_HELP)
+    _add_field_flags(p.add_argument_group("model architecture (convit_edu.models.ModelConfig; defaults shown "
+                                          "are ConViT-Ti's, unset flags keep those of --model)"),
+                     fields(ModelConfig), _NOT_MODEL_FLAGS, "model.", {})
+    _add_field_flags(p.add_argument_group("augmentation (convit_edu.data.AugConfig; defaults shown are the "
+                                          "imagenet recipe's, unset flags keep those of --aug)"),
+                     fields(AugConfig), _NOT_AUG_FLAGS, "aug.", {})
     return p
 
 
@@ -222,12 +260,12 @@ def run_train(args: argparse.Namespace) -> int:
 def run_eval(args: argparse.Namespace) -> int:
     from convit_edu.data import build_datasets, build_transforms
     from convit_edu.models import mask_at_test_time
-    from convit_edu.training import _aug_config, _build_model
+    from convit_edu.training import aug_config, build_model
 
     ckpt = read_checkpoint(args.checkpoint)
     cfg = replace(TrainConfig(**ckpt["config"]), **{k: v for k, v in (("data", args.data), ("data_root", args.data_root),
                                                                        ("classes", args.classes)) if v is not None})
-    model = _build_model(cfg, ckpt["num_classes"], distilled=cfg.distill_teacher is not None)
+    model = build_model(cfg, ckpt["num_classes"], distilled=cfg.distill_teacher is not None)
     if args.ema:
         if ckpt["ema"] is None:
             raise ValueError(f"checkpoint {args.checkpoint} has no EMA (it was trained without --ema-decay)")
@@ -235,7 +273,7 @@ def run_eval(args: argparse.Namespace) -> int:
     else:
         weights = ckpt["model"]
     model.load_state_dict(weights)
-    _, val_tf = build_transforms(_aug_config(cfg))
+    _, val_tf = build_transforms(aug_config(cfg))
     _, val_set, classes = build_datasets(cfg.data, cfg.data_root, val_transform=val_tf, max_classes=cfg.classes,
                                          download=False, **cfg.data_args)
     if len(classes) != ckpt["num_classes"]:
@@ -249,7 +287,7 @@ def run_eval(args: argparse.Namespace) -> int:
     print(json.dumps({"checkpoint": str(args.checkpoint), "weights": "ema" if args.ema else "model",
                       "data": cfg.data, "images": len(val_set), "mask_pos_embed": args.mask_pos_embed,
                       "gate": args.gate, "gate_layers": args.gate_layers,
-                      **{k: round(v, 4) for k, v in metrics.items()}}))
+                      **metrics}))
     return 0
 
 
@@ -396,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and Path(sys.argv[0]).name == "cli.py":  # `python -m convit_edu.cli`, not a notebook kernel
     sys.exit(main())
 
 
@@ -440,14 +478,14 @@ print(text)
 status, text, _ = captured(["train", "--preset", "cifar100-32", "--epochs", "100", "--print-config"])
 assert status == 0
 print(text)
-resolved = json.loads(text[text.index("{"):])
+resolved = json.loads(text[text.index("{\n"):])
 assert resolved["epochs"] == 100 and resolved["img_size"] == 32 and resolved["model_args"] == {"patch_size": 4}
 
 # %%
-keys = ["data", "aug", "img_size", "epochs", "global_batch", "batch_size", "lr", "warmup_epochs", "repeats"]
-print(f"{'preset':<14}" + "".join(f"{k:>13}" for k in keys))
+keys = ["data", "aug", "img_size", "epochs", "global_batch", "batch_size", "lr", "repeats"]
+print(f"{'preset':<14}" + "".join(f"{k:>14}" for k in keys))
 for name, values in PRESETS.items():
-    print(f"{name:<14}" + "".join(f"{str(values.get(k, '(default)')):>13}" for k in keys))
+    print(f"{name:<14}" + "".join(f"{str(values.get(k, '-')):>14}" for k in keys))
 
 # %% [markdown]
 # ## A round trip: train, then evaluate
@@ -480,6 +518,11 @@ evaluated = json.loads(text)
 assert abs(evaluated["top1"] - logged["val_top1"]) < 1e-3 and abs(evaluated["loss"] - logged["val_loss"]) < 1e-3
 status, text, err = captured(["eval", str(out_dir / "last.pt"), "--num-workers", "0", "--gate", "0"])
 masked = json.loads(text)
+assert masked["gate"] == 0 and masked["loss"] != evaluated["loss"]
+print("eval gives back the top-1 and loss the training logged; masking changes them")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
 print(f"top-1 {evaluated['top1']:.2f} % as logged; with positional attention masked (σ(λ) = 0): {masked['top1']:.2f} %")
 
 # %% [markdown]
@@ -492,7 +535,7 @@ corrupt = out_dir.parent / "corrupt.pt"
 corrupt.write_bytes(b"\x00" * 64)
 for argv in (["train", "--model", "convit_huge"],
              ["train", *TINY, "--global-batch", "100", "--accum-steps", "3", "--output", str(out_dir.parent / "x")],
-             ["train", *TINY, "--model", "deit_tiny", "--output", str(out_dir), "--resume", "auto"],
+             ["train", *TINY, "--model", "convit_tiny_plus", "--output", str(out_dir), "--resume", "auto"],
              ["train", *TINY, "--output", str(out_dir.parent / "y"), "--resume", str(corrupt)],
              ["train", *TINY, "--output", str(corrupt / "run")]):
     status, _, err = captured(argv)
@@ -580,6 +623,6 @@ COMMANDS = [
 for command in COMMANDS:
     status, text, err = captured([*command.split(), "--print-config"])
     assert status == 0, (command, err)
-    cfg = json.loads(text[text.index("{"):])
+    cfg = json.loads(text[text.index("{\n"):])
     print(f"{cfg['model']:<13} {cfg['data']:<12} epochs {cfg['epochs']:>3}  global batch {cfg['global_batch']}"
           f"  accum {cfg['accum_steps']}  resume {cfg['resume']}")

@@ -26,7 +26,8 @@ def one_thread():
 def test_help_names_the_commands_and_one_flag_per_config_field(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
-    assert e.value.code == 0 and all(c in capsys.readouterr().out for c in ("train", "eval", "bench"))
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and all(c in out for c in ("train", "eval", "bench"))
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     out = capsys.readouterr().out
@@ -35,10 +36,19 @@ def test_help_names_the_commands_and_one_flag_per_config_field(capsys):
         assert flag in out, flag
 
 
+def test_every_train_config_field_has_a_described_flag():
+    from dataclasses import fields
+
+    from convit_edu.cli import _DICT_FIELDS, _TRAIN_HELP
+    from convit_edu.training import TrainConfig
+
+    assert {f.name for f in fields(TrainConfig)} - _DICT_FIELDS == set(_TRAIN_HELP)
+
+
 def test_a_preset_prints_its_expansion_and_explicit_flags_override_it(capsys):
     assert main(["train", "--preset", "cifar100-32", "--epochs", "3", "--mixup-alpha", "0.2", "--print-config"]) == 0
     out = capsys.readouterr().out
-    expansion, config = out.split("{", 1)
+    expansion, config = out.split("\n{", 1)
     assert "preset cifar100-32 expands to:" in expansion and "batch_size = 128" in expansion
     cfg = json.loads("{" + config)
     assert (cfg["epochs"], cfg["img_size"], cfg["batch_size"], cfg["data"]) == (3, 32, 128, "cifar100")
@@ -87,7 +97,7 @@ def test_distillation_from_the_command_line_trains_and_evaluates(tmp_path, capsy
 
 def test_bench_reports_rates_memory_and_the_loader(capsys):
     assert main(["bench", "--model", "convit_tiny", "--img-size", "16", "--model-arg", "patch_size=4",
-                 "--model-arg", "depth=1", "--model-arg", "local_up_to_layer=1", "--num-classes", "10",
+                 "--model-arg", "depth=2", "--model-arg", "local_up_to_layer=1", "--num-classes", "10",
                  "--batch-size", "4", "--steps", "1", "--precision", "fp32", "--num-workers", "0",
                  "--data-arg", "num_train=16", "--data-arg", "image_size=16"]) == 0
     out = capsys.readouterr().out
@@ -114,8 +124,8 @@ def test_resume_refuses_a_corrupt_file_another_model_and_an_unwritable_output(tm
     assert f"checkpoint {corrupt} is corrupt" in capsys.readouterr().err
 
     assert main(["train", *TINY, "--epochs", "1", "--output", str(tmp_path / "b")]) == 0
-    assert main(["train", *TINY, "--model", "deit_tiny", "--output", str(tmp_path / "b"), "--resume", "auto"]) == 1
-    assert "holds a 'convit_tiny', this run builds 'deit_tiny'" in capsys.readouterr().err
+    assert main(["train", *TINY, "--model", "convit_tiny_plus", "--output", str(tmp_path / "b"), "--resume", "auto"]) == 1
+    assert "holds a 'convit_tiny', this run builds 'convit_tiny_plus'" in capsys.readouterr().err
 
     (tmp_path / "file").write_text("")
     assert main(["train", *TINY, "--output", str(tmp_path / "file" / "run")]) == 1
