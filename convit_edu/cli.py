@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from convit_edu.training import TrainConfig, evaluate, read_checkpoint, train
+from convit_edu.training import PRECISIONS, TrainConfig, evaluate, read_checkpoint, resolve_precision, train
 
 _DEIT = dict(epochs=300, global_batch=1024, lr=5e-4, min_lr=1e-5, warmup_lr=1e-6, warmup_epochs=5.0,
              weight_decay=0.05, drop_path_rate=0.1, img_size=224, aug="imagenet", repeats=3, ema_decay=None,
@@ -69,7 +69,7 @@ _TRAIN_HELP = {
     "ema_decay": "keep an EMA of the weights with this decay, evaluated too (none: off; DeiT code: 0.99996)",
     "distill_teacher": "hard distillation from this convit_edu or torchvision model (SM B, Table 4)",
     "teacher_checkpoint": "the teacher's weights",
-    "precision": "fp32, bf16 (autocast, CPU and GPU) or fp16 (autocast + GradScaler)",
+    "precision": "auto (bf16 on GPUs that have it, else fp16; fp32 on CPUs), fp32, bf16 or fp16 (+ GradScaler)",
     "compile": "torch.compile the model",
     "seed": "seed of every random draw (shuffling, augmentation, mixing, drop path)",
     "device": "auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda",
@@ -206,7 +206,8 @@ def run_eval(args: argparse.Namespace) -> int:
     device = _device(args.device)
     with mask_at_test_time(model.to(device), mask_pos_embed=args.mask_pos_embed, gate=args.gate,
                            num_layers=args.gate_layers):
-        metrics = evaluate(model, val_set, batch_size=args.batch_size, device=device, precision=args.precision,
+        metrics = evaluate(model, val_set, batch_size=args.batch_size, device=device,
+                           precision=resolve_precision(args.precision, device),
                            num_workers=args.num_workers)
     print(json.dumps({"checkpoint": str(args.checkpoint), "weights": "ema" if args.ema else "model",
                       "data": cfg.data, "images": len(val_set), "mask_pos_embed": args.mask_pos_embed,
@@ -222,6 +223,7 @@ def measure_model(model: nn.Module, batch_size: int, img_size: int, *, steps: in
     from convit_edu.training import _autocast
 
     device = torch.device(device)
+    precision = resolve_precision(precision, device)
     model = model.to(device)
     x = torch.randn(batch_size, 3, img_size, img_size, device=device)
     y = torch.randint(0, 2, (batch_size,), device=device)
@@ -274,7 +276,8 @@ def run_bench(args: argparse.Namespace) -> int:
                          **dict(_key_value(item) for item in args.model_arg))
     if args.compile:
         model = torch.compile(model)
-    print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, {args.precision} on {device}:")
+    print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, "
+          f"{resolve_precision(args.precision, device)} on {device}:")
     for key, value in measure_model(model, args.batch_size, args.img_size, steps=args.steps, device=device,
                                     precision=args.precision).items():
         print(f"  {key:<22}{value:>10.1f}")
@@ -321,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--gate", type=float, help="replace σ(λ) by this value: 1 masks content, 0 position (Table 6)")
     e.add_argument("--gate-layers", type=int, help="apply --gate to the first N GPSA layers only")
     e.add_argument("--batch-size", type=int, default=256)
-    e.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    e.add_argument("--precision", choices=PRECISIONS, default="auto")
     e.add_argument("--num-workers", type=int, default=4)
     e.add_argument("--device", default="auto")
 
@@ -333,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--num-classes", type=int, default=1000)
     b.add_argument("--batch-size", type=int, default=64)
     b.add_argument("--steps", type=int, default=10, help="timed steps after one warm-up step")
-    b.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="bf16")
+    b.add_argument("--precision", choices=PRECISIONS, default="auto")
     b.add_argument("--compile", action="store_true", help="torch.compile the model first")
     b.add_argument("--device", default="auto")
     b.add_argument("--data", default="fake", help="dataset for the loader benchmark")

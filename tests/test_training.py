@@ -225,7 +225,7 @@ def test_hard_distillation_with_a_tiny_random_teacher_trains(tmp_path):
 def test_bad_settings_fail_early_naming_the_value(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="global_batch 100 is not divisible by accum_steps 1 × world size 8"):
         per_device_batch(TrainConfig(global_batch=100), 8)
-    with pytest.raises(ValueError, match="precision 'fp8' is not one of fp32, bf16, fp16"):
+    with pytest.raises(ValueError, match="precision 'fp8' is not one of auto, fp32, bf16, fp16"):
         train(config(tmp_path, precision="fp8"), model=make_model(), datasets=make_data())
     with pytest.raises(ValueError, match="fewer than one optimiser step of batch 128"):
         train(config(tmp_path, batch_size=128), model=make_model(), datasets=make_data())
