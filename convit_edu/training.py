@@ -666,6 +666,7 @@ class _Run:
         self.mixup = build_mixup(aug, self.num_classes) if aug is not None else None
         self.smoothing = aug.label_smoothing if aug is not None else 0.0
 
+        torch.manual_seed(cfg.seed)  # the initial weights are a function of the seed, identical on every rank
         if teacher is None and cfg.distill_teacher:
             teacher = build_teacher(cfg.distill_teacher, cfg.teacher_checkpoint, self.num_classes, cfg.img_size)
         self.teacher = teacher.to(self.device).eval() if teacher is not None else None

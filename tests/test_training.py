@@ -159,6 +159,17 @@ def test_stop_and_resume_gives_weights_identical_to_an_uninterrupted_run(tmp_pat
     assert [[r[k] for k in keys] for r in straight.history] == [[r[k] for k in keys] for r in resumed.history]
 
 
+def test_resume_is_exact_for_a_built_convit_on_augmented_images(tmp_path):
+    """The default path: create_model (seeded init, drop path) and build_datasets with DeiT's augmentation."""
+    cfg = TrainConfig(model="convit_tiny", img_size=16, model_args={"patch_size": 4, "embed_dim": 48, "depth": 2,
+                      "local_up_to_layer": 1}, data="fake", data_args={"num_train": 64, "num_val": 16,
+                      "image_size": 16}, epochs=1, batch_size=8, precision="fp32", num_workers=0, progress="none")
+    straight = train(replace(cfg, output=str(tmp_path / "a")))
+    train(replace(cfg, output=str(tmp_path / "b")), callbacks=[StopAt(0, 3)])
+    resumed = train(replace(cfg, output=str(tmp_path / "b"), resume="auto"))
+    assert_same_weights(straight.model, resumed.model)
+
+
 def test_checkpoint_survives_a_crash_during_writing(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
     save_checkpoint({"format": "convit-edu-train-1", "weights": torch.arange(3.0)}, path)
