@@ -649,7 +649,7 @@ def load_checkpoint(
             problems.append(f"{label}: {keys[:6]}" + (f" and {len(keys) - 6} more" if len(keys) > 6 else ""))
     if problems:
         hint = ""
-        if any(p.startswith(("key 'head.", "key 'head_dist.")) for p in problems):
+        if all(p.startswith(("key 'head.", "key 'head_dist.")) for p in problems):
             hint = "\n(to fine-tune on another number of classes, pass ignore_head=True)"
         raise ValueError(
             "the checkpoint does not fit this model:\n  " + "\n  ".join(problems)
