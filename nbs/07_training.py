@@ -312,7 +312,8 @@ print(f"distillation loss {train_loss((logits_cls, logits_dist), soft, teacher).
 #   inside `torch.random.fork_rng` so the caller's generators are left untouched — the same in the main
 #   process and in loader workers;
 # * at the start of every optimiser step the torch, numpy and python generators are seeded from
-#   (seed, rank, epoch, step), which fixes Mixup/CutMix and drop path.
+#   (seed, rank, epoch, step), which fixes Mixup/CutMix and drop path;
+# * the initial weights come from `torch.manual_seed(seed)` just before the model is built.
 #
 # The generators' states are saved in checkpoints anyway; with this scheme they are what the seeding gives.
 
@@ -624,8 +625,8 @@ def gate_means(model: nn.Module) -> list[float]:
 
 # %% [markdown]
 # Progress is shown by rank 0 only: fastprogress bars with live curves (train and val loss, val top-1
-# error) in a notebook, a console bar in a terminal, and plain lines (one every `log_every` steps and one per epoch) when the output goes to a file —
-# CI logs and SLURM's `slurm-JOB.out` stay readable.
+# error) in a notebook, a console bar in a terminal, and plain lines (one every `log_every` steps and one
+# per epoch) when the output goes to a file — CI logs and SLURM's `slurm-JOB.out` stay readable.
 
 # %%
 #| exporti
@@ -763,7 +764,7 @@ class _StopSignals:
 # ## Putting it together: `train`
 #
 # What follows builds the pieces in the order that lets every bad input fail before any training work:
-# the config; the output folder (writable?); the data (more processes than samples? a batch larger than a
+# the config and the names in it (a known model? a known augmentation recipe?); the output folder (writable?); the data (more processes than samples? a batch larger than a
 # process's share?); the model and the resume checkpoint (the same model? the same global batch?). Then the
 # loop: each optimiser step seeds the generators, runs `accum_steps` micro-batches (DDP synchronises
 # gradients on the last one only), checks the loss and the stop flag across ranks, clips, steps the
