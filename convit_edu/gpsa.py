@@ -87,6 +87,11 @@ class _PositionalAttention(nn.Module):
             self._grid_size = grid_size
         return rearrange(self.pos_proj(rel), "q k h -> h q k")
 
+    def positional_softmax(self, grid_size: tuple[int, int]) -> Tensor:
+        """P = softmax over keys of the positional scores, (heads, L, L), in at least fp32 (also under autocast)."""
+        scores = self.positional_scores(grid_size)
+        return scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(dim=-1)
+
     def _check_input(self, x: Tensor, grid_size: tuple[int, int] | None) -> tuple[int, int]:
         if x.ndim != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(
@@ -115,7 +120,7 @@ class _Gated(_PositionalAttention):
 
     def _mixed_attention(self, q: Tensor, k: Tensor, grid: tuple[int, int]) -> Tensor:
         content = (q @ k.transpose(-2, -1) * self.head_dim**-0.5).softmax(dim=-1)
-        position = self.positional_scores(grid).float().softmax(dim=-1).to(content.dtype)
+        position = self.positional_softmax(grid).to(content.dtype)
         sigma = self.gate().to(content.dtype).view(-1, 1, 1)
         return (1 - sigma) * content + sigma * position
 
@@ -160,7 +165,7 @@ class GPSA(_Gated):
             y = self._output(self.attn_drop(attn) @ v)
             return (y, attn) if return_attention else y
         content = F.scaled_dot_product_attention(q, k, v)
-        pos_attn = self.positional_scores(grid).float().softmax(dim=-1).to(v.dtype)  # P: (heads, L, L)
+        pos_attn = self.positional_softmax(grid).to(v.dtype)  # P: (heads, L, L)
         # P @ V for the whole batch as one (heads, L, L) @ (heads, L, B·d) product: a broadcast
         # (heads, L, L) @ (B, heads, L, d) would expand P to one copy per image (and save it for backward)
         values = rearrange(v, "b h l d -> h l (b d)")

@@ -1,0 +1,231 @@
+"""Gated positional self-attention (Eq. 6-7): the fast form equals the reference, the gate's ends, robustness."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from convit_edu.conv_init import head_centres
+from convit_edu.gpsa import GPSA, PSA, GPSAReference
+from convit_edu.positional import positional_self_attention, rel_indices
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach() - b.detach()).norm() / b.detach().norm())
+
+
+def pair(embed_dim=48, num_heads=4, dtype=torch.float32, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    ref = GPSAReference(embed_dim, num_heads, **kwargs).to(dtype)
+    fast = GPSA(embed_dim, num_heads, **kwargs).to(dtype)
+    fast.load_state_dict(ref.state_dict())
+    return ref, fast
+
+
+def perturb(layer, scale=0.05, gates=None):
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(torch.randn_like(p) * scale)
+        if gates is not None:
+            layer.gating_param.copy_(torch.tensor(gates, dtype=layer.gating_param.dtype))
+
+
+def grads(layer, x, grid):
+    y = layer(x, grid_size=grid)
+    names = ["x", *dict(layer.named_parameters())]
+    g = torch.autograd.grad((y * torch.linspace(-1, 1, y.shape[-1], dtype=y.dtype)).square().sum(),
+                            [x, *layer.parameters()])
+    out = dict(zip(names, g))
+    out.pop("pos_proj.bias")  # zero in exact arithmetic: a per-head shift of all scores leaves softmax unchanged
+    return y, out
+
+
+GRIDS = [(4, 4), (3, 5), (5, 2)]
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("perturbed", [False, True])
+def test_fast_gpsa_matches_reference_outputs_and_gradients_fp32(grid, perturbed):
+    ref, fast = pair()
+    if perturbed:
+        perturb(ref, gates=[-3.0, -0.5, 0.5, 3.0])
+        fast.load_state_dict(ref.state_dict())
+    x = torch.randn(3, grid[0] * grid[1], 48, requires_grad=True)
+    y_ref, g_ref = grads(ref, x, grid)
+    y_fast, g_fast = grads(fast, x, grid)
+    assert rel_err(y_fast, y_ref) <= 1e-5
+    for name in g_ref:
+        assert rel_err(g_fast[name], g_ref[name]) <= 1e-5, name
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_fast_gpsa_matches_reference_in_fp64_to_1e_10(grid):
+    ref, fast = pair(dtype=torch.float64)
+    perturb(ref, scale=0.2, gates=[-2.0, 0.0, 1.0, 4.0])
+    fast.load_state_dict(ref.state_dict())
+    x = torch.randn(2, grid[0] * grid[1], 48, dtype=torch.float64, requires_grad=True)
+    y_ref, g_ref = grads(ref, x, grid)
+    y_fast, g_fast = grads(fast, x, grid)
+    assert rel_err(y_fast, y_ref) <= 1e-10
+    for name in g_ref:
+        assert rel_err(g_fast[name], g_ref[name]) <= 1e-10, name
+
+
+def test_fast_gpsa_matches_reference_under_bf16_autocast():
+    ref, fast = pair()
+    x = torch.randn(2, 16, 48)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y_ref, y_fast = ref(x), fast(x)
+    assert y_fast.dtype == torch.bfloat16
+    assert rel_err(y_fast.float(), y_ref.float()) <= 3e-2
+    assert rel_err(y_fast.float(), fast(x)) <= 3e-2  # and close to fp32
+
+
+def test_gate_one_is_pure_positional_attention():
+    ref, fast = pair()
+    x = torch.randn(2, 15, 48)
+    q, k, v = fast._projections(x)
+    pos = fast.positional_scores((3, 5)).softmax(-1)
+    for layer in (ref, fast):
+        layer.gate_override = 1.0
+        torch.testing.assert_close(layer(x, (3, 5)), layer._output(pos @ v), rtol=1e-5, atol=1e-6)
+
+
+def test_gate_zero_is_pure_content_attention():
+    ref, fast = pair()
+    x = torch.randn(2, 15, 48)
+    q, k, v = fast._projections(x)
+    content = (q @ k.transpose(-2, -1) / math.sqrt(12)).softmax(-1)
+    for layer in (ref, fast):
+        layer.gate_override = 0.0
+        torch.testing.assert_close(layer(x, (3, 5)), layer._output(content @ v), rtol=1e-5, atol=1e-6)
+
+
+def test_learned_gates_saturating_reach_the_pure_forms():
+    ref, fast = pair()
+    x = torch.randn(1, 16, 48)
+    with torch.no_grad():
+        fast.gating_param.fill_(40.0)  # sigma = 1 to float precision
+    fast_pos = fast(x)
+    fast.gate_override = 1.0
+    torch.testing.assert_close(fast_pos, fast(x))
+
+
+def test_gating_starts_at_one_and_local_init_centres_each_head():
+    layer = GPSA(54, 9, locality_strength=2.0)
+    assert torch.equal(layer.gating_param, torch.ones(9))
+    torch.testing.assert_close(layer.v.weight, torch.eye(54))
+    attn = layer.positional_scores((7, 7)).softmax(-1)  # (heads, L, L)
+    query = 3 * 7 + 3
+    for h, (dx, dy) in enumerate(head_centres(9).tolist()):
+        peak = int(attn[h, query].argmax())
+        assert (peak // 7 - 3, peak % 7 - 3) == (dy, dx)
+
+
+def test_returned_attention_rows_sum_to_one_and_match_between_implementations():
+    ref, fast = pair()
+    x = torch.randn(2, 12, 48)
+    y_ref, a_ref = ref(x, (3, 4), return_attention=True)
+    y_fast, a_fast = fast(x, (3, 4), return_attention=True)
+    assert a_ref.shape == (2, 4, 12, 12)
+    torch.testing.assert_close(a_ref.sum(-1), torch.ones(2, 4, 12))
+    torch.testing.assert_close(a_fast, a_ref)
+    torch.testing.assert_close(y_fast, fast(x, (3, 4)), rtol=1e-5, atol=1e-6)
+
+
+def test_attention_dropout_in_training_uses_the_materialized_form():
+    torch.manual_seed(0)
+    layer = GPSA(48, 4, attn_drop=0.5).train()
+    x = torch.randn(2, 16, 48)
+    torch.manual_seed(1)
+    y1 = layer(x)
+    torch.manual_seed(1)
+    y2 = layer(x)
+    torch.testing.assert_close(y1, y2)  # same mask from the same seed
+    assert not torch.allclose(y1, layer.eval()(x))  # dropout acted
+
+
+def test_psa_is_eq4_one_softmax_over_summed_scores():
+    torch.manual_seed(0)
+    layer = PSA(48, 4)
+    perturb(layer)
+    x = torch.randn(2, 15, 48)
+    q, k, v = layer._projections(x)
+    expected, _ = positional_self_attention(q, k, v, rel_indices(3, 5), layer.pos_proj.weight)
+    expected = layer._output(expected + 0 * v)  # pos_proj.bias shifts every score of a head: no effect
+    torch.testing.assert_close(layer(x, (3, 5)), expected, rtol=1e-5, atol=1e-5)
+    y, attn = layer(x, (3, 5), return_attention=True)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+    assert "gating_param" not in layer.state_dict()
+    assert set(layer.state_dict()) == set(GPSA(48, 4).state_dict()) - {"gating_param"}
+
+
+def test_rel_indices_is_not_saved_and_is_rebuilt_for_each_grid():
+    ref, fast = pair()
+    assert set(fast.state_dict()) == {
+        "qk.weight", "v.weight", "proj.weight", "proj.bias", "pos_proj.weight", "pos_proj.bias", "gating_param"
+    }
+    fast(torch.randn(1, 84, 48), (7, 12))
+    a = fast.rel_indices.clone()
+    fast(torch.randn(1, 84, 48), (12, 7))
+    assert not torch.equal(a, fast.rel_indices)  # same L, other grid: rebuilt
+    torch.testing.assert_close(fast.rel_indices, rel_indices(12, 7))
+
+
+def test_layer_moved_to_another_dtype_after_a_forward_still_works():
+    ref, fast = pair()
+    x = torch.randn(2, 16, 48)
+    fast(x)
+    fast.double()
+    y = fast(x.double())
+    assert y.dtype == torch.float64 and fast.rel_indices.dtype == torch.float64
+    torch.testing.assert_close(y.float(), ref(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_layer_moved_to_cuda_after_a_forward_still_works():
+    ref, fast = pair()
+    x = torch.randn(2, 16, 48)
+    expected = fast(x)
+    fast.cuda()
+    torch.testing.assert_close(fast(x.cuda()).cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_gpsa_layer_of_convit_ti_has_147668_parameters():
+    assert sum(p.numel() for p in GPSA(192, 4).parameters()) == 147_668
+
+
+@pytest.mark.parametrize("cls", [GPSA, GPSAReference, PSA])
+def test_bad_input_is_refused_with_the_value_named(cls):
+    with pytest.raises(ValueError, match="embed_dim 50 is not divisible by num_heads 4"):
+        cls(50, 4)
+    with pytest.raises(ValueError, match="locality_strength"):
+        cls(48, 4, locality_strength=0.0)
+    layer = cls(48, 4)
+    with pytest.raises(ValueError, match="sequence length 17 is not a square"):
+        layer(torch.randn(1, 17, 48))
+    with pytest.raises(ValueError, match=r"sequence length 16 does not match grid_size \(3, 5\)"):
+        layer(torch.randn(1, 16, 48), grid_size=(3, 5))
+    with pytest.raises(ValueError, match="embed_dim=48"):
+        layer(torch.randn(1, 16, 40))
+
+
+def test_fast_gpsa_builds_no_batch_sized_attention_tensor():
+    """The positional attention is applied once per forward: nothing of size B x heads x L x L is saved."""
+    _, fast = pair()
+    x = torch.randn(8, 36, 48, requires_grad=True)
+    shapes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(t.shape) or t, lambda t: t):
+        fast(x, (6, 6))
+    assert all(s.numel() < 8 * 4 * 36 * 36 for s in shapes), shapes
+    assert any(tuple(s) == (4, 36, 36) for s in shapes)  # P, once for the whole batch
+
+
+def test_fast_gpsa_content_term_goes_through_sdpa(monkeypatch):
+    calls = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    _, fast = pair()
+    fast(torch.randn(2, 16, 48))
+    assert calls == [1]
