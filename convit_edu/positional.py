@@ -6,7 +6,7 @@
 __all__ = ['grid_coordinates', 'rel_indices', 'positional_self_attention']
 
 
-# %% nbs/02_positional_attention.py 8
+# %% nbs/02_positional_attention.py 10
 import operator
 
 import torch
@@ -27,7 +27,7 @@ def _check_grid(height: int, width: int) -> tuple[int, int]:
     return sizes["height"], sizes["width"]
 
 
-# %% nbs/02_positional_attention.py 9
+# %% nbs/02_positional_attention.py 11
 def grid_coordinates(
     height: int, width: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
 ) -> Tensor:
@@ -41,7 +41,7 @@ def grid_coordinates(
     return torch.stack([cols.flatten(), rows.flatten()], dim=-1)
 
 
-# %% nbs/02_positional_attention.py 12
+# %% nbs/02_positional_attention.py 14
 def rel_indices(
     height: int, width: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
 ) -> Tensor:
@@ -56,7 +56,7 @@ def rel_indices(
     return torch.cat([delta, delta.pow(2).sum(-1, keepdim=True)], dim=-1)
 
 
-# %% nbs/02_positional_attention.py 23
+# %% nbs/02_positional_attention.py 25
 def positional_self_attention(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor, v_pos: Tensor
 ) -> tuple[Tensor, Tensor]:

@@ -349,6 +349,7 @@ for ax, (img, title) in zip(axes, panels):
     ax.imshow(img, cmap="magma", vmin=0, vmax=attn[0, 0].max())
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("key"), ax.set_ylabel("query")
+    ax.set_xticks(range(0, 9, 2)), ax.set_yticks(range(0, 9, 2))
 plt.tight_layout()
 plt.show()
 

@@ -54,12 +54,26 @@ _ = torch.manual_seed(0)
 #
 # An image of 224×224 pixels cut into 16×16 patches gives a 14×14 grid of L = 196 tokens; a 224×320 image
 # gives 14×20. Tokens are numbered **row-major**: token t sits in row t // W and column t % W, i.e.
-# t = row·W + col, which is the order `x.flatten(2)` produces from a (B, D, H, W) feature map. Here is a
-# 2×3 grid:
+# t = row·W + col. Here is a 2×3 grid:
 
 # %%
 height, width = 2, 3
 print(torch.arange(height * width).reshape(height, width))
+
+# %% [markdown]
+# This is the order a patch embedding produces: a 16×16 convolution with stride 16 turns the image into a
+# (B, D, H, W) feature map, and `flatten(2)` lays its H·W positions out row by row. We check it with a "feature
+# map" whose two channels hold each patch's own column and row, for a 224×320 image:
+
+# %%
+img_h, img_w, patch = 224, 320, 16
+H_img, W_img = img_h // patch, img_w // patch
+rows, cols = torch.meshgrid(torch.arange(H_img), torch.arange(W_img), indexing="ij")
+feature_map = torch.stack([cols, rows])[None]  # (B=1, D=2, H, W): channel 0 = column, channel 1 = row
+tokens = feature_map.flatten(2).transpose(1, 2)  # (B, L, D), as a ViT patch embedding does
+t = torch.arange(H_img * W_img)
+assert torch.equal(tokens[0], torch.stack([t % W_img, t // W_img], dim=-1))
+print(f"{img_h}×{img_w} image, {patch}×{patch} patches -> {H_img}×{W_img} grid, L = {tokens.shape[1]} tokens")
 
 # %% [markdown]
 # We write the position of a patch as (x, y) = (column, row): x grows to the right, y grows **downwards**, as
@@ -205,7 +219,9 @@ q_row, q_col = 1, 4
 q = q_row * W + q_col
 fig, axes = plt.subplots(1, 3, figsize=(9, 2.4), dpi=90)
 for c, (ax, title) in enumerate(zip(axes, ["δx (key − query column)", "δy (key − query row)", "‖δ‖²"])):
-    img = ax.imshow(rel57[q, :, c].reshape(H, W), cmap="coolwarm" if c < 2 else "viridis")
+    span = rel57[..., c].abs().max().item()  # symmetric colour scale for δ: white is 0
+    style = dict(cmap="coolwarm", vmin=-span, vmax=span) if c < 2 else dict(cmap="viridis", vmin=0)
+    img = ax.imshow(rel57[q, :, c].reshape(H, W), **style)
     ax.plot(q_col, q_row, "kx", markersize=10)
     ax.set_title(title, fontsize=9)
     ax.set_xticks(range(W)), ax.set_yticks(range(H))
