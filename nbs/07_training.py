@@ -1136,6 +1136,7 @@ class _Run:
 # and the live loss curve; in a terminal the same run prints one line per `log_every` steps.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
 from convit_edu.data import extract_subset
 from convit_edu.training import TrainConfig, plot_history, train
 
