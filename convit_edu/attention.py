@@ -6,7 +6,7 @@
 __all__ = ['MHSA']
 
 
-# %% nbs/01_self_attention.py 18
+# %% nbs/01_self_attention.py 20
 import torch
 import torch.nn.functional as F
 from einops import rearrange

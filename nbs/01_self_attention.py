@@ -53,7 +53,16 @@ _ = torch.manual_seed(0)
 #
 # and the output for query i is the A-weighted average of the values, (AV)_i = Σ_j A_ij V_j. Dividing by
 # √D_h keeps the scores of order one when D_h grows (a dot product of D_h unit-variance terms has variance
-# D_h), so the softmax does not saturate. Three tokens with D_h = 2, small enough to follow by hand:
+# D_h), so the softmax does not saturate:
+
+# %%
+qs, ks = torch.randn(2, 10_000, 256).unbind(0)  # unit-variance entries, D_h = 256
+dots = (qs * ks).sum(-1)
+print(f"var(q·k) = {dots.var():.1f}, var(q·k / sqrt(D_h)) = {(dots / 16).var():.3f}")
+assert 200 < dots.var() < 310 and 0.8 < (dots / 16).var() < 1.2
+
+# %% [markdown]
+# Three tokens with D_h = 2, small enough to follow by hand:
 
 # %%
 Q = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
