@@ -108,7 +108,9 @@ class ConvAsPSA(nn.Module):
         }
         for name, (value, wanted) in problems.items():
             if value != wanted:
-                raise ValueError(f"ConvAsPSA needs a square, dense, stride-1 convolution: conv.{name} is {value!r}, not {wanted!r}")
+                raise ValueError(
+                    f"ConvAsPSA needs a square, dense, stride-1 convolution: conv.{name} is {value!r}, not {wanted!r}"
+                )
         if isinstance(conv.padding, str):
             raise ValueError(f"ConvAsPSA needs a numeric conv.padding, got {conv.padding!r}")
         num_heads, c_in = k * k, conv.in_channels

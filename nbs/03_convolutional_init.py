@@ -42,6 +42,7 @@ from PIL import Image
 from torch import nn
 from torchvision.transforms.functional import pil_to_tensor
 
+from convit_edu.attention import MHSA
 from convit_edu.positional import rel_indices
 
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -224,9 +225,9 @@ for num_heads, alpha in ((9, 1.0), (4, 1.0)):
 # The paper's Fig. 3 shows, for one query patch, the attention maps of (b) an untrained SA layer and of a PSA
 # layer with the convolutional initialisation at (c) α = 0.5 and (d) α = 2. We use the photograph of Grace
 # Hopper that ships with matplotlib, cut into 14×14 patches of 16×16 pixels like a 224-pixel ImageNet input.
-# The untrained SA layer reads a randomly initialised patch embedding (a 16×16 convolution with stride 16,
-# then a LayerNorm as in a pre-norm block); its attention depends on the content of the patches, so the
-# picture shows through. The PSA maps depend only on position: they are the same for every image.
+# The untrained SA layer (`MHSA` of chapter 01) reads a randomly initialised patch embedding (a 16×16
+# convolution with stride 16, then a LayerNorm as in a pre-norm block); its attention depends on the content
+# of the patches, so the picture shows through. The PSA maps depend only on position: they are the same for every image.
 
 # %%
 with cbook.get_sample_data("grace_hopper.jpg") as f:
@@ -240,13 +241,13 @@ query = query_row * grid + query_col
 torch.manual_seed(0)
 patch_embed = nn.Conv2d(3, dim, kernel_size=patch, stride=patch)
 norm = nn.LayerNorm(dim)
-sa = nn.MultiheadAttention(dim, heads, bias=False, batch_first=True)
+sa = MHSA(dim, heads)
 
 
 def sa_attention(img: torch.Tensor) -> torch.Tensor:
     """Per-head attention maps (N_h, L, L) of the untrained SA layer on one image."""
     tokens = norm(rearrange(patch_embed(img), "1 d h w -> 1 (h w) d"))
-    _, attn = sa(tokens, tokens, tokens, need_weights=True, average_attn_weights=False)
+    _, attn = sa(tokens, return_attention=True)
     return attn[0].detach()
 
 
@@ -337,7 +338,9 @@ class ConvAsPSA(nn.Module):
         }
         for name, (value, wanted) in problems.items():
             if value != wanted:
-                raise ValueError(f"ConvAsPSA needs a square, dense, stride-1 convolution: conv.{name} is {value!r}, not {wanted!r}")
+                raise ValueError(
+                    f"ConvAsPSA needs a square, dense, stride-1 convolution: conv.{name} is {value!r}, not {wanted!r}"
+                )
         if isinstance(conv.padding, str):
             raise ValueError(f"ConvAsPSA needs a numeric conv.padding, got {conv.padding!r}")
         num_heads, c_in = k * k, conv.in_channels
