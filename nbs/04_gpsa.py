@@ -188,7 +188,9 @@ class _PositionalAttention(nn.Module):
         if rel is None or self._grid_size != grid_size or (rel.device, rel.dtype) != (weight.device, weight.dtype):
             self.rel_indices = rel = rel_indices(*grid_size, device=weight.device, dtype=weight.dtype)
             self._grid_size = grid_size
-        return rearrange(self.pos_proj(rel), "q k h -> h q k")
+        # outside autocast: in bf16, ‖δ‖² up to hundreds would lose whole units of score before the softmax
+        with torch.autocast(rel.device.type, enabled=False):
+            return rearrange(self.pos_proj(rel), "q k h -> h q k")
 
     def positional_softmax(self, grid_size: tuple[int, int]) -> Tensor:
         """P = softmax over keys of the positional scores, (heads, L, L), in at least fp32 (also under autocast)."""
