@@ -496,8 +496,8 @@ assert torch.all(new_rows.diff(dim=0) >= 0) and torch.allclose(new_rows, new_row
 #
 # * names follow the official checkpoints: `patch_embed.proj`, `pos_embed`, `cls_token` (and `dist_token`),
 #   `blocks.i.{norm1, attn, norm2, mlp.fc1, mlp.fc2}`, `norm`, `head` (and `head_dist`);
-# * initialization is DeiT's: truncated normal with std 0.02 for every linear layer, `pos_embed` and the
-#   tokens, zero biases; then the positional layers get their convolutional initialization again (Eq. 5,
+# * initialization is DeiT's: normal with std 0.02 for every linear layer, `pos_embed` and the tokens (DeiT
+#   truncates it at ±2, a hundred standard deviations away, which never happens), zero biases; then the positional layers get their convolutional initialization again (Eq. 5,
 #   chapter 03) — the official ConViT does the same, because the global re-initialization overwrites it;
 # * `forward_features(x)` returns the normalized tokens; with `return_attention` / `return_block_inputs` it
 #   returns a `ForwardRecord` with every block's attention weights and input, for chapter 09, from the same
@@ -579,14 +579,16 @@ class VisionTransformer(nn.Module):
     @torch.no_grad()
     def _init_weights(self) -> None:
         c = self.config
+        # DeiT's trunc_normal_(std=0.02) truncates at ±2, i.e. 100 standard deviations: it is a plain normal,
+        # which normal_ samples many times faster
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                nn.init.trunc_normal_(module.weight, std=0.02)
+                nn.init.normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
         for token in (self.pos_embed, self.cls_token, getattr(self, "dist_token", None)):
             if token is not None:
-                nn.init.trunc_normal_(token, std=0.02)
+                nn.init.normal_(token, std=0.02)
         for attn in self.local_layers:
             if c.use_local_init:
                 local_init(attn.pos_proj, attn.v, c.locality_strength)
@@ -950,8 +952,10 @@ assert not matches_printed(small.linear / 1e9, "5.4G") and not matches_printed(d
 #
 # PyTorch's `FlopCounterMode` counts the matrix multiplications it sees (in FLOPs, 2 per MAC). On a DeiT-Ti it
 # counts every linear layer, but the fused `scaled_dot_product_attention` of our MHSA layers contributes
-# nothing on this CPU: the counter's blind spot. The reference GPSA path, which materializes the attention,
-# shows the matmuls to the counter again. The analytic count is right in both cases.
+# nothing on this CPU: the counter's blind spot. On a ConViT-Ti what it sees depends on the code path: the
+# reference GPSA materializes the attention, so the counter sees its Q·Kᵀ and A·V (2·L²·D per GPSA layer);
+# the fast GPSA hides Q·Kᵀ and A·V in SDPA and the counter sees only its P·V (L²·D). The analytic count does
+# not depend on how the attention is computed.
 
 # %%
 from torch.utils.flop_counter import FlopCounterMode
@@ -971,6 +975,14 @@ counted = counted_macs(deit_ti, one_image)
 print(f"DeiT-Ti: counter {counted / 1e9:.4f} G | analytic linear {macs.linear / 1e9:.4f} G, "
       f"attention {macs.attention / 1e9:.4f} G")
 assert counted == macs.linear  # the counter sees every linear layer and no attention at all
+
+gpsa_matmul = 196 * 196 * 192  # one L x L by L x D product of one GPSA layer of ConViT-Ti
+for path, seen in (("gpsa_reference", 2), ("gpsa", 1)):
+    model = create_model("convit_tiny", local_attention=path).eval()
+    counted, linear = counted_macs(model, one_image), count_macs(model.config).linear
+    print(f"ConViT-Ti, {path:<14}: counter {counted / 1e9:.4f} G = linear {linear / 1e9:.4f} G "
+          f"+ {(counted - linear) // gpsa_matmul} x L²·D")
+    assert counted == linear + 10 * seen * gpsa_matmul
 
 # %% [markdown]
 # ## Other resolutions and aspect ratios

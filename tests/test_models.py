@@ -251,13 +251,13 @@ def test_other_number_of_classes_needs_ignore_head():
 def test_checkpoint_at_another_resolution_has_its_pos_embed_interpolated(name):
     _, state_dict = timm_weights(TIMM_NAMES[name])
     native = load_checkpoint(create_model(name), state_dict).eval()
-    at_288 = load_checkpoint(create_model(name, img_size=288), state_dict).eval()
+    at_256 = load_checkpoint(create_model(name, img_size=256), state_dict).eval()
     prefix = 1 if name.startswith("deit") else 0
-    assert at_288.pos_embed.shape == (1, prefix + 18 * 18, 192)
-    assert torch.equal(at_288.pos_embed[:, :prefix], state_dict["pos_embed"][:, :prefix])  # class slot untouched
-    x = images(288, 288)
+    assert at_256.pos_embed.shape == (1, prefix + 16 * 16, 192)
+    assert torch.equal(at_256.pos_embed[:, :prefix], state_dict["pos_embed"][:, :prefix])  # class slot untouched
+    x = images(256, 256)
     with torch.no_grad():  # the 224 model interpolates on the fly: same embedding, same logits
-        torch.testing.assert_close(at_288(x), native(x))
+        torch.testing.assert_close(at_256(x), native(x))
 
 
 def test_guess_architecture_names_zoo_models_from_their_weights():
@@ -307,7 +307,7 @@ def test_cifar_sized_inputs_work(name):
     small = seeded(name, img_size=32, patch_size=4, num_classes=100).eval()
     with torch.no_grad():
         assert small(images(32, 32, batch=2)).shape == (2, 100)
-        assert create_model(name, num_classes=100).eval()(images(224, 224)).shape == (1, 100)
+    assert small.pos_embed.shape[1] == 64 + (1 if name.startswith("deit") else 0)  # an 8x8 grid
 
 
 # ------------------------------------------------------------------------------------------- structure
@@ -360,14 +360,14 @@ def test_gpsa_layers_are_discoverable_by_their_gating_param():
     assert gated == [f"blocks.{i}.attn" for i in range(10)]
 
 
-def test_initialization_is_deit_truncated_normal_then_convolutional():
+def test_initialization_is_deit_normal_then_convolutional():
     model = seeded("convit_small")
     expected = v_pos(head_centres(9), 1.0)
     for layer in model.local_layers:
         torch.testing.assert_close(layer.pos_proj.weight, expected)
         assert torch.equal(layer.v.weight, torch.eye(432)) and torch.equal(layer.gating_param, torch.ones(9))
     qkv = model.blocks[11].attn.qkv.weight
-    assert 0.019 < qkv.std().item() < 0.021 and qkv.abs().max().item() <= 2.0  # truncated at ±2 (absolute)
+    assert 0.019 < qkv.std().item() < 0.021 and abs(qkv.mean().item()) < 1e-3
     assert torch.count_nonzero(model.head.bias) == 0
 
 
