@@ -1,0 +1,647 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Performance: making the ConViT nearly as fast as the DeiT
+#
+# The ConViT has the same parameter count and almost the same multiply-accumulates (MACs) as the DeiT it is
+# built on (Table 1), yet the official code and timm's port train it at roughly half the DeiT's speed. This
+# chapter explains where that time goes, derives the reformulation that chapter 04's fast `GPSA` uses, and
+# measures it on this machine: one layer, whole-model training, growth with resolution, and the fraction of
+# the machine's peak matmul throughput that training reaches. The measuring code exports to
+# `convit_edu/bench.py`, which `convit-edu bench` uses.
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
+
+# %%
+#| default_exp bench
+
+# %%
+import matplotlib.pyplot as plt
+import torch
+
+torch.set_printoptions(precision=4, sci_mode=False)
+torch.manual_seed(0)
+torch.set_num_threads(1)  # see "Measuring honestly" below
+
+# %% [markdown]
+# ## Why GPSA is slow in the official code
+#
+# Eq. 7 mixes two attention matrices per head, $\mathbf{A}^h = (1-\sigma_h)\,\mathrm{softmax}(\mathbf{Q}^h
+# \mathbf{K}^{h\top}/\sqrt{d}) + \sigma_h\,\mathrm{softmax}(\mathbf{v}^{h\top}_{pos}\mathbf{r})$, then applies
+# $\mathbf{A}^h$ to the values. Written literally (the official code and timm do this), a forward pass
+#
+# 1. computes the positional scores $\mathbf{v}_{pos}^\top\mathbf{r}$ **once per image**: `rel_indices` is
+#    expanded to (B, L, L, 3) and projected, giving a (B, H, L, L) tensor whose B copies are identical;
+# 2. builds the content softmax, the positional softmax, their mix and its renormalisation — four
+#    (B, H, L, L) tensors, several of which autograd keeps for the backward pass;
+# 3. cannot use a fused attention kernel (`scaled_dot_product_attention`, FlashAttention), because the
+#    attention matrix must exist to be mixed.
+#
+# So memory grows as B·H·L² instead of B·H·L·d, and the layer pays for elementwise passes over B·H·L²
+# numbers that a fused kernel never writes to memory.
+#
+# ## The reformulation
+#
+# Matrix products distribute over sums, so for each head
+#
+# $$\mathbf{A}^h\mathbf{V}^h = (1-\sigma_h)\,\underbrace{\mathrm{softmax}(\mathbf{Q}^h\mathbf{K}^{h\top}/\sqrt{d})
+# \,\mathbf{V}^h}_{\texttt{SDPA}(Q,K,V)} + \sigma_h\,\underbrace{\mathrm{softmax}(\mathbf{v}^{h\top}_{pos}
+# \mathbf{r})}_{P^h\ (L\times L)}\,\mathbf{V}^h .$$
+#
+# Eq. 6's renormalisation is a no-op (both softmaxes already sum to one, and so does their convex mix), so
+# nothing else is needed. The first term is exactly what a fused kernel computes. The second term's P does not
+# depend on the image: it is computed once per forward, (H, L, L), and applied to the whole batch as one
+# (H, L, L) @ (H, L, B·d) product. The result is mixed with `torch.lerp(content, position, σ)`. That is
+# `convit_edu.gpsa.GPSA` (chapter 04 checks it equals `GPSAReference` in fp64).
+
+# %% [markdown]
+# ## Measuring honestly on a shared machine
+#
+# Timings on a CPU that other processes share are noisy. Three habits keep them useful:
+# **warm up** first (allocations, thread pools, kernel choice), call the things being compared **in turn**
+# (A B A B ..., so a slow second hurts both) and report **medians**, with the spread (max − min over median)
+# as a noise estimate. `interleaved_times` does this with an injectable timer, so the tests can check the
+# order and the medians without timing anything.
+#
+# A fourth habit is specific to this machine: it has 2 cores and, while this chapter was written, about ten
+# runnable processes. PyTorch's two intra-op threads then wait for each other at every operator whenever one
+# of them is descheduled; with **one thread** the same GPSA layer ran about 4× faster and with less spread.
+# So every measurement here uses `torch.set_num_threads(1)`, including the peak matmul that the achieved
+# fraction is taken against, and the JSON output records the thread count.
+
+# %%
+#| export
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.profiler import ProfilerActivity, profile
+
+from convit_edu.attention import MHSA
+from convit_edu.gpsa import GPSA, GPSAReference
+from convit_edu.models import count_macs, create_model, model_config
+
+
+def interleaved_times(
+    fns: dict[str, Callable[[], object]], reps: int, warmup: int = 1, timer: Callable[[], float] = time.perf_counter
+) -> dict[str, list[float]]:
+    """Seconds per call of each function, called in turn (a, b, a, b, ...) ``reps`` times after ``warmup`` rounds."""
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"need reps >= 1 and warmup >= 0, got reps={reps}, warmup={warmup}")
+    if not fns:
+        raise ValueError("interleaved_times needs at least one function to time")
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start = timer()
+            fn()
+            times[name].append(timer() - start)
+    return times
+
+
+def median(times: Sequence[float]) -> float:
+    """The median of some timings (the middle one, or the mean of the two middle ones)."""
+    if not times:
+        raise ValueError("median of no timings")
+    return statistics.median(times)
+
+
+def spread(times: Sequence[float]) -> float:
+    """(max − min) / median: how noisy some repeated timings are (0 for one timing)."""
+    return (max(times) - min(times)) / median(times)
+
+
+# %% [markdown]
+# *Activation memory* is what autograd saves for the backward pass: every tensor a
+# `saved_tensors_hooks` pack hook sees, each storage counted once, the layer's parameters excluded. It is the
+# memory a training step holds per layer between its forward and its backward, which is what limits the
+# batch size; it is deterministic, unlike a CPU process's resident size (the allocator keeps freed pages).
+# This is the memory measure used throughout this chapter: on a GPU, `torch.cuda.max_memory_allocated` would
+# add the transient buffers of the step on top of it.
+
+# %%
+#| export
+def saved_activation_bytes(fn: Callable[[], object], exclude: Iterable[Tensor] = ()) -> int:
+    """Bytes of the tensors autograd saves for backward while ``fn()`` runs, each storage once, ``exclude``
+    (e.g. the parameters) left out."""
+    excluded = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in excluded:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+# %% [markdown]
+# ## One GPSA layer: reference vs fast
+#
+# `gpsa_layer_bench` times one layer at a given size: the forward alone (under `no_grad`, as in inference)
+# and forward + backward (as in training), the two implementations interleaved, with the same weights. It
+# returns one row per implementation, ready for `format_table`.
+
+# %%
+#| export
+def format_table(rows: Sequence[dict], floatfmt: str = ".2f") -> str:
+    """Rows of a benchmark (dicts with the same keys) as an aligned text table; floats with ``floatfmt``."""
+    if not rows:
+        raise ValueError("format_table needs at least one row")
+    columns = list(rows[0])
+    if any(list(row) != columns for row in rows):
+        raise ValueError(f"every row must have the columns {columns}")
+    cells = [[format(v, floatfmt) if isinstance(v, float) else str(v) for v in row.values()] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
+def gpsa_layer_bench(
+    embed_dim: int, num_heads: int, batch: int, length: int, reps: int, warmup: int = 1, memory_batch: int = 32,
+    timer: Callable[[], float] = time.perf_counter,
+) -> list[dict]:
+    """Reference vs fast GPSA (same weights), and plain multi-head self-attention (``MHSA``, the DeiT layer
+    and the floor the fast GPSA can approach), on (batch, length, embed_dim) inputs: median forward and
+    forward+backward milliseconds and their noise; and the activation memory (MiB) saved for backward at
+    ``memory_batch`` images (the one positional P is shared by the batch, so small batches flatter the
+    reference)."""
+    torch.manual_seed(0)
+    layers = {"reference": GPSAReference(embed_dim, num_heads), "fast": GPSA(embed_dim, num_heads)}
+    layers["fast"].load_state_dict(layers["reference"].state_dict())
+    layers["mhsa"] = MHSA(embed_dim, num_heads)
+    x = torch.randn(batch, length, embed_dim, requires_grad=True)
+    x_mem = torch.randn(memory_batch, length, embed_dim, requires_grad=True)
+
+    def forward(layer: nn.Module) -> Callable[[], object]:
+        return lambda: layer(x)
+
+    def train_step(layer: nn.Module) -> Callable[[], object]:
+        return lambda: layer(x).sum().backward()
+
+    with torch.no_grad():
+        fwd = interleaved_times({k: forward(m) for k, m in layers.items()}, reps, warmup, timer)
+    fwd_bwd = interleaved_times({k: train_step(m) for k, m in layers.items()}, reps, warmup, timer)
+    return [
+        {
+            "layer": name, "B": batch, "L": length, "D": embed_dim, "heads": num_heads,
+            "fwd_ms": 1e3 * median(fwd[name]), "fwd_bwd_ms": 1e3 * median(fwd_bwd[name]),
+            "noise": max(spread(fwd[name]), spread(fwd_bwd[name])),
+            "mem_B": memory_batch, "act_MiB": saved_activation_bytes(lambda: layer(x_mem), layer.parameters()) / 2**20,
+        }
+        for name, layer in layers.items()
+    ]
+
+
+# %% [markdown]
+# First at ConViT-Ti size (D = 192, 4 heads) and ConViT-S size (D = 432, 9 heads), L = 196 patches (224 px),
+# B = 32 images (FAST mode: 2).
+
+# %%
+layer_batch, layer_reps = (2, 2) if FAST else (32, 5)
+layer_rows = gpsa_layer_bench(192, 4, layer_batch, 196, layer_reps)
+layer_rows += gpsa_layer_bench(432, 9, layer_batch, 196, layer_reps)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(format_table(layer_rows))
+for i in (0, 3):
+    ref, fast, mhsa = layer_rows[i : i + 3]
+    print(f"D={ref['D']}: fast/reference forward {ref['fwd_ms'] / fast['fwd_ms']:.2f}x faster, "
+          f"forward+backward {ref['fwd_bwd_ms'] / fast['fwd_bwd_ms']:.2f}x faster (target >= 1.50x), "
+          f"activations {fast['act_MiB'] / ref['act_MiB']:.2f}x (target <= 0.50x); "
+          f"fast GPSA fwd+bwd costs {fast['fwd_bwd_ms'] / mhsa['fwd_bwd_ms']:.2f}x an MHSA layer")
+
+# %% [markdown]
+# The memory does not depend on the machine or the mode (it is measured at 32 images, a realistic per-device
+# training batch), so it is printed and checked in every mode: the reference saves several (B, H, L, L)
+# tensors per layer, the fast layer one (H, L, L) P for the whole batch plus O(B·H·L·d) activations.
+
+# %%
+for row in layer_rows:
+    print(f"D={row['D']:<4}{row['layer']:<10} {row['act_MiB']:7.2f} MiB saved for backward at B={row['mem_B']}")
+for i in (0, 3):
+    ratio = layer_rows[i + 1]["act_MiB"] / layer_rows[i]["act_MiB"]
+    assert ratio <= 0.5, f"fast GPSA saves {ratio:.2f}x the reference's activations at D={layer_rows[i]['D']}"
+print("fast GPSA saves at most half the reference's activations at ConViT-Ti and ConViT-S sizes")
+
+# %% [markdown]
+# ## Cost against resolution
+#
+# The number of tokens L grows with the square of the image side: 64 tokens at 128 px, 196 at 224 px, 576
+# at 384 px. Everything in the reference that is (B, H, L, L) grows as L², while the fast layer's
+# per-image tensors grow as L (only the one P is L², shared by the batch).
+
+# %%
+#| export
+def resolution_sweep(
+    embed_dim: int, num_heads: int, batch: int, lengths: Sequence[int], reps: int, warmup: int = 1,
+    memory_batch: int = 32, timer: Callable[[], float] = time.perf_counter,
+) -> list[dict]:
+    """Forward+backward time and activation memory (at ``memory_batch``) of reference and fast GPSA for each
+    token count L (square grids: L = 64, 144, 196, 256, 400, 576 for 128-384 px images with 16 px patches)."""
+    rows = []
+    for length in lengths:
+        ref, fast, _ = gpsa_layer_bench(embed_dim, num_heads, batch, length, reps, warmup, memory_batch, timer)
+        rows.append({
+            "L": length, "ref_ms": ref["fwd_bwd_ms"], "fast_ms": fast["fwd_bwd_ms"],
+            "speedup": ref["fwd_bwd_ms"] / fast["fwd_bwd_ms"],
+            "ref_MiB": ref["act_MiB"], "fast_MiB": fast["act_MiB"], "mem_ratio": fast["act_MiB"] / ref["act_MiB"],
+        })
+    return rows
+
+
+# %%
+lengths = (64, 144, 256) if FAST else (64, 144, 196, 256, 400, 576)
+sweep = resolution_sweep(192, 4, 1 if FAST else 8, lengths, 1 if FAST else 3, memory_batch=8)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(format_table(sweep))
+fig, axes = plt.subplots(1, 2, figsize=(8, 3), dpi=80)
+L = [r["L"] for r in sweep]
+for key, label in (("ref", "reference"), ("fast", "fast")):
+    axes[0].plot(L, [r[f"{key}_ms"] for r in sweep], "o-", label=label)
+    axes[1].plot(L, [r[f"{key}_MiB"] for r in sweep], "o-", label=label)
+axes[0].set(xlabel="tokens L", ylabel="fwd+bwd ms", title="time, one ConViT-Ti GPSA layer")
+axes[1].set(xlabel="tokens L", ylabel="MiB saved for backward", title="activation memory")
+axes[0].legend()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The memory curves (here at B = 8) are deterministic; the reference's is dominated by its L² terms, so the
+# fast layer's share shrinks as L grows:
+
+# %%
+ratios = [r["mem_ratio"] for r in sweep]
+assert all(b < a for a, b in zip(ratios, ratios[1:])), ratios
+print("the fast layer's activation-memory ratio falls as L grows")
+
+# %% [markdown]
+# ## Whole-model training throughput
+#
+# `model_throughput` times full training steps (forward, cross-entropy, backward, AdamW step) of two models at
+# the same batch and image size, interleaved, and reports images/s and the ratio to the first model's
+# partner. `precision="bf16"` runs the forward under `torch.autocast(dtype=torch.bfloat16)`.
+
+# %%
+#| export
+def _train_step(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str) -> Callable[[], None]:
+    x = torch.randn(batch, 3, img_size, img_size)
+    y = torch.randint(0, num_classes, (batch,))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.train()
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def model_throughput(
+    names: Sequence[str], batch: int, img_size: int, reps: int, precision: str = "fp32", warmup: int = 1,
+    num_classes: int = 1000, timer: Callable[[], float] = time.perf_counter,
+) -> list[dict]:
+    """Training images/s (forward + backward + AdamW step, median of ``reps`` interleaved steps) of each zoo
+    model in ``names`` at the same batch and image size; ``vs_last`` is each rate over the last model's."""
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision {precision!r} is not one of fp32, bf16")
+    steps = {}
+    for name in names:
+        torch.manual_seed(0)
+        model = create_model(name, img_size=img_size, num_classes=num_classes)
+        steps[name] = _train_step(model, batch, img_size, num_classes, precision)
+    times = interleaved_times(steps, reps, warmup, timer)
+    rates = {name: batch / median(t) for name, t in times.items()}
+    return [
+        {"model": name, "precision": precision, "batch": batch, "img_size": img_size,
+         "images_per_s": rates[name], "vs_last": rates[name] / rates[names[-1]], "noise": spread(times[name])}
+        for name in names
+    ]
+
+
+# %% [markdown]
+# At 224 px in fp32. This CPU is slow and shared, so the batches are small (full mode: 8 for the tiny models,
+# 4 for the small ones); FAST mode runs 32 px images (a 2×2 patch grid) just to exercise the code.
+
+# %%
+img = 32 if FAST else 224
+(tiny_batch, small_batch), model_reps = ((2, 2), 1) if FAST else ((8, 4), 3)
+throughput = model_throughput(["convit_tiny", "deit_tiny"], tiny_batch, img, model_reps)
+throughput += model_throughput(["convit_small", "deit_small"], small_batch, img, model_reps)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(format_table(throughput))
+print(f"ConViT-Ti trains at {throughput[0]['vs_last']:.2f}x DeiT-Ti's images/s (target >= 0.85x; "
+      f"timm's ConViT: 0.42-0.57x), ConViT-S at {throughput[2]['vs_last']:.2f}x DeiT-S's")
+
+# %% [markdown]
+# ### bf16 autocast on this CPU
+#
+# On GPUs bf16 roughly doubles matmul throughput. This CPU (AVX2, no AVX-512 BF16 or AMX instructions) has
+# no bf16 arithmetic: every bf16 matmul is converted and run on slow fallback kernels. So the comparison is
+# kept tiny (64 px images, 16 tokens, batch 2, one timed step): its point is the ratio, not the rate.
+
+# %%
+bf16_img = 32 if FAST else 64
+precision_rows = []
+for precision in ("fp32", "bf16"):
+    precision_rows += model_throughput(["convit_tiny", "deit_tiny"], 2, bf16_img, 1, precision=precision)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(format_table(precision_rows))
+for i, name in enumerate(("ConViT-Ti", "DeiT-Ti")):
+    fp32, bf16 = precision_rows[i]["images_per_s"], precision_rows[i + 2]["images_per_s"]
+    print(f"{name}: bf16 autocast runs at {bf16 / fp32:.2f}x the fp32 rate on this CPU")
+
+# %% [markdown]
+# ### `torch.compile`
+#
+# Compiling fuses the elementwise work around the matmuls (the lerp, the softmax of P, LayerNorm, GELU)
+# into generated C++ kernels. On a CPU, Inductor compiles those kernels with gcc, which takes minutes on a
+# loaded 2-core machine, so `compiled_throughput` runs the compiled training step in a **child process with
+# a hard time limit** and reports what it got (or that it ran out of time). It is measured only in full mode,
+# for ConViT-Ti at a small size.
+
+# %%
+#| export
+def compiled_throughput(name: str, batch: int, img_size: int, reps: int, timeout_s: float) -> dict:
+    """Eager vs ``torch.compile`` training images/s of zoo model ``name``, measured in a child process killed
+    after ``timeout_s`` seconds (Inductor's C++ compilation can be slow); raises ``TimeoutError`` then."""
+    args = json.dumps({"name": name, "batch": batch, "img_size": img_size, "reps": reps,
+                       "threads": torch.get_num_threads()})
+    code = f"from convit_edu.bench import _compiled_child; _compiled_child({args!r})"
+    # a session of its own, so that a timeout ends the child *and* Inductor's compile workers
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as child:
+        try:
+            out, err = child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired as e:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            raise TimeoutError(f"torch.compile of {name} did not finish within {timeout_s:.0f} s") from e
+    if child.returncode != 0:
+        raise RuntimeError(f"torch.compile of {name} failed:\n{err[-2000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _compiled_child(args: str) -> None:
+    a = json.loads(args)
+    torch.set_num_threads(a["threads"])
+    torch.manual_seed(0)
+    model = create_model(a["name"], img_size=a["img_size"], num_classes=10)
+    start = time.perf_counter()
+    compiled_step = _train_step(torch.compile(model), a["batch"], a["img_size"], 10, "fp32")
+    compiled_step()  # compiles forward and backward
+    compile_s = time.perf_counter() - start
+    eager_step = _train_step(model, a["batch"], a["img_size"], 10, "fp32")
+    times = interleaved_times({"eager": eager_step, "compiled": compiled_step}, a["reps"], warmup=1)
+    rates = {k: a["batch"] / median(t) for k, t in times.items()}
+    print(json.dumps({"model": a["name"], "batch": a["batch"], "img_size": a["img_size"], "compile_s": compile_s,
+                      "eager_images_per_s": rates["eager"], "compiled_images_per_s": rates["compiled"]}))
+
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+compiled = None
+if FAST:
+    print("torch.compile is measured in full mode only")
+else:
+    try:
+        compiled = compiled_throughput("convit_tiny", 4, 64, 3, timeout_s=60)
+        print(format_table([compiled]))
+        print(f"compiled / eager: {compiled['compiled_images_per_s'] / compiled['eager_images_per_s']:.2f}x")
+    except (TimeoutError, RuntimeError) as e:
+        print(f"torch.compile not measured: {e}")
+
+# %% [markdown]
+# ## How close to the machine's peak?
+#
+# A training step costs about 3× the forward's MACs (the backward computes gradients for both the inputs and
+# the weights), i.e. 6 FLOPs per forward MAC. `count_macs` (chapter 05) counts every matmul, including the
+# attention ones a fused kernel hides from FLOP counters. The peak is measured in the same run with a large
+# fp32 matmul, so the fraction is "achieved / what this machine can do right now".
+
+# %%
+#| export
+def peak_matmul_flops(n: int, reps: int, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of an n×n @ n×n matmul (2n³ FLOPs), best of ``reps`` after one warm-up."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    best = min(interleaved_times({"matmul": lambda: a @ b}, reps)["matmul"])
+    return 2 * n**3 / best
+
+
+def training_flops_per_image(name: str, img_size: int) -> float:
+    """FLOPs of one training step per image: 3 forward MACs (forward, input and weight gradients) × 2."""
+    return 6.0 * count_macs(model_config(name, img_size=img_size)).total()
+
+
+H100_BF16_DENSE_FLOPS = 989e12  # H100 SXM, dense bf16 tensor cores (NVIDIA's datasheet; 1979e12 is with sparsity)
+
+
+def h100_estimate(name: str, img_size: int = 224, utilisation: float = 0.4) -> float:
+    """ESTIMATED (not measured) training images/s on one H100 SXM in bf16, if training reached
+    ``utilisation`` of its dense bf16 peak: utilisation × peak / training FLOPs per image."""
+    if not 0 < utilisation <= 1:
+        raise ValueError(f"utilisation must be in (0, 1], got {utilisation}")
+    return utilisation * H100_BF16_DENSE_FLOPS / training_flops_per_image(name, img_size)
+
+
+# %%
+peak = peak_matmul_flops(512 if FAST else 2048, 2 if FAST else 3)
+utilisation_rows = [
+    {"model": r["model"], "img_size": r["img_size"], "GFLOP_per_img": training_flops_per_image(r["model"], img) / 1e9,
+     "images_per_s": r["images_per_s"],
+     "fraction_of_peak": r["images_per_s"] * training_flops_per_image(r["model"], img) / peak,
+     "H100_est_images_per_s": h100_estimate(r["model"], r["img_size"])}
+    for r in throughput
+]
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"this machine's fp32 matmul peak right now: {peak / 1e9:.1f} GFLOP/s")
+print(format_table(utilisation_rows))
+print("H100 column: an ESTIMATE at 40% of 989 TFLOP/s dense bf16 at the same image size, from the MAC count"
+      " — not a measurement")
+
+# %% [markdown]
+# The MAC counts themselves are deterministic and say how much slower the ConViT *must* be if both models ran
+# at the same utilisation. ConViT-Ti has DeiT-Ti's width (192) and the same MACs to 0.1 % (the extra
+# positional scores are offset by the class token not joining until after the GPSA layers; P @ V is the
+# same size as the A @ V it replaces in a fused kernel's count). ConViT-S is *wider* than DeiT-S
+# (D = 432 vs 384, Table 1), so even a perfect implementation trains it at only ~0.8× DeiT-S's rate.
+
+# %%
+mac_bound = {}
+for small, big in (("deit_tiny", "convit_tiny"), ("deit_small", "convit_small")):
+    mac_bound[big] = training_flops_per_image(small, 224) / training_flops_per_image(big, 224)
+    print(f"{big}: {training_flops_per_image(big, 224) / 1e9:.2f} GFLOP per training image, "
+          f"{small}: {training_flops_per_image(small, 224) / 1e9:.2f}; MAC-bound speed ratio {mac_bound[big]:.3f}")
+assert abs(mac_bound["convit_tiny"] - 1) < 0.01 and mac_bound["convit_small"] < 0.85
+
+# %% [markdown]
+# ## Where the rest of the time goes
+#
+# A profile of one ConViT-Ti training step, sorted by time spent in each operator itself, shows which
+# operators dominate on this machine.
+
+# %%
+#| export
+def profile_step(name: str, batch: int, img_size: int, top: int = 10) -> str:
+    """The ``top`` operators of one training step of zoo model ``name``, by self CPU time (torch.profiler)."""
+    torch.manual_seed(0)
+    step = _train_step(create_model(name, img_size=img_size), batch, img_size, 1000, "fp32")
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(profile_step("convit_tiny", 2, img))
+
+# %% [markdown]
+# ## `convit-edu bench` and JSON
+#
+# `run_benchmarks` runs all of the above at a `BenchSizes` (full or FAST), prints the tables, and can write
+# everything as JSON together with the machine it ran on (`tests/test_bench.py` runs it at tiny sizes).
+
+# %%
+#| export
+@dataclass(frozen=True)
+class BenchSizes:
+    """How big and how often each benchmark runs: ``full()`` for real numbers, ``fast()`` for CI."""
+
+    layer_batch: int
+    layer_reps: int
+    lengths: tuple[int, ...]
+    sweep_batch: int
+    sweep_reps: int
+    img_size: int
+    tiny_batch: int
+    small_batch: int
+    model_reps: int
+    bf16_img_size: int
+    matmul_n: int
+    matmul_reps: int
+
+    @classmethod
+    def full(cls) -> "BenchSizes":
+        return cls(32, 5, (64, 144, 196, 256, 400, 576), 8, 3, 224, 8, 4, 3, 64, 2048, 3)
+
+    @classmethod
+    def fast(cls) -> "BenchSizes":
+        return cls(2, 1, (64, 144), 1, 1, 32, 2, 2, 1, 32, 256, 1)
+
+
+def write_json(results: dict, path: str | Path) -> Path:
+    """Write benchmark results with the machine and software they ran on to ``path`` (folders created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+            "processor": platform.processor(), "python": platform.python_version()}
+    path.write_text(json.dumps({"meta": meta, **results}, indent=2))
+    return path
+
+
+def run_benchmarks(
+    sizes: BenchSizes, compile_timeout_s: float | None = None, json_path: str | Path | None = None,
+    print_fn: Callable[[str], None] = print,
+) -> dict:
+    """Every benchmark of chapter 11 at ``sizes``, printed as tables; ``torch.compile`` too when
+    ``compile_timeout_s`` is given; written as JSON to ``json_path`` when given. Returns the results."""
+    s = sizes
+    results: dict = {"sizes": asdict(s)}
+    results["gpsa_layer"] = gpsa_layer_bench(192, 4, s.layer_batch, 196, s.layer_reps)
+    results["gpsa_layer"] += gpsa_layer_bench(432, 9, s.layer_batch, 196, s.layer_reps)
+    results["resolution"] = resolution_sweep(192, 4, s.sweep_batch, s.lengths, s.sweep_reps, memory_batch=8)
+    results["throughput"] = model_throughput(["convit_tiny", "deit_tiny"], s.tiny_batch, s.img_size, s.model_reps)
+    results["throughput"] += model_throughput(["convit_small", "deit_small"], s.small_batch, s.img_size, s.model_reps)
+    for precision in ("fp32", "bf16"):
+        results["throughput"] += model_throughput(["convit_tiny", "deit_tiny"], 2, s.bf16_img_size, 1, precision)
+    if compile_timeout_s is not None:
+        try:
+            results["compiled"] = compiled_throughput("convit_tiny", s.tiny_batch, s.bf16_img_size, s.model_reps,
+                                                      compile_timeout_s)
+        except (TimeoutError, RuntimeError) as e:
+            results["compiled"] = {"error": str(e)}
+    peak = peak_matmul_flops(s.matmul_n, s.matmul_reps)
+    results["peak_matmul_gflops"] = peak / 1e9
+    results["utilisation"] = [
+        {"model": r["model"], "precision": r["precision"], "img_size": r["img_size"],
+         "fraction_of_peak": r["images_per_s"] * training_flops_per_image(r["model"], r["img_size"]) / peak,
+         "H100_est_images_per_s": h100_estimate(r["model"], r["img_size"])}
+        for r in results["throughput"]
+    ]
+    for key in ("gpsa_layer", "resolution", "throughput", "utilisation"):
+        print_fn(f"\n{key}:\n{format_table(results[key])}")
+    if "compiled" in results:
+        print_fn(f"\ncompiled:\n{format_table([results['compiled']])}")
+    print_fn(f"\nfp32 matmul peak: {peak / 1e9:.1f} GFLOP/s; H100 column: estimate at 40% of "
+             f"{H100_BF16_DENSE_FLOPS / 1e12:.0f} TFLOP/s dense bf16, not a measurement")
+    if json_path is not None:
+        write_json(results, json_path)
+    return results
+
+
+# %% [markdown]
+# ## Targets and findings
+#
+# The cell below puts the targets beside the values measured above (full run; they vary by a few percent
+# between runs on this shared machine — the `noise` columns give the spread of each set of repetitions).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ti_ref, ti_fast, _, s_ref, s_fast, _ = layer_rows
+targets = [
+    ("fast GPSA fwd+bwd speed-up, ConViT-Ti layer", ti_ref["fwd_bwd_ms"] / ti_fast["fwd_bwd_ms"], ">= 1.50"),
+    ("fast GPSA fwd+bwd speed-up, ConViT-S layer", s_ref["fwd_bwd_ms"] / s_fast["fwd_bwd_ms"], ">= 1.50"),
+    ("fast/reference activation memory, Ti layer", ti_fast["act_MiB"] / ti_ref["act_MiB"], "<= 0.50"),
+    ("fast/reference activation memory, S layer", s_fast["act_MiB"] / s_ref["act_MiB"], "<= 0.50"),
+    ("ConViT-Ti / DeiT-Ti training images/s", throughput[0]["vs_last"], ">= 0.85"),
+]
+for label, value, target in targets:
+    met = value >= float(target[3:]) if target.startswith(">=") else value <= float(target[3:])
+    print(f"{label:<46}{value:>7.2f}   target {target}   {'met' if met else 'MISSED'}")

@@ -1,0 +1,165 @@
+"""Tests of convit_edu.bench: interleaving and medians (with fake timers), activation memory, tables, JSON, the
+benchmark functions on tiny sizes and the H100 estimate. No timing is asserted."""
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from convit_edu.bench import (
+    H100_BF16_DENSE_FLOPS,
+    BenchSizes,
+    compiled_throughput,
+    format_table,
+    gpsa_layer_bench,
+    h100_estimate,
+    interleaved_times,
+    median,
+    model_throughput,
+    peak_matmul_flops,
+    resolution_sweep,
+    run_benchmarks,
+    saved_activation_bytes,
+    spread,
+    training_flops_per_image,
+)
+from convit_edu.gpsa import GPSA, GPSAReference
+from convit_edu.models import count_macs, model_config
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread, as the chapter measures: on a shared 2-core machine two threads mostly wait."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class FakeClock:
+    """A timer whose every call advances by the next of some fixed step sizes."""
+
+    def __init__(self, steps):
+        self.now, self.steps = 0.0, itertools.cycle(steps)
+
+    def __call__(self):
+        self.now += next(self.steps)
+        return self.now
+
+
+def test_interleaved_times_calls_in_turn_after_warmup():
+    calls = []
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    times = interleaved_times(fns, reps=3, warmup=2, timer=FakeClock([1.0]))
+    assert calls == ["a", "b"] * 5
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+
+
+def test_interleaved_times_measures_between_timer_calls():
+    # the clock alternates start/stop: start advances 1 s, stop 2 s (a) or 5 s (b)
+    times = interleaved_times({"a": lambda: None, "b": lambda: None}, reps=2, warmup=0,
+                              timer=FakeClock([1.0, 2.0, 1.0, 5.0]))
+    assert times == {"a": [2.0, 2.0], "b": [5.0, 5.0]}
+
+
+def test_median_and_spread():
+    assert median([3.0, 1.0, 2.0]) == 2.0 and median([1.0, 2.0, 3.0, 10.0]) == 2.5
+    assert spread([1.0, 2.0, 3.0]) == 1.0 and spread([4.0]) == 0.0
+    with pytest.raises(ValueError, match="no timings"):
+        median([])
+
+
+@pytest.mark.parametrize("reps, warmup", [(0, 1), (2, -1)])
+def test_interleaved_times_rejects_bad_counts(reps, warmup):
+    with pytest.raises(ValueError, match=f"reps={reps}, warmup={warmup}"):
+        interleaved_times({"a": lambda: None}, reps, warmup)
+
+
+def test_saved_activation_bytes_counts_saved_storages_once_and_skips_excluded():
+    w = torch.randn(10, requires_grad=True)
+    x = torch.randn(10, requires_grad=True)
+    # exp saves its output (40 bytes); w * x saves both w and x, but w is excluded and x counted once
+    assert saved_activation_bytes(lambda: x.exp()) == 40
+    assert saved_activation_bytes(lambda: (w * x) * x, exclude=[w]) == 40 + 40  # x, and w * x
+    with torch.no_grad():
+        assert saved_activation_bytes(lambda: x.exp()) == 0
+
+
+def test_fast_gpsa_saves_at_most_half_the_reference_activations_at_convit_tiny_size():
+    torch.manual_seed(0)
+    x = torch.randn(32, 196, 192, requires_grad=True)
+    ref, fast = GPSAReference(192, 4), GPSA(192, 4)
+    m_ref = saved_activation_bytes(lambda: ref(x), ref.parameters())
+    m_fast = saved_activation_bytes(lambda: fast(x), fast.parameters())
+    assert m_fast <= 0.5 * m_ref
+
+
+def test_format_table_aligns_columns_and_formats_floats():
+    table = format_table([{"name": "a", "ms": 1.234}, {"name": "long", "ms": 10.0}], floatfmt=".1f")
+    assert table.splitlines() == ["name    ms", "   a   1.2", "long  10.0"]
+    with pytest.raises(ValueError, match="columns"):
+        format_table([{"a": 1}, {"b": 2}])
+    with pytest.raises(ValueError, match="at least one row"):
+        format_table([])
+
+
+def test_gpsa_layer_bench_rows_on_a_tiny_layer():
+    rows = gpsa_layer_bench(8, 4, batch=1, length=4, reps=1, warmup=0, memory_batch=3, timer=FakeClock([0.5]))
+    assert [r["layer"] for r in rows] == ["reference", "fast", "mhsa"]
+    for row in rows:
+        assert (row["B"], row["L"], row["D"], row["heads"], row["mem_B"]) == (1, 4, 8, 4, 3)
+        assert row["fwd_ms"] == row["fwd_bwd_ms"] == 500.0 and row["noise"] == 0.0 and row["act_MiB"] > 0
+
+
+def test_resolution_sweep_memory_ratio_falls_with_tokens():
+    rows = resolution_sweep(16, 4, batch=1, lengths=(16, 64), reps=1, warmup=0, memory_batch=4)
+    assert [r["L"] for r in rows] == [16, 64]
+    assert rows[1]["mem_ratio"] < rows[0]["mem_ratio"]
+    assert rows[1]["ref_MiB"] > rows[0]["ref_MiB"]
+
+
+def test_model_throughput_rows_and_ratio_to_the_last_model():
+    rows = model_throughput(["convit_tiny", "deit_tiny"], batch=1, img_size=32, reps=1, warmup=0, num_classes=5,
+                            timer=FakeClock([1.0, 0.5, 1.0, 0.25]))
+    assert [r["model"] for r in rows] == ["convit_tiny", "deit_tiny"]
+    assert rows[0]["images_per_s"] == 2.0 and rows[1]["images_per_s"] == 4.0
+    assert rows[0]["vs_last"] == 0.5 and rows[1]["vs_last"] == 1.0
+
+
+def test_model_throughput_rejects_unknown_precision():
+    with pytest.raises(ValueError, match="precision 'fp8'"):
+        model_throughput(["deit_tiny"], 1, 32, 1, precision="fp8")
+
+
+def test_training_flops_are_six_per_forward_mac():
+    macs = count_macs(model_config("convit_tiny", img_size=224)).total()
+    assert training_flops_per_image("convit_tiny", 224) == 6 * macs
+
+
+def test_h100_estimate_is_utilisation_times_peak_over_flops():
+    flops = training_flops_per_image("deit_small", 224)
+    assert h100_estimate("deit_small", 224, utilisation=0.5) == pytest.approx(0.5 * H100_BF16_DENSE_FLOPS / flops)
+    with pytest.raises(ValueError, match="utilisation"):
+        h100_estimate("deit_small", 224, utilisation=1.5)
+
+
+def test_peak_matmul_flops_is_positive():
+    assert peak_matmul_flops(64, 1) > 0
+
+
+def test_compiled_throughput_times_out_with_a_clear_error():
+    with pytest.raises(TimeoutError, match="convit_tiny did not finish within 0 s"):
+        compiled_throughput("convit_tiny", 1, 32, 1, timeout_s=0.2)
+
+
+def test_run_benchmarks_prints_tables_and_writes_json(tmp_path):
+    printed = []
+    sizes = BenchSizes(1, 1, (16,), 1, 1, 32, 1, 1, 1, 32, 32, 1)
+    results = run_benchmarks(sizes, json_path=tmp_path / "out" / "bench.json", print_fn=printed.append)
+    saved = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert set(saved) == {"meta", *results} and saved["meta"]["threads"] == torch.get_num_threads()
+    assert saved["sizes"]["lengths"] == [16] and len(saved["throughput"]) == 8 and len(saved["utilisation"]) == 8
+    assert [r["precision"] for r in saved["throughput"]] == ["fp32"] * 6 + ["bf16"] * 2
+    assert any("throughput:" in p and "convit_small" in p for p in printed)
+    assert "compiled" not in results
