@@ -1192,7 +1192,7 @@ assert "looks like: convit_small" in message
 torch.manual_seed(0)
 for name in ("deit_tiny", "convit_tiny"):
     student = create_model(name, distilled=True, num_classes=10)
-    images = torch.randn(2, 3, 224, 224)
+    images = torch.randn(2, 3, 96, 96)
     with torch.no_grad():
         class_logits, dist_logits = student.train()(images)
         averaged = student.eval()(images)
@@ -1280,12 +1280,12 @@ assert not torch.equal(no_init.blocks[0].attn.v.weight, torch.eye(192))
 assert torch.equal(convit_ti.blocks[0].attn.v.weight, torch.eye(192))
 
 frozen = create_model("convit_tiny", freeze_gpsa=True)
-frozen(torch.randn(1, 3, 224, 224)).sum().backward()
+frozen(torch.randn(1, 3, 64, 64)).sum().backward()
 assert all(p.grad is None for a in frozen.local_layers for p in a.parameters())
 assert frozen.blocks[0].mlp.fc1.weight.grad is not None and frozen.blocks[11].attn.qkv.weight.grad is not None
 
 no_gpsa = create_model("convit_tiny", local_up_to_layer=0)
-record = no_gpsa.forward_features(torch.randn(1, 3, 224, 224), return_block_inputs=True)
+record = no_gpsa.forward_features(torch.randn(1, 3, 64, 64), return_block_inputs=True)
 assert record.num_prefix_tokens == [1] * 12 and no_gpsa.pos_embed.shape == (1, 196, 192)
 
 psa = create_model("convit_tiny", local_attention="psa")
@@ -1300,7 +1300,7 @@ print("trainable parameters: ConViT-Ti", f"{trainable(convit_ti):,}", "| frozen 
 
 # %%
 torch.manual_seed(0)
-images = torch.randn(2, 3, 224, 224)
+images = torch.randn(2, 3, 96, 96)
 reference = create_model("convit_tiny", local_attention="gpsa_reference").eval()
 reference.load_state_dict(convit_ti.state_dict())
 positional_only = create_model("convit_tiny").eval()
