@@ -83,7 +83,7 @@ def model_nonlocality(model: nn.Module, images: Tensor, inputs: str = "block") -
     return torch.stack([nonlocality(a, record.grid_size, p) for a, p in zip(maps, prefixes)])
 
 
-# %% nbs/09_locality.py 16
+# %% nbs/09_locality.py 15
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -122,7 +122,7 @@ def gates(source: nn.Module | Mapping | str | Path) -> Tensor:
     return torch.sigmoid(torch.stack([p.detach().float().cpu() for p in params]))
 
 
-# %% nbs/09_locality.py 20
+# %% nbs/09_locality.py 19
 import json
 from pathlib import Path
 
@@ -234,7 +234,7 @@ def plot_gates(values: Tensor, title: str = "σ(λ) per head") -> Figure:
     return fig
 
 
-# %% nbs/09_locality.py 22
+# %% nbs/09_locality.py 21
 import math
 
 import torch
@@ -319,7 +319,7 @@ def plot_attention_maps(models: dict[str, nn.Module], images: Tensor, layers: li
     return fig
 
 
-# %% nbs/09_locality.py 26
+# %% nbs/09_locality.py 25
 import torch
 from torch import nn
 from torch.utils.data import Dataset

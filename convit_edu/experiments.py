@@ -214,11 +214,11 @@ def relative_gain(convit: float, deit: float) -> float:
 
 
 def sample_efficiency_table(results: dict[str, RunResult], scale: Scale, fractions: list[float]) -> list[dict]:
-    """Table 2's rows: for each fraction f with both runs done, top-1/top-5 of DeiT and ConViT and the gaps."""
+    """Table 2's rows: for each fraction f with both runs finished, top-1/top-5 of DeiT and ConViT and the gaps."""
     rows = []
     for f in fractions:
         deit, convit = (results.get(scale.run(ref, f).name) for ref in ("e", "a"))
-        if deit is None or convit is None:
+        if deit is None or convit is None or not (deit.finished and convit.finished):
             continue
         rows.append({"fraction": f, "deit_top1": deit.top1, "convit_top1": convit.top1,
                      "gap_top1": relative_gain(convit.top1, deit.top1), "deit_top5": deit.top5,
