@@ -248,7 +248,7 @@ def h100_estimate(name: str, img_size: int = 224, utilisation: float = 0.4) -> f
     return utilisation * H100_BF16_DENSE_FLOPS / training_flops_per_image(name, img_size)
 
 
-# %% nbs/11_performance.py 41
+# %% nbs/11_performance.py 43
 def profile_step(name: str, batch: int, img_size: int, top: int = 10) -> str:
     """The ``top`` operators of one training step of zoo model ``name``, by self CPU time (torch.profiler)."""
     torch.manual_seed(0)
@@ -259,7 +259,7 @@ def profile_step(name: str, batch: int, img_size: int, top: int = 10) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
-# %% nbs/11_performance.py 44
+# %% nbs/11_performance.py 46
 @dataclass(frozen=True)
 class BenchSizes:
     """How big and how often each benchmark runs: ``full()`` for real numbers, ``fast()`` for CI."""

@@ -380,7 +380,8 @@ print(f"ConViT-Ti trains at {throughput[0]['vs_last']:.2f}x DeiT-Ti's images/s (
 #
 # On GPUs bf16 roughly doubles matmul throughput. This CPU (AVX2, no AVX-512 BF16 or AMX instructions) has
 # no bf16 arithmetic: every bf16 matmul is converted and run on slow fallback kernels. So the comparison is
-# kept tiny (64 px images, 16 tokens, batch 2, one timed step): its point is the ratio, not the rate.
+# kept tiny (64 px images, 16 tokens, batch 2, one timed step): its point is the ratio, not the rate. (The
+# bf16 matmul rate itself is measured beside the fp32 peak below.)
 
 # %%
 bf16_img = 32 if FAST else 64
@@ -501,6 +502,10 @@ utilisation_rows = [
 # %%
 # NBVAL_IGNORE_OUTPUT
 print(f"this machine's fp32 matmul peak right now: {peak / 1e9:.1f} GFLOP/s")
+matmul_n = 256 if FAST else 512
+fp32_flops, bf16_flops = peak_matmul_flops(matmul_n, 2), peak_matmul_flops(matmul_n, 1, torch.bfloat16)
+print(f"{matmul_n}x{matmul_n} matmul: fp32 {fp32_flops / 1e9:.1f} GFLOP/s, bf16 {bf16_flops / 1e9:.2f} GFLOP/s "
+      f"({fp32_flops / bf16_flops:.0f}x slower)")
 print(format_table(utilisation_rows))
 print("H100 column: an ESTIMATE at 40% of 989 TFLOP/s dense bf16 at the same image size, from the MAC count"
       " — not a measurement")
@@ -519,6 +524,20 @@ for small, big in (("deit_tiny", "convit_tiny"), ("deit_small", "convit_small"))
     print(f"{big}: {training_flops_per_image(big, 224) / 1e9:.2f} GFLOP per training image, "
           f"{small}: {training_flops_per_image(small, 224) / 1e9:.2f}; MAC-bound speed ratio {mac_bound[big]:.3f}")
 assert abs(mac_bound["convit_tiny"] - 1) < 0.01 and mac_bound["convit_small"] < 0.85
+
+# %% [markdown]
+# One caveat about that count: it charges each GPSA layer 2·L²·D attention MACs (Q·Kᵀ and A·V), which is what
+# the *reference* does. The fast form trades the reference's B·H·L² elementwise passes for one more matmul,
+# P @ V, so it really does 3·L²·D: more arithmetic, much less memory traffic. At 224 px that is 6 % more
+# work for ConViT-Ti, so the honest arithmetic bound for the fast ConViT-Ti is about 0.94× DeiT-Ti:
+
+# %%
+cfg = model_config("convit_tiny")
+extra = 6 * cfg.local_up_to_layer * cfg.num_patches**2 * cfg.embed_dim  # P @ V, forward + backward, FLOPs
+fast_bound = training_flops_per_image("deit_tiny", 224) / (training_flops_per_image("convit_tiny", 224) + extra)
+print(f"P @ V adds {extra / 1e9:.3f} GFLOP per training image; MAC-bound ConViT-Ti/DeiT-Ti with fast GPSA: "
+      f"{fast_bound:.3f}")
+assert 0.9 < fast_bound < 0.95
 
 # %% [markdown]
 # ## Where the rest of the time goes
@@ -645,3 +664,38 @@ targets = [
 for label, value, target in targets:
     met = value >= float(target[3:]) if target.startswith(">=") else value <= float(target[3:])
     print(f"{label:<46}{value:>7.2f}   target {target}   {'met' if met else 'MISSED'}")
+
+# %% [markdown]
+# **Findings.** Timings on this shared 2-core AVX2 CPU (one thread) move by tens of percent between runs, so
+# each finding gives the value of the run shown above and, in brackets, the range over the three full runs
+# made while writing this chapter (the first timed the layers at B = 8).
+#
+# - *Activation memory*: **met**, and deterministic. The fast layer saves 0.47× the reference's activations
+#   at ConViT-Ti and ConViT-S sizes (B = 32, 224 px), and its share falls with resolution: 0.89× at L = 64,
+#   0.24× at L = 576 (B = 8), because the reference's saved tensors grow as B·H·L² and the fast layer's as
+#   B·L·D plus one shared H·L².
+# - *Layer speed* (target ≥ 1.5× forward+backward): **met at ConViT-S size, missed at ConViT-Ti size on this
+#   CPU**: 1.15× at Ti size [1.15–1.44×; chapter 04 measured 1.5–1.6×], 1.79× at S size [1.15–1.79×]. The
+#   gain needs many numbers per attention map: at small B·L the two forms are even, at L = 576 the fast layer
+#   is 2.9× faster [1.4–2.9×]. What limits it *here* is visible in the profile: PyTorch's CPU
+#   flash-attention kernel is no faster than the explicit matmuls it replaces (it saves memory, not
+#   arithmetic), so the only gain is the reference's elementwise passes over B·H·L² numbers, while the fast
+#   form adds a P @ V matmul (plus two in the backward). The `mhsa` row is the floor, a plain attention layer
+#   of the same size: the fast GPSA layer costs 1.17× of it [1.16–1.37×]. On a GPU, where fused attention
+#   is much faster than materialised attention, the same reformulation should gain more; that could not be
+#   measured for this chapter.
+# - *Model throughput* (target ≥ 0.85×): ConViT-Ti trained at **0.92×** DeiT-Ti's images/s [0.80–0.92×],
+#   where timm's ConViT runs at 0.42–0.57× its DeiT; the arithmetic bound set by the P @ V work is 0.95×.
+#   The rest of the gap is the GPSA layers' elementwise work (the gate's lerp and its backward, the
+#   (H, L, B·d) layout copies) and a less efficient SDPA at head_dim 48 than DeiT's 64. ConViT-S is wider
+#   than DeiT-S (432 vs 384), so its bound is 0.80×; it measured 0.74× [0.63–0.74×].
+# - *bf16 autocast* is slower than fp32 here: 0.27× (ConViT-Ti) and 0.22× (DeiT-Ti) the fp32 rate at 64 px
+#   [0.17–0.27×], where the models are so small that much of a step is not matmul; a 512×512 bf16 matmul
+#   ran 78× slower than in fp32 [78–120×]. This CPU has no bf16 arithmetic (no AVX-512 BF16, no AMX), so
+#   bf16 is a GPU optimisation here, and `--precision auto` picks fp32 on a CPU for this reason.
+# - *`torch.compile`* could **not** be measured: Inductor's C++ compilation of a ConViT-Ti training step did
+#   not finish within the 60 s limit on this loaded machine (nor within 5 minutes in a separate trial).
+# - *Fraction of peak*: whole-model fp32 training reached 0.75–0.83 of this run's single-thread
+#   large-matmul rate [0.53–0.83], DeiT more than ConViT. The H100 column is an **estimate**, not a
+#   measurement (40 % of 989 TFLOP/s dense bf16, H100 SXM): about 5.2×10⁴ training images/s for ConViT-Ti
+#   and DeiT-Ti at 224 px, 1.1×10⁴ for ConViT-S. No GPU was available for this chapter.
