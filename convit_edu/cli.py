@@ -269,6 +269,14 @@ def run_bench(args: argparse.Namespace) -> int:
     from convit_edu.data import PRESETS as AUG_PRESETS, benchmark_loader, build_datasets, build_mixup, build_transforms
     from convit_edu.models import create_model, list_models
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.suite:  # chapter 11: GPSA layer, resolution sweep, ConViT vs DeiT throughput, peak fraction
+        from convit_edu.bench import BenchSizes, run_benchmarks
+
+        run_benchmarks(BenchSizes.fast() if args.suite == "fast" else BenchSizes.full(),
+                       compile_timeout_s=args.compile_timeout if args.compile else None, json_path=args.json)
+        return 0
     if args.model not in list_models():
         raise ValueError(f"unknown model {args.model!r}: choose one of {', '.join(list_models())}")
     device = _device(args.device)
@@ -278,8 +286,9 @@ def run_bench(args: argparse.Namespace) -> int:
         model = torch.compile(model)
     print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, "
           f"{resolve_precision(args.precision, device)} on {device}:")
-    for key, value in measure_model(model, args.batch_size, args.img_size, steps=args.steps, device=device,
-                                    precision=args.precision).items():
+    measured = measure_model(model, args.batch_size, args.img_size, steps=args.steps, device=device,
+                             precision=args.precision)
+    for key, value in measured.items():
         print(f"  {key:<22}{value:>10.1f}")
     if args.aug not in AUG_PRESETS:
         raise ValueError(f"unknown aug preset {args.aug!r}: choose one of {', '.join(AUG_PRESETS)}")
@@ -288,8 +297,14 @@ def run_bench(args: argparse.Namespace) -> int:
     data_args = dict(_key_value(item) for item in args.data_arg)
     train_set, _, classes = build_datasets(args.data, args.data_root, download=False, **data_args)
     print(f"data loader on {args.data} ({args.aug} recipe, {args.num_workers} workers):")
-    print(benchmark_loader(train_set, train_tf, batch_size=args.batch_size, num_workers=args.num_workers,
-                           mixup=build_mixup(aug, len(classes)) if len(classes) > 1 else None))
+    loader = benchmark_loader(train_set, train_tf, batch_size=args.batch_size, num_workers=args.num_workers,
+                              mixup=build_mixup(aug, len(classes)) if len(classes) > 1 else None)
+    print(loader)
+    if args.json:
+        from convit_edu.bench import write_json
+
+        write_json({"model": args.model, "img_size": args.img_size, "batch_size": args.batch_size,
+                    "device": str(device), **measured, "loader": str(loader)}, args.json)
     return 0
 
 
@@ -344,6 +359,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data-arg", action="append", default=[], metavar="KEY=VALUE", help="e.g. num_train=512")
     b.add_argument("--aug", default="imagenet", help="augmentation recipe for the loader benchmark")
     b.add_argument("--num-workers", type=int, default=4)
+    b.add_argument("--suite", choices=["fast", "full"],
+                   help="instead: chapter 11's whole suite (GPSA layer, resolution, ConViT vs DeiT throughput)")
+    b.add_argument("--compile-timeout", type=float, default=120.0,
+                   help="with --suite --compile: seconds allowed for torch.compile")
+    b.add_argument("--threads", type=int, help="torch threads (1 gives steadier numbers on a shared CPU)")
+    b.add_argument("--json", type=Path, help="also write the results to this JSON file")
     return parser
 
 

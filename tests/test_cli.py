@@ -105,6 +105,16 @@ def test_bench_reports_rates_memory_and_the_loader(capsys):
         assert key in out, key
 
 
+def test_bench_suite_prints_the_chapter_11_tables_and_writes_json(tmp_path, capsys):
+    assert main(["bench", "--suite", "fast", "--json", str(tmp_path / "bench.json")]) == 0
+    out = capsys.readouterr().out
+    for table in ("gpsa_layer:", "resolution:", "throughput:", "utilisation:", "matmul peak"):
+        assert table in out, table
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert {"meta", "gpsa_layer", "resolution", "throughput", "utilisation"} <= set(written)
+    assert {r["model"] for r in written["throughput"]} == {"convit_tiny", "deit_tiny", "convit_small", "deit_small"}
+
+
 @pytest.mark.parametrize("args, message", [
     (["--global-batch", "100", "--accum-steps", "3"], "global_batch 100 is not divisible by accum_steps 3"),
     (["--batch-size", "128"], "fewer than one optimiser step of batch 128"),
