@@ -28,8 +28,8 @@
 # * **masking at test time**: the absolute positional embedding, or the content or positional attention of
 #   the first k GPSA layers (SM F, Tables 5 and 6).
 #
-# At the end we apply them to a small DeiT and ConViT trained here on a CPU, and compare with what the paper
-# saw after 300 epochs on ImageNet.
+# At the end we apply them to small DeiTs and ConViTs trained on this CPU (here, and in chapter 10), and
+# compare with what the paper saw after 300 epochs on ImageNet.
 
 # %% tags=["parameters"]
 import os
@@ -637,7 +637,7 @@ assert recorders["DeiT"].records[0]["gates"] == [] and len(recorders["ConViT"].r
 plot_nonlocality_history({name: rec.records for name, rec in recorders.items()})
 
 # %% [markdown]
-# ### Fig. 6: the gates during training, and where they end
+# ### Fig. 6: the gates during training
 #
 # In the paper every layer's mean gate E_h σ(λ_h) falls during training: the ConViT shifts attention from
 # position to content. By the end layers 6-10 of the ConViT-S ignore position, while some heads of layers 1-5
@@ -767,7 +767,7 @@ assert all(layer.gate_override is None for layer in model.local_layers) and not 
 # ## What the paper saw, and what we see here
 #
 # The paper's models trained for 300 epochs on 1.28 M images (375 000 optimiser steps of 1 024 images); ours
-# for 468 steps of 64 images, about 12 000 times fewer images seen. At that budget:
+# for 468 steps of 64 images, about 13 000 times fewer images seen. At that budget:
 #
 # * **Nonlocality (Fig. 5).** In the paper the DeiT's layers leave the uniform value within a few epochs and
 #   become local, and the ConViT's GPSA layers climb out of their local start. Ours have barely moved from
