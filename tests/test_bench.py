@@ -28,13 +28,7 @@ from convit_edu.gpsa import GPSA, GPSAReference
 from convit_edu.models import count_macs, model_config
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread, as the chapter measures: on a shared 2-core machine two threads mostly wait."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class FakeClock:

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from convit_edu.cli import PRESETS, main
 from convit_edu.models import list_models
@@ -15,12 +14,7 @@ TINY = ["--model", "convit_tiny", "--img-size", "16", "--patch-size", "4", "--em
         "--progress", "none"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_help_names_the_commands_and_one_flag_per_config_field(capsys):

@@ -15,10 +15,8 @@ from torchvision import datasets
 from convit_edu.data import (
     PRESETS,
     AugConfig,
-    ImageFolderDataset,
     MixupCutmix,
     RepeatAugSampler,
-    SyntheticImages,
     benchmark_loader,
     build_datasets,
     build_loader,

@@ -34,13 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 4
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest, and without contention with the subprocesses, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class TinyNet(nn.Module):
