@@ -417,6 +417,8 @@ def extract_subset(archive: str | Path, dest: str | Path, max_classes: int,
 # Without the archive (a user's machine) the chapter falls back to synthetic images and `grace_hopper.jpg`.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (the numbers depend on whether the shared Tiny ImageNet archive is present)
 ARCHIVE = Path("../../shared/data/tiny-imagenet-100.tar.gz")
 HAVE_TINY = ARCHIVE.is_file()
 if HAVE_TINY:
@@ -432,6 +434,8 @@ print("first image:", image.mode, image.size, "label", label, f"({names[label]})
 # Some of these JPEGs are greyscale; the dataset hands them out as RGB like the others:
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (the numbers depend on whether the shared Tiny ImageNet archive is present)
 if HAVE_TINY:
     files = [p for p, _ in train_ds.samples + val_ds.samples]
     grey = [i for i, p in enumerate(files) if Image.open(p).mode != "RGB"]
@@ -462,6 +466,8 @@ assert all(set(subsets[a]) <= set(subsets[b]) for a, b in zip(fs, fs[1:]))  # ne
 # The first K classes: labels stay 0..K−1 and both splits agree.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (the numbers depend on whether the shared Tiny ImageNet archive is present)
 first2, val2, names2 = build_datasets("imagefolder" if HAVE_TINY else "fake", TINY if HAVE_TINY else "data",
                                       max_classes=2, **({} if HAVE_TINY else dict(num_train=2000, num_classes=4)))
 assert names2 == names[:2] and sorted(set(first2.targets)) == sorted(set(val2.targets)) == [0, 1]
@@ -610,6 +616,8 @@ assert val_tf.transforms[0].size == [256]  # 224 / 0.875
 # are aggressive — scale down to 8 % of the area — which is part of why DeiT needs 300 epochs.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (the numbers depend on whether the shared Tiny ImageNet archive is present)
 if HAVE_TINY:
     photo = load_rgb(TINY / "train" / "n01443537" / "n01443537_0.JPEG")
     photo_name = f"Tiny ImageNet, {names[0]}"
@@ -710,6 +718,8 @@ def build_mixup(cfg: AugConfig, num_classes: int) -> MixupCutmix | None:
 # itself and (1−λ)·(1−ε) + ε/C for its partner, the image before it in the batch.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (the numbers depend on whether the shared Tiny ImageNet archive is present)
 cfg = PRESETS["imagenet"]
 _, val_tf = build_transforms(cfg)
 source = val_ds if HAVE_TINY else build_datasets("fake", num_val=40, num_classes=4, image_size=64)[1]
@@ -991,6 +1001,8 @@ def build_loaders(name: str, root: str | Path = "data", *, preset: str | AugConf
 # `"cifar100"` downloads CIFAR-100 into `data/`), one batch, mixed:
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (the numbers depend on whether the shared Tiny ImageNet archive is present)
 data = build_loaders("imagefolder" if HAVE_TINY else "fake", TINY if HAVE_TINY else "data", preset="imagenet",
                      batch_size=32, num_workers=2, repeats=3,
                      **({} if HAVE_TINY else dict(num_train=2000, num_val=200, num_classes=4, image_size=64)))
