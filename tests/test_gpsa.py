@@ -103,7 +103,7 @@ def test_gate_zero_is_pure_content_attention():
 
 
 def test_learned_gates_saturating_reach_the_pure_forms():
-    ref, fast = pair()
+    _, fast = pair()
     x = torch.randn(1, 16, 48)
     with torch.no_grad():
         fast.gating_param.fill_(40.0)  # sigma = 1 to float precision
@@ -152,8 +152,9 @@ def test_psa_is_eq4_one_softmax_over_summed_scores():
     perturb(layer)
     x = torch.randn(2, 15, 48)
     q, k, v = layer._projections(x)
+    # Eq. 4 without pos_proj.bias: a per-head shift of every score, which the softmax does not see
     expected, _ = positional_self_attention(q, k, v, rel_indices(3, 5), layer.pos_proj.weight)
-    expected = layer._output(expected + 0 * v)  # pos_proj.bias shifts every score of a head: no effect
+    expected = layer._output(expected)
     torch.testing.assert_close(layer(x, (3, 5)), expected, rtol=1e-5, atol=1e-5)
     y, attn = layer(x, (3, 5), return_attention=True)
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
