@@ -234,9 +234,11 @@ class _Gated(_PositionalAttention):
 # ## The reference GPSA
 #
 # Exactly the equations: both softmaxes materialised as (B, heads, L, L) tensors, mixed, normalised (the
-# no-op, kept here to stay literally faithful to Eq. 6), attention dropout on A, then A·V. This is the form of
-# the official code and of timm. It is what to read, what to use for attention maps, and the yardstick the
-# fast version is tested against.
+# no-op, kept here to stay literally faithful to Eq. 6), attention dropout on A, then A·V. This is the
+# computation of the official code and of timm but for one thing: they expand `rel_indices` to the batch and
+# so compute the positional softmax once per *image*, where it is the same for every image; here it is
+# computed once per forward (the timing section below measures what that saves). It is what to read, what to
+# use for attention maps, and the yardstick the fast version is tested against.
 
 # %%
 #| export
@@ -468,13 +470,52 @@ print("every head peaks within half a patch of query + Δ_h")
 # %% [markdown]
 # ## Speed and memory at ConViT-Ti size
 #
-# One layer, B = 32 images, L = 196 patches, D = 192, 4 heads, forward + backward on this CPU. *Time* is the
-# median of several repetitions with the two implementations interleaved, and the speed-up the median of the
-# ratios of each pair, so machine noise hits both alike.
+# One layer, B = 32 images, L = 196 patches, D = 192, 4 heads, forward + backward on this CPU. Three layers
+# with the same weights are compared:
+#
+# * the **official form** (`GPSAOfficialForm`): what the official code and timm compute. It is the reference
+#   GPSA with one more redundancy — `rel_indices` is expanded to the batch, so `pos_proj` and the positional
+#   softmax run once per *image* — and the normalisation done in place, as they do. It exists to be the
+#   baseline of the speed target (here and in chapter 11's benchmark), and is checked equal to
+#   `GPSAReference` below (the tests also check it against timm's layer);
+# * our **reference** (positional softmax once per forward, every (B, H, L, L) tensor still materialised);
+# * the **fast** GPSA.
+#
+# *Time* is the median of several repetitions with the layers interleaved, and each speed-up the median of
+# the ratios of the pairs, so machine noise hits both alike; the range of those ratios is printed too.
 # *Activation memory* is what autograd saves for the backward pass — every tensor a `saved_tensors_hooks`
 # sees, counted once per storage — which is the memory a training step holds per layer between forward and
 # backward. (FAST mode times a smaller batch; memory is always measured at B = 32. The numbers below come
 # from a full run.)
+#
+# To see where the time goes, two partial layers are timed alongside, built from the fast layer's own
+# modules: the four linear maps alone (`qk`, `v`, `proj`: work every form shares), and those plus content
+# attention through SDPA. What the fast layer adds on top of the second is its positional branch. Finally,
+# the number of *minor page faults* per step is counted (on Unix): each is the operating system handing the
+# process a fresh, zeroed 4 KiB page of memory.
+
+# %%
+#| export
+class GPSAOfficialForm(GPSAReference):
+    """GPSA (Eq. 6-7) as the official code and timm compute it, kept as the baseline of the speed target.
+
+    Like ``GPSAReference``, except that ``rel_indices`` is expanded to the batch, so ``pos_proj`` and the
+    positional softmax run once per image, and the normalisation is done in place. Same parameters and
+    outputs; train with ``GPSA``, read ``GPSAReference``.
+    """
+
+    def forward(self, x: Tensor, grid_size: tuple[int, int] | None = None) -> Tensor:
+        grid = self._check_input(x, grid_size)
+        q, k, v = self._projections(x)
+        content = (q @ k.transpose(-2, -1) * self.head_dim**-0.5).softmax(dim=-1)
+        self.positional_scores(grid)  # (re)builds self.rel_indices for this grid
+        scores = self.pos_proj(self.rel_indices.expand(x.shape[0], -1, -1, -1))  # (B, L, L, heads)
+        position = rearrange(scores, "b q k h -> b h q k").softmax(dim=-1).to(content.dtype)
+        sigma = self.gate().to(content.dtype).view(1, -1, 1, 1)
+        attn = (1 - sigma) * content + sigma * position
+        attn /= attn.sum(dim=-1, keepdim=True)
+        return self._output(self.attn_drop(attn) @ v)
+
 
 # %%
 def saved_activation_bytes(layer, x):
@@ -493,59 +534,110 @@ def saved_activation_bytes(layer, x):
     return sum(seen.values())
 
 
-def median_time(fn, reps):
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+try:
+    import resource
+
+    def page_faults() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+except ImportError:  # Windows
+    def page_faults() -> int:
+        return 0
 
 
-batch, reps = (4, 3) if FAST else (32, 11)
+def projections_only(x):
+    q, k, v = fast._projections(x)
+    return fast._output(q + k + v)
+
+
+def projections_and_sdpa(x):
+    q, k, v = fast._projections(x)
+    return fast._output(F.scaled_dot_product_attention(q, k, v))
+
+
+def timed_step(forward):
+    """Seconds and minor page faults of one forward + backward."""
+    faults, start = page_faults(), time.perf_counter()
+    forward(x).sum().backward()
+    return time.perf_counter() - start, page_faults() - faults
+
+
+batch, reps = (4, 3) if FAST else (32, 21)
 torch.manual_seed(0)
-ref, fast = GPSAReference(192, 4), GPSA(192, 4)
-fast.load_state_dict(ref.state_dict())
+official, ref, fast = GPSAOfficialForm(192, 4), GPSAReference(192, 4), GPSA(192, 4)
+ref.load_state_dict(official.state_dict()), fast.load_state_dict(official.state_dict())
 x = torch.randn(batch, 196, 192, requires_grad=True)
+with torch.no_grad():
+    torch.testing.assert_close(official(x), ref(x), rtol=1e-5, atol=1e-6)
+forwards = {"official form": official, "reference": ref, "fast": fast,
+            "projections": projections_only, "+ SDPA": projections_and_sdpa}
+for forward in forwards.values():  # warm-up
+    timed_step(forward)
+steps = {name: [] for name in forwards}
+for _ in range(reps):  # interleaved
+    for name, forward in forwards.items():
+        steps[name].append(timed_step(forward))
 
 
-def step(layer):
-    layer(x).sum().backward()
+def median(values):
+    return sorted(values)[len(values) // 2]
 
 
-for layer in (ref, fast):  # warm-up
-    step(layer)
-t_ref, t_fast = [], []
-for _ in range(reps):  # interleaved pairs
-    t_ref.append(median_time(lambda: step(ref), 1))
-    t_fast.append(median_time(lambda: step(fast), 1))
-speedup = sorted(r / f for r, f in zip(t_ref, t_fast))[reps // 2]  # median of the paired ratios
-t_ref, t_fast = sorted(t_ref)[reps // 2], sorted(t_fast)[reps // 2]
+def speedup(baseline):
+    """Median and range of the paired time ratios baseline / fast."""
+    ratios = sorted(b[0] / f[0] for b, f in zip(steps[baseline], steps["fast"]))
+    return median(ratios), ratios[0], ratios[-1]
+
+
+times = {name: median([t for t, _ in s]) for name, s in steps.items()}
+faults = {name: median([n for _, n in s]) for name, s in steps.items()}
 x32 = torch.randn(32, 196, 192, requires_grad=True)  # memory at B = 32 in every mode (one forward each)
-m_ref, m_fast = saved_activation_bytes(ref, x32), saved_activation_bytes(fast, x32)
-memory_ratio = m_fast / m_ref
+memory = {name: saved_activation_bytes(forwards[name], x32) for name in ("official form", "reference", "fast")}
+memory_ratio = memory["fast"] / memory["reference"]
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-print(f"B={batch}, L=196, D=192, 4 heads, forward+backward, median of {reps}")
-print(f"{'':<12}{'time (ms)':>12}{'activations (MB)':>20}")
-print(f"{'reference':<12}{1e3 * t_ref:>12.1f}{m_ref / 2**20:>20.1f}")  # activations at B=32
-print(f"{'fast':<12}{1e3 * t_fast:>12.1f}{m_fast / 2**20:>20.1f}")
-print(f"fast is {speedup:.2f}x faster with {memory_ratio:.2f}x the activation memory "
-      f"(targets: >= 1.5x faster, <= 0.5x memory)")
+print(f"B={batch}, L=196, D=192, 4 heads, forward+backward, median of {reps}, {torch.get_num_threads()} threads")
+print(f"{'':<15}{'time (ms)':>10}{'page faults':>13}{'activations (MB, B=32)':>25}")
+for name in ("official form", "reference", "fast"):
+    print(f"{name:<15}{1e3 * times[name]:>10.1f}{faults[name]:>13}{memory[name] / 2**20:>25.1f}")
+for baseline in ("official form", "reference"):
+    mid, low, high = speedup(baseline)
+    print(f"fast vs {baseline:<14} {mid:.2f}x faster (pairs {low:.2f}x to {high:.2f}x), "
+          f"{memory['fast'] / memory[baseline]:.2f}x the activation memory")
+print("targets: >= 1.5x faster, <= 0.5x memory")
+print("where the fast layer's time goes:")
+print(f"  {'linear maps (qk, v, proj)':<28}{1e3 * times['projections']:>7.1f} ms")
+print(f"  {'+ content attention (SDPA)':<28}{1e3 * (times['+ SDPA'] - times['projections']):>7.1f} ms")
+print(f"  {'+ positional branch and mix':<28}{1e3 * (times['fast'] - times['+ SDPA']):>7.1f} ms")
+print(f"no GPSA that projects and calls SDPA can beat the official form by more than "
+      f"{times['official form'] / times['+ SDPA']:.2f}x, nor the reference by more than "
+      f"{times['reference'] / times['+ SDPA']:.2f}x")
 
 # %% [markdown]
 # The memory result is structural, so it is checked in every mode: the reference keeps two softmaxes and the
 # mixed matrix for each image, O(B·H·L²), while the fast layer keeps O(B·H·L·d) activations plus one
-# (H, L, L) positional matrix for the whole batch. The time is printed, not asserted: on this 2-core CPU it
-# has ranged from below 1× to 2× between runs, depending on what else the machine was doing. Both forms are
-# close here for a structural reason too: the fast form does *more* matmul arithmetic — three L × L products
-# per head (Q Kᵀ and the two products with V) where the reference does two — and wins by skipping the
-# reference's passes over B × H × L × L tensors (two softmaxes, the mix, the no-op normalisation, and their
-# backward). On a CPU, whose fused attention kernel saves memory traffic but no arithmetic, the balance is
-# tight at L = 196 and tips towards the fast form as L grows. Chapter 11 measures it properly, with pinned
-# threads and interleaved repetitions, across sizes and resolutions.
+# (H, L, L) positional matrix for the whole batch.
+#
+# The time is printed, not asserted. At this size the fast layer is around the 1.5× target against the
+# official form — above it in most runs made for this chapter, below it in some — and well short of it
+# against our reference, which already computes P once per forward. Three things in the output explain why.
+#
+# * **The shared work dominates.** In the runs made for this chapter the four linear maps, the same in every
+#   form, took nearly half of the fast layer's time, and SDPA about a third. The last line bounds what *any*
+#   GPSA built on SDPA could gain at this size on this machine. The fast form does *more* matmul arithmetic
+#   than the others — three L × L products per head forward (Q Kᵀ and the two products with V) where they
+#   do two, and SDPA's fused backward recomputes Q Kᵀ — and on a CPU the fused kernel saves memory traffic,
+#   not arithmetic. It wins only by skipping the passes over B × H × L × L tensors.
+# * **Part of the win is memory, and it is noisy.** The materialising forms allocate fresh (B, H, L, L)
+#   buffers of 20 MB each step; whenever the C allocator has returned such memory to the operating system,
+#   every page is faulted in and zeroed again (the page-fault column), which costs tens of milliseconds. The
+#   fast layer's working memory is small enough for the allocator to keep and reuse (no faults). Whether a
+#   given step faults depends on the allocator's state, so the baselines' times — and the ratios — move by
+#   tens of percent from run to run on this shared 2-core CPU, and the median speed-up with them.
+# * **It grows with L.** Chapter 11 measures the layers across sizes and resolutions with pinned threads:
+#   the gain grows with the sequence length, and the memory ratio falls.
 
 # %%
 assert memory_ratio <= 0.5, f"fast GPSA saves {memory_ratio:.2f}x the reference's activations"
-print("activation memory of the fast GPSA is at most half the reference's")
+assert memory["fast"] < memory["reference"] < memory["official form"], memory
+print("activation memory of the fast GPSA is at most half the reference's, which is less than the official form's")
