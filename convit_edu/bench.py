@@ -14,6 +14,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -25,7 +26,7 @@ from torch import Tensor, nn
 from torch.profiler import ProfilerActivity, profile
 
 from convit_edu.attention import MHSA
-from convit_edu.gpsa import GPSA, GPSAReference
+from convit_edu.gpsa import GPSA, GPSAOfficialForm, GPSAReference
 from convit_edu.models import count_macs, create_model, model_config
 
 
@@ -98,14 +99,16 @@ def gpsa_layer_bench(
     embed_dim: int, num_heads: int, batch: int, length: int, reps: int, warmup: int = 1, memory_batch: int = 32,
     timer: Callable[[], float] = time.perf_counter,
 ) -> list[dict]:
-    """Reference vs fast GPSA (same weights), and plain multi-head self-attention (``MHSA``, the DeiT layer
-    and the floor the fast GPSA can approach), on (batch, length, embed_dim) inputs: median forward and
-    forward+backward milliseconds and their noise; and the activation memory (MiB) saved for backward at
-    ``memory_batch`` images (the one positional P is shared by the batch, so small batches flatter the
-    reference)."""
+    """The official form, the reference and the fast GPSA (same weights), and plain multi-head
+    self-attention (``MHSA``, the DeiT layer and the floor the fast GPSA can approach), on
+    (batch, length, embed_dim) inputs: median forward and forward+backward milliseconds and their noise; and
+    the activation memory (MiB) saved for backward at ``memory_batch`` images (the one positional P is shared
+    by the batch, so small batches flatter the reference)."""
     torch.manual_seed(0)
-    layers = {"reference": GPSAReference(embed_dim, num_heads), "fast": GPSA(embed_dim, num_heads)}
-    layers["fast"].load_state_dict(layers["reference"].state_dict())
+    layers = {"official": GPSAOfficialForm(embed_dim, num_heads), "reference": GPSAReference(embed_dim, num_heads),
+              "fast": GPSA(embed_dim, num_heads)}
+    for name in ("reference", "fast"):
+        layers[name].load_state_dict(layers["official"].state_dict())
     layers["mhsa"] = MHSA(embed_dim, num_heads)
     x = torch.randn(batch, length, embed_dim, requires_grad=True)
     x_mem = torch.randn(memory_batch, length, embed_dim, requires_grad=True)
@@ -135,14 +138,18 @@ def resolution_sweep(
     embed_dim: int, num_heads: int, batch: int, lengths: Sequence[int], reps: int, warmup: int = 1,
     memory_batch: int = 32, timer: Callable[[], float] = time.perf_counter,
 ) -> list[dict]:
-    """Forward+backward time and activation memory (at ``memory_batch``) of reference and fast GPSA for each
-    token count L (square grids: L = 64, 144, 196, 256, 400, 576 for 128-384 px images with 16 px patches)."""
+    """Forward+backward time of the official form, the reference and the fast GPSA, the fast layer's speed-up
+    over each (``vs_official``, ``vs_ref``), and the activation memory (at ``memory_batch``) of reference and
+    fast, for each token count L (square grids: L = 64, 144, 196, 256, 400, 576 for 128-384 px images with
+    16 px patches)."""
     rows = []
     for length in lengths:
-        ref, fast, _ = gpsa_layer_bench(embed_dim, num_heads, batch, length, reps, warmup, memory_batch, timer)
+        official, ref, fast, _ = gpsa_layer_bench(embed_dim, num_heads, batch, length, reps, warmup, memory_batch,
+                                                  timer)
         rows.append({
-            "L": length, "ref_ms": ref["fwd_bwd_ms"], "fast_ms": fast["fwd_bwd_ms"],
-            "speedup": ref["fwd_bwd_ms"] / fast["fwd_bwd_ms"],
+            "L": length, "official_ms": official["fwd_bwd_ms"], "ref_ms": ref["fwd_bwd_ms"],
+            "fast_ms": fast["fwd_bwd_ms"], "vs_official": official["fwd_bwd_ms"] / fast["fwd_bwd_ms"],
+            "vs_ref": ref["fwd_bwd_ms"] / fast["fwd_bwd_ms"],
             "ref_MiB": ref["act_MiB"], "fast_MiB": fast["act_MiB"], "mem_ratio": fast["act_MiB"] / ref["act_MiB"],
         })
     return rows
@@ -190,13 +197,17 @@ def model_throughput(
 # %% nbs/11_performance.py 32
 def compiled_throughput(name: str, batch: int, img_size: int, reps: int, timeout_s: float) -> dict:
     """Eager vs ``torch.compile`` training images/s of zoo model ``name``, measured in a child process killed
-    after ``timeout_s`` seconds (Inductor's C++ compilation can be slow); raises ``TimeoutError`` then."""
+    after ``timeout_s`` seconds (Inductor's C++ compilation can be slow); raises ``TimeoutError`` then. The
+    child compiles into a fresh Inductor cache, removed afterwards: a compile killed mid-way leaves truncated
+    libraries behind, which would make every later compile from that cache fail."""
     args = json.dumps({"name": name, "batch": batch, "img_size": img_size, "reps": reps,
                        "threads": torch.get_num_threads()})
     code = f"from convit_edu.bench import _compiled_child; _compiled_child({args!r})"
     # a session of its own, so that a timeout ends the child *and* Inductor's compile workers
-    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as child:
+    with tempfile.TemporaryDirectory(prefix="convit-edu-inductor-") as cache, subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache},
+    ) as child:
         try:
             out, err = child.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired as e:

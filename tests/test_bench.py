@@ -3,6 +3,7 @@ benchmark functions on tiny sizes and the H100 estimate. No timing is asserted."
 
 import itertools
 import json
+import os
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from convit_edu.bench import (
     spread,
     training_flops_per_image,
 )
+from convit_edu import bench
 from convit_edu.gpsa import GPSA, GPSAReference
 from convit_edu.models import count_macs, model_config
 
@@ -100,7 +102,7 @@ def test_format_table_aligns_columns_and_formats_floats():
 
 def test_gpsa_layer_bench_rows_on_a_tiny_layer():
     rows = gpsa_layer_bench(8, 4, batch=1, length=4, reps=1, warmup=0, memory_batch=3, timer=FakeClock([0.5]))
-    assert [r["layer"] for r in rows] == ["reference", "fast", "mhsa"]
+    assert [r["layer"] for r in rows] == ["official", "reference", "fast", "mhsa"]
     for row in rows:
         assert (row["B"], row["L"], row["D"], row["heads"], row["mem_B"]) == (1, 4, 8, 4, 3)
         assert row["fwd_ms"] == row["fwd_bwd_ms"] == 500.0 and row["noise"] == 0.0 and row["act_MiB"] > 0
@@ -111,6 +113,9 @@ def test_resolution_sweep_memory_ratio_falls_with_tokens():
     assert [r["L"] for r in rows] == [16, 64]
     assert rows[1]["mem_ratio"] < rows[0]["mem_ratio"]
     assert rows[1]["ref_MiB"] > rows[0]["ref_MiB"]
+    for row in rows:
+        assert row["vs_official"] == pytest.approx(row["official_ms"] / row["fast_ms"])
+        assert row["vs_ref"] == pytest.approx(row["ref_ms"] / row["fast_ms"])
 
 
 def test_model_throughput_rows_and_ratio_to_the_last_model():
@@ -145,6 +150,31 @@ def test_peak_matmul_flops_is_positive():
 def test_compiled_throughput_times_out_with_a_clear_error():
     with pytest.raises(TimeoutError, match="convit_tiny did not finish within 0 s"):
         compiled_throughput("convit_tiny", 1, 32, 1, timeout_s=0.2)
+
+
+def test_compiled_throughput_gives_the_child_a_fresh_inductor_cache(monkeypatch):
+    """A compile killed mid-way leaves truncated libraries in its cache: each child gets its own, removed after."""
+    seen = {}
+
+    class FakeChild:
+        returncode, pid = 0, 0
+
+        def __init__(self, cmd, env, **kwargs):
+            seen["cache"] = env["TORCHINDUCTOR_CACHE_DIR"]
+            seen["fresh"] = os.path.isdir(seen["cache"]) and not os.listdir(seen["cache"])
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def communicate(self, timeout=None):
+            return '{"model": "convit_tiny"}\n', ""
+
+    monkeypatch.setattr(bench.subprocess, "Popen", FakeChild)
+    assert compiled_throughput("convit_tiny", 1, 32, 1, timeout_s=5) == {"model": "convit_tiny"}
+    assert seen["fresh"] and not os.path.exists(seen["cache"])
 
 
 def test_run_benchmarks_prints_tables_and_writes_json(tmp_path):
