@@ -235,8 +235,6 @@ def plot_gates(values: Tensor, title: str = "σ(λ) per head") -> Figure:
 
 
 # %% nbs/09_locality.py 21
-import math
-
 import torch
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure

@@ -7,7 +7,6 @@ __all__ = ['MHSA']
 
 
 # %% nbs/01_self_attention.py 20
-import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn

@@ -857,7 +857,7 @@ class _Run:
 
     def _epoch_row(self, epoch: int, step_losses: list[float], images: int, seconds: float) -> dict:
         """Evaluate, and gather the epoch's numbers into one log row."""
-        cfg, world = self.cfg, self.world
+        world = self.world
         kwargs = dict(batch_size=self.batch_size, device=self.device, precision=self.precision,
                       rank=world.rank, world_size=world.world_size)
         val = evaluate(self.model, self.val_set, **kwargs)

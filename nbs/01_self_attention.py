@@ -198,7 +198,6 @@ print("matches nn.MultiheadAttention: output", tuple(y_torch.shape), "attention"
 
 # %%
 #| export
-import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn

@@ -422,8 +422,6 @@ def plot_gates(values: Tensor, title: str = "σ(λ) per head") -> Figure:
 
 # %%
 #| export
-import math
-
 import torch
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
