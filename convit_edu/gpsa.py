@@ -78,13 +78,18 @@ class _PositionalAttention(nn.Module):
         v = rearrange(self.v(x), "b l (h d) -> b h l d", h=self.num_heads)
         return q, k, v
 
-    def positional_scores(self, grid_size: tuple[int, int]) -> Tensor:
-        """v_pos^T r_δ for every head and (query, key) pair, (heads, L, L): once per forward, not per sample."""
+    def _relative_positions(self, grid_size: tuple[int, int]) -> Tensor:
+        """``rel_indices`` of the grid, (L, L, 3), on the device and dtype of ``pos_proj``: rebuilt when they change."""
         weight, rel = self.pos_proj.weight, self.rel_indices
         # (rows, cols) is remembered too: a 7x12 and a 12x7 grid have rel_indices of the same shape
         if rel is None or self._grid_size != grid_size or (rel.device, rel.dtype) != (weight.device, weight.dtype):
             self.rel_indices = rel = rel_indices(*grid_size, device=weight.device, dtype=weight.dtype)
             self._grid_size = grid_size
+        return rel
+
+    def positional_scores(self, grid_size: tuple[int, int]) -> Tensor:
+        """v_pos^T r_δ for every head and (query, key) pair, (heads, L, L): once per forward, not per sample."""
+        rel = self._relative_positions(grid_size)
         # outside autocast: in bf16, ‖δ‖² up to hundreds would lose whole units of score before the softmax
         with torch.autocast(rel.device.type, enabled=False):
             return rearrange(self.pos_proj(rel), "q k h -> h q k")
@@ -211,8 +216,8 @@ class GPSAOfficialForm(GPSAReference):
         grid = self._check_input(x, grid_size)
         q, k, v = self._projections(x)
         content = (q @ k.transpose(-2, -1) * self.head_dim**-0.5).softmax(dim=-1)
-        self.positional_scores(grid)  # (re)builds self.rel_indices for this grid
-        scores = self.pos_proj(self.rel_indices.expand(x.shape[0], -1, -1, -1))  # (B, L, L, heads)
+        rel = self._relative_positions(grid).expand(x.shape[0], -1, -1, -1)  # one copy per image
+        scores = self.pos_proj(rel)  # (B, L, L, heads)
         position = rearrange(scores, "b q k h -> b h q k").softmax(dim=-1).to(content.dtype)
         sigma = self.gate().to(content.dtype).view(1, -1, 1, 1)
         attn = (1 - sigma) * content + sigma * position

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from convit_edu import bench
 from convit_edu.bench import (
     H100_BF16_DENSE_FLOPS,
     BenchSizes,
@@ -25,7 +26,6 @@ from convit_edu.bench import (
     spread,
     training_flops_per_image,
 )
-from convit_edu import bench
 from convit_edu.gpsa import GPSA, GPSAReference
 from convit_edu.models import count_macs, model_config
 
