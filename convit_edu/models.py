@@ -7,8 +7,9 @@ __all__ = ['LOCAL_ATTENTIONS', 'ModelConfig', 'config_fields', 'PatchEmbed', 'Ml
 
 
 # %% nbs/05_convit.py 6
-import operator
 from dataclasses import dataclass, fields
+
+from convit_edu.positional import _positive_int
 
 LOCAL_ATTENTIONS = ("gpsa", "gpsa_reference", "psa")
 
@@ -129,16 +130,6 @@ class ModelConfig:
     def num_prefix_tokens(self) -> int:
         """Tokens in front of the patches once the class token has joined: class (+ distillation) token."""
         return 1 + int(self.distilled)
-
-
-def _positive_int(name: str, value: object) -> int:
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r}") from None
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return value
 
 
 def config_fields() -> list[str]:

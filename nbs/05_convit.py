@@ -69,8 +69,9 @@ _ = torch.manual_seed(0)
 
 # %%
 #| export
-import operator
 from dataclasses import dataclass, fields
+
+from convit_edu.positional import _positive_int
 
 LOCAL_ATTENTIONS = ("gpsa", "gpsa_reference", "psa")
 
@@ -191,16 +192,6 @@ class ModelConfig:
     def num_prefix_tokens(self) -> int:
         """Tokens in front of the patches once the class token has joined: class (+ distillation) token."""
         return 1 + int(self.distilled)
-
-
-def _positive_int(name: str, value: object) -> int:
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r}") from None
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return value
 
 
 def config_fields() -> list[str]:

@@ -77,7 +77,7 @@ def test_rel_indices_device_and_dtype():
 
 @pytest.mark.parametrize("H, W, name, value", [(0, 3, "height", 0), (3, 0, "width", 0), (-2, 4, "height", -2)])
 def test_empty_grid_is_a_value_error_naming_the_size(H, W, name, value):
-    with pytest.raises(ValueError, match=f"{name}={value}"):
+    with pytest.raises(ValueError, match=f"grid {name} must be at least 1, got {value}"):
         rel_indices(H, W)
 
 
