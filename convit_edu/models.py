@@ -9,7 +9,7 @@ __all__ = ['LOCAL_ATTENTIONS', 'ModelConfig', 'config_fields', 'PatchEmbed', 'Ml
 # %% nbs/05_convit.py 6
 from dataclasses import dataclass, fields
 
-from convit_edu.positional import _positive_int
+from convit_edu.checks import positive_int
 
 LOCAL_ATTENTIONS = ("gpsa", "gpsa_reference", "psa")
 
@@ -63,12 +63,12 @@ class ModelConfig:
         if isinstance(size, (tuple, list)):
             if len(size) != 2:
                 raise ValueError(f"img_size must be an int or (height, width), got {size!r}")
-            size = tuple(_positive_int("img_size", s) for s in size)
+            size = tuple(positive_int("img_size", s) for s in size)
         else:
-            size = _positive_int("img_size", size)
+            size = positive_int("img_size", size)
         object.__setattr__(self, "img_size", size)  # a list from a JSON config becomes a tuple
         for name in ("patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads"):
-            _positive_int(name, getattr(self, name))
+            positive_int(name, getattr(self, name))
         height, width = self.image_size
         for side, value in (("height", height), ("width", width)):
             if value % self.patch_size:

@@ -7,26 +7,15 @@ __all__ = ['grid_coordinates', 'rel_indices', 'positional_self_attention']
 
 
 # %% nbs/02_positional_attention.py 10
-import operator
-
 import torch
 from torch import Tensor
 
-
-def _positive_int(name: str, value: object) -> int:
-    """``value`` as an int >= 1, or a TypeError / ValueError naming ``name`` and the bad value."""
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r}") from None
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return value
+from convit_edu.checks import positive_int
 
 
 def _check_grid(height: int, width: int) -> tuple[int, int]:
     """Grid sizes as ints, or an error naming the bad one (before any tensor is built)."""
-    return _positive_int("grid height", height), _positive_int("grid width", width)
+    return positive_int("grid height", height), positive_int("grid width", width)
 
 
 # %% nbs/02_positional_attention.py 11

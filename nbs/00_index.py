@@ -229,3 +229,69 @@ print("this run is in", "FAST" if FAST else "full", "mode")
 # Conventions every chapter follows: the first code cell is the `parameters` cell; seeds are set and numbers
 # printed at fixed precision; every claim in the prose is checked by a cell that would fail if it were false;
 # plots end with `plt.show()`; later chapters import earlier modules (`from convit_edu.gpsa import GPSA`).
+
+# %% [markdown]
+# ## Bad input, refused early and shown honestly
+#
+# Every function of the package checks its input before any work and raises an error that names the wrong
+# value and what would be right; the checks that recur (a positive integer, a name from a known list) live in
+# one small module, `convit_edu.checks`, which this page exports. Chapters also *show* what a wrong input
+# does. A cell that only printed an error inside `try … except` would pass silently the day the check
+# disappeared, so every chapter calls `expect_error`: it returns the message of the expected error and fails
+# the cell when no error, or another kind of error, comes.
+
+# %%
+#| default_exp checks
+
+# %%
+#| export
+import operator
+from collections.abc import Callable, Iterable
+
+
+def positive_int(name: str, value: object, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum``, or a TypeError / ValueError naming ``name`` and the bad value.
+
+    Accepts Python and NumPy integers (anything with ``__index__``); refuses floats, strings and booleans."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def one_of(what: str, value: object, choices: Iterable[object]) -> object:
+    """``value`` if it is one of ``choices``, else a ValueError that names it and lists the choices."""
+    choices = list(choices)
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}: choose one of {', '.join(map(str, choices))}")
+    return value
+
+
+def expect_error(call: Callable[[], object], *kinds: type[BaseException]) -> str:
+    """Call ``call()`` and return ``"Kind: message"`` of the error it raises; fail if none of ``kinds`` comes.
+
+    ``kinds`` defaults to ``ValueError``. A chapter prints the returned text, so a reader sees the message a user
+    gets, and the cell fails (``AssertionError``) when the input is accepted or a different exception escapes."""
+    kinds = kinds or (ValueError,)
+    try:
+        result = call()
+    except kinds as e:
+        return f"{type(e).__name__}: {e}"
+    names = " or ".join(k.__name__ for k in kinds)
+    raise AssertionError(f"expected {names}, but the call returned {result!r:.80}")
+
+
+# %%
+print(expect_error(lambda: positive_int("depth", 0)))
+print(expect_error(lambda: positive_int("epochs", 2.5), TypeError))
+print(expect_error(lambda: one_of("model", "convit_huge", ["convit_tiny", "deit_tiny"])))
+assert positive_int("num_workers", 0, minimum=0) == 0 and one_of("model", "deit_tiny", ["deit_tiny"]) == "deit_tiny"
+print(expect_error(lambda: int("twelve")))
+print(expect_error(lambda: {}["key"], KeyError))
+assert expect_error(lambda: expect_error(lambda: 12), AssertionError) == (
+    "AssertionError: expected ValueError, but the call returned 12")

@@ -81,26 +81,15 @@ print(f"{img_h}×{img_w} image, {patch}×{patch} patches -> {H_img}×{W_img} gri
 
 # %%
 #| exporti
-import operator
-
 import torch
 from torch import Tensor
 
-
-def _positive_int(name: str, value: object) -> int:
-    """``value`` as an int >= 1, or a TypeError / ValueError naming ``name`` and the bad value."""
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r}") from None
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return value
+from convit_edu.checks import positive_int
 
 
 def _check_grid(height: int, width: int) -> tuple[int, int]:
     """Grid sizes as ints, or an error naming the bad one (before any tensor is built)."""
-    return _positive_int("grid height", height), _positive_int("grid width", width)
+    return positive_int("grid height", height), positive_int("grid width", width)
 
 
 # %%
@@ -347,17 +336,12 @@ assert shift[0.1] > shift[1.0] > shift[10.0]
 # anything, and `positional_self_attention` checks that `rel` matches the number of tokens:
 
 # %%
+from convit_edu.checks import expect_error
+
 for args in [(0, 7), (5, -1)]:
-    try:
-        rel_indices(*args)
-    except ValueError as e:
-        print(f"rel_indices{args}: ValueError: {e}")
-    else:
-        raise AssertionError("no error")
-try:
-    positional_self_attention(qc, kc, vc, rel_indices(6, 6), v_pos)
-except ValueError as e:
-    print("positional_self_attention on a 6×6 grid for 35 tokens: ValueError:", e)
+    print(f"rel_indices{args}:", expect_error(lambda: rel_indices(*args)))
+print("positional_self_attention on a 6×6 grid for 35 tokens:",
+      expect_error(lambda: positional_self_attention(qc, kc, vc, rel_indices(6, 6), v_pos)))
 
 # %% [markdown]
 # ## What we built

@@ -226,8 +226,10 @@ for num_heads, alpha in ((9, 1.0), (4, 1.0)):
 # layer with the convolutional initialisation at (c) α = 0.5 and (d) α = 2. We use the photograph of Grace
 # Hopper that ships with matplotlib, cut into 14×14 patches of 16×16 pixels like a 224-pixel ImageNet input.
 # The untrained SA layer (`MHSA` of chapter 01) reads a randomly initialised patch embedding (a 16×16
-# convolution with stride 16, then a LayerNorm as in a pre-norm block); its attention depends on the content
-# of the patches, so the picture shows through. The PSA maps depend only on position: they are the same for every image.
+# convolution with stride 16, then a LayerNorm as in a pre-norm block). Its score for a key is a random
+# bilinear form of the query's and the key's tokens, so its map is a random read-out of each key patch's
+# content: the picture shows through (each head with its own random sign — one favours patches that look like
+# the query, another avoids them). The PSA maps depend only on position: they are the same for every image.
 
 # %%
 with cbook.get_sample_data("grace_hopper.jpg") as f:
@@ -244,10 +246,14 @@ norm = nn.LayerNorm(dim)
 sa = MHSA(dim, heads)
 
 
+def sa_tokens(img: torch.Tensor) -> torch.Tensor:
+    """The L patch tokens (1, L, D) that the untrained SA layer reads."""
+    return norm(rearrange(patch_embed(img), "1 d h w -> 1 (h w) d"))
+
+
 def sa_attention(img: torch.Tensor) -> torch.Tensor:
     """Per-head attention maps (N_h, L, L) of the untrained SA layer on one image."""
-    tokens = norm(rearrange(patch_embed(img), "1 d h w -> 1 (h w) d"))
-    _, attn = sa(tokens, return_attention=True)
+    _, attn = sa(sa_tokens(img), return_attention=True)
     return attn[0].detach()
 
 
@@ -262,10 +268,33 @@ print({name: tuple(m.shape) for name, m in maps.items()})
 # The claims of the caption, checked: the SA maps change with the image (here, the image flipped left-right),
 # the PSA maps do not depend on it at all, and α = 2 is more concentrated than α = 0.5 (a larger share of
 # the attention on the four patches nearest the centre).
+#
+# And the picture shows through the SA maps: across the 196 keys, a head's log-attention follows how much each
+# key patch resembles the query patch (the cosine similarity of their tokens), with a sign of its own. We
+# compare each head's |correlation| with 1000 shuffles of its map over the keys: a map that ignored the
+# picture would beat the 99th percentile of its shuffles in one head out of a hundred.
 
 # %%
 flipped = sa_attention(image.flip(-1))[:, query]
 assert (flipped - maps["(b) untrained SA"]).abs().max() > 1e-3
+
+
+def correlation(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Pearson correlation of the last dimension of ``x`` with ``y``."""
+    x, y = x - x.mean(-1, keepdim=True), y - y.mean()
+    return (x * y).sum(-1) / (x.norm(dim=-1) * y.norm())
+
+
+tokens = sa_tokens(image)[0].detach()
+similarity = F.cosine_similarity(tokens, tokens[query], dim=-1)  # (L,): how alike each key is to the query
+log_sa = maps["(b) untrained SA"].log()
+shuffles = torch.stack([log_sa[:, torch.randperm(grid * grid, generator=torch.Generator().manual_seed(s))]
+                        for s in range(1000)])  # (1000, N_h, L)
+observed = correlation(log_sa, similarity).abs()
+control = correlation(shuffles, similarity).abs().quantile(0.99, dim=0)
+follows = int((observed > control).sum())
+assert follows >= 3, (observed, control)
+print(f"heads whose map follows the key patches' likeness to the query beyond 99 % of shuffles: {follows} of {heads}")
 top4 = {name: m.topk(4, dim=-1).values.sum(-1) for name, m in maps.items()}
 assert (top4["PSA, α = 2.0"] > top4["PSA, α = 0.5"]).all()
 print({name: [round(v, 3) for v in t.tolist()] for name, t in top4.items()})
@@ -390,7 +419,7 @@ assert torch.equal(psa3.centres, head_centres(9))
 with torch.no_grad():
     y_conv, y_psa = conv3(x), psa3(x)
 torch.testing.assert_close(y_psa, y_conv, atol=1e-4, rtol=0)
-print(tuple(y_conv.shape), f"max |PSA - conv| = {(y_psa - y_conv).abs().max():.1e}")
+print(tuple(y_conv.shape), "max |PSA - conv| < 1e-4")
 
 # %% [markdown]
 # A 2×2 convolution with 4 heads (no padding), whose centres are the ConViT's (±½, ±½) moved by +½:
@@ -403,7 +432,7 @@ print(psa2.centres.tolist())
 with torch.no_grad():
     y_conv, y_psa = conv2(x), psa2(x)
 torch.testing.assert_close(y_psa, y_conv, atol=1e-4, rtol=0)
-print(tuple(y_conv.shape), f"max |PSA - conv| = {(y_psa - y_conv).abs().max():.1e}")
+print(tuple(y_conv.shape), "max |PSA - conv| < 1e-4")
 
 # %% [markdown]
 # And why the shift is needed: with the ConViT's own centre (½, ½), even at α = 20 a head splits its
@@ -430,9 +459,11 @@ for name, conv in (("3x3, 9 heads", conv3), ("2x2, 4 heads", conv2)):
         errors[name] = [(ConvAsPSA(conv, a)(x) - conv(x)).abs().max().item() for a in alphas]
     falls = errors[name][: alphas.index(15)]
     assert all(e1 > e2 for e1, e2 in zip(falls, falls[1:])), errors[name]  # strictly falling up to α = 15
-    assert errors[name][-1] < 1e-4
+    assert all(e < 1e-5 for a, e in zip(alphas, errors[name]) if a >= 15), errors[name]  # float32 rounding
+# printed to one digit while e^(−α) dominates; from α = 15 on, only the bound the assert checks (the rest is
+# rounding noise, which differs from CPU to CPU)
 for name, errs in errors.items():
-    print(f"{name}: " + " ".join(f"{e:.0e}" for e in errs))
+    print(f"{name}: " + " ".join(f"{e:.0e}" if a < 15 else "<1e-5" for a, e in zip(alphas, errs)))
 
 # %%
 fig, ax = plt.subplots(figsize=(5, 3.2), dpi=80)
@@ -452,14 +483,11 @@ plt.show()
 # (α = 0); every entry point refuses it before touching a weight:
 
 # %%
+from convit_edu.checks import expect_error
+
 for bad in (0.0, -1.0, float("nan")):
-    for call in (lambda: local_init(nn.Linear(3, 4), nn.Linear(8, 8), bad), lambda: ConvAsPSA(conv3, bad)):
-        try:
-            call()
-        except ValueError as e:
-            print(e)
-        else:
-            raise AssertionError(f"α={bad} was accepted")
+    print(expect_error(lambda: local_init(nn.Linear(3, 4), nn.Linear(8, 8), bad)))
+    print(expect_error(lambda: ConvAsPSA(conv3, bad)))
 
 # %% [markdown]
 # ## What we have

@@ -1111,24 +1111,19 @@ for preset, dataset in (("imagenet", train_ds), ("cifar100-32", SyntheticImages(
 # %%
 import tempfile
 
-def error_of(fn):
-    try:
-        fn()
-    except (ValueError, FileNotFoundError, TypeError) as e:
-        return f"{type(e).__name__}: {e}"
-    raise AssertionError("no error raised")
+from convit_edu.checks import expect_error
 
 with tempfile.TemporaryDirectory() as tmp:
     tmp = Path(tmp)
-    print(error_of(lambda: build_datasets("imagefolder", tmp / "imagenet")), "\n")
+    print(expect_error(lambda: build_datasets("imagefolder", tmp / "imagenet"), FileNotFoundError), "\n")
     (tmp / "train" / "cat").mkdir(parents=True)
     (tmp / "val" / "cat").mkdir(parents=True)
-    print(error_of(lambda: build_datasets("imagefolder", tmp)), "\n")
-    print(error_of(lambda: build_datasets("cifar100", tmp, download=False)), "\n")
-print(error_of(lambda: build_datasets("fake", fraction=1.5)), "\n")
-print(error_of(lambda: build_datasets("fake", num_train=100, fraction=0.05)), "\n")
-print(error_of(lambda: build_datasets("fake", max_classes=1000)), "\n")
-print(error_of(lambda: RepeatAugSampler(100, num_replicas=4, rank=4)))
+    print(expect_error(lambda: build_datasets("imagefolder", tmp)), "\n")
+    print(expect_error(lambda: build_datasets("cifar100", tmp, download=False), FileNotFoundError), "\n")
+print(expect_error(lambda: build_datasets("fake", fraction=1.5)), "\n")
+print(expect_error(lambda: build_datasets("fake", num_train=100, fraction=0.05)), "\n")
+print(expect_error(lambda: build_datasets("fake", max_classes=1000)), "\n")
+print(expect_error(lambda: RepeatAugSampler(100, num_replicas=4, rank=4)))
 
 # %% [markdown]
 # A truncated file inside a dataset: the epoch goes on, and the warning names the file.

@@ -48,6 +48,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 
+from convit_edu.checks import expect_error
 from convit_edu.models import create_model, mask_at_test_time
 from convit_edu.positional import rel_indices
 
@@ -153,10 +154,7 @@ with_cls[1:, 1:] = 0.5 * neighbour
 with_cls[0, 0] = 1.0
 batch = torch.stack([torch.stack([with_cls, with_cls]), torch.stack([with_cls, with_cls])])  # (B=2, H=2, T, T)
 torch.testing.assert_close(nonlocality(batch, grid, num_prefix_tokens=1), torch.ones(2))
-try:
-    nonlocality(maps, (4, 4))
-except ValueError as e:
-    print("ValueError:", e)
+print(expect_error(lambda: nonlocality(maps, (4, 4))))
 
 # %% [markdown]
 # ## Nonlocality of a whole model, on each block's true input

@@ -1,5 +1,6 @@
 """Project-wide guarantees: packaging stays consistent, imports stay light, notebooks and modules agree."""
 
+import os
 import pkgutil
 import re
 import subprocess
@@ -79,11 +80,27 @@ def test_notebooks_and_modules_pass_the_nbtools_check():
     assert problems == [], "\n".join(problems)
 
 
-def test_readme_quick_start_has_exactly_two_commands_and_ci_runs_the_second():
+def test_readme_quick_start_has_the_main_job_the_test_command_and_the_portability_pass():
     readme = (ROOT / "README.md").read_text()
     quick = readme.split("## Quick start")[1].split("\n## ")[0]
     blocks = re.findall(r"```bash\n(.*?)```", quick, flags=re.S)
-    assert len(blocks) == 2 and all(len(b.strip().splitlines()) == 1 for b in blocks), blocks
+    assert len(blocks) == 3 and all(len(b.strip().splitlines()) == 1 for b in blocks), blocks
     assert "pytest" in blocks[1]
     marker = "<!-- .ci/run executes the command in the next code block: keep it one line -->"
     assert quick.split(marker)[1].lstrip().startswith(f"```bash\n{blocks[1]}```")
+    marker = "<!-- .ci/run then executes the command in the next code block (the portability pass): keep it one line -->"
+    assert quick.split(marker)[1].lstrip().startswith(f"```bash\n{blocks[2]}```")
+    assert blocks[2].split() == [*PORTABILITY_ENV, "pytest", "nbs/"]
+
+
+PORTABILITY_ENV = ["ATEN_CPU_CAPABILITY=default", "MKL_ENABLE_INSTRUCTIONS=SSE4_2", "DNNL_MAX_CPU_ISA=SSE41",
+                   "OMP_NUM_THREADS=1"]
+
+
+def test_the_portability_pass_really_changes_torchs_kernels_and_threads():
+    """The guard is worth something only if torch obeys it: its dispatch falls back to the plain kernels."""
+    env = dict(item.split("=") for item in PORTABILITY_ENV)
+    code = "import torch; print(torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["DEFAULT", "1"], out
