@@ -13,6 +13,8 @@ The authoring loop is: edit ``nbs/NN_x.py`` -> ``sync`` -> ``export`` -> ``run``
 Export reads nbdev-style markers from the ``.py`` (the reviewable source): ``#| default_exp NAME`` once per
 notebook, ``#| export`` on cells whose code goes into ``convit_edu/NAME.py`` and whose public names go into
 ``__all__``, ``#| exporti`` on cells exported without joining ``__all__``.
+The top-level imports of the exported cells move to one block above ``__all__``, merged, deduplicated and
+grouped as isort would (``__future__``, standard library, third-party, ``convit_edu``); nested imports stay.
 
 This module imports jupytext, nbformat and nbclient lazily: ``import convit_edu`` never pulls them in.
 """
@@ -26,6 +28,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 NB_GLOB = "[0-9][0-9]_*"
 PAIRING = "ipynb,py:percent"
@@ -176,6 +179,8 @@ def sync(stem: Path) -> str | None:
 # ---------------------------------------------------------------------------------------------- export
 
 DIRECTIVE = re.compile(r"^#\|\s*(\S+)\s*(.*?)\s*$")
+PACKAGE = "convit_edu"
+LINE_LIMIT = 120  # a merged from-import longer than this is wrapped in parentheses, one name a line
 
 
 def directives(source: str) -> tuple[dict[str, str], str]:
@@ -187,7 +192,8 @@ def directives(source: str) -> tuple[dict[str, str], str]:
     return found, "\n".join(lines).strip("\n")
 
 
-def public_names(tree: ast.Module) -> list[str]:
+def defined_names(tree: ast.Module) -> list[str]:
+    """The names that the top-level definitions and assignments of a cell bind, in order."""
     names = []
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -196,7 +202,7 @@ def public_names(tree: ast.Module) -> list[str]:
             names += [t.id for t in node.targets if isinstance(t, ast.Name)]
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.append(node.target.id)
-    return [n for n in names if not n.startswith("_")]
+    return names
 
 
 def cell_lines(py: Path) -> list[int]:
@@ -204,11 +210,155 @@ def cell_lines(py: Path) -> list[int]:
     return [i for i, line in enumerate(py.read_text().splitlines(), 1) if line.startswith("# %%")]
 
 
+def parse_cell(code: str, where: str) -> ast.Module:
+    """The syntax tree of an exported cell; a SyntaxError becomes an error that names the cell."""
+    try:
+        return ast.parse(code, filename=where)
+    except SyntaxError as e:
+        raise NbToolsError(
+            f"{where}: SyntaxError in an exported cell, line {e.lineno} of the cell: {e.msg}\n"
+            f"    {(e.text or '').rstrip()}"
+        ) from None
+
+
+class Imported(NamedTuple):
+    """One name of an import statement: ``import module [as alias]`` (``name`` None) or
+    ``from module import name [as alias]``, where a relative ``module`` starts with its dots."""
+
+    module: str
+    name: str | None
+    alias: str | None
+
+    @classmethod
+    def all_of(cls, node: ast.Import | ast.ImportFrom) -> list[Imported]:
+        """Every name of one import statement."""
+        if isinstance(node, ast.Import):
+            return [cls(a.name, None, a.asname) for a in node.names]
+        module = "." * node.level + (node.module or "")
+        return [cls(module, a.name, a.asname) for a in node.names]
+
+    def binding(self) -> tuple[str, str]:
+        """The name this import binds in the module and what that name refers to."""
+        if self.name is not None:
+            return self.alias or self.name, f"{self.module}.{self.name}"
+        if self.alias:
+            return self.alias, self.module
+        top = self.module.split(".")[0]  # `import a.b` binds `a`, the package
+        return top, top
+
+    def spelled(self) -> str:
+        """How this name is written in an import statement: ``module`` or ``name``, with ``as alias``."""
+        what = self.module if self.name is None else self.name
+        return f"{what} as {self.alias}" if self.alias else what
+
+
+def take_imports(tree: ast.Module, code: str) -> tuple[list[ast.Import | ast.ImportFrom], str]:
+    """A cell's top-level import statements and its code without them.
+
+    Imports inside functions, ``if`` or ``try`` are not top-level and stay, as does one that shares a line
+    with other code (``import x; y = 1``).
+    """
+
+    def lines_of(nodes: list[ast.stmt]) -> set[int]:
+        return {i for node in nodes for i in range(node.lineno, node.end_lineno + 1)}
+
+    imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    other_lines = lines_of([node for node in tree.body if node not in imports])
+    imports = [node for node in imports if not lines_of([node]) & other_lines]
+    dropped = lines_of(imports)
+    rest = [line for i, line in enumerate(code.splitlines(), 1) if i not in dropped]
+    return imports, "\n".join(rest).strip("\n")
+
+
+def merge_imports(found: list[tuple[str, ast.Import | ast.ImportFrom]], defined: dict[str, str]) -> set[Imported]:
+    """The distinct names that the imports ``found`` (``(where, statement)``) bring in.
+
+    Moved to the top of the module, an import would change what a name means if another import binds it
+    to something else or a cell (``defined``: name -> where) defines it: that is an error, as is ``import *``.
+    """
+    merged: set[Imported] = set()
+    bound: dict[str, tuple[str, str]] = {}
+    for where, node in found:
+        for imported in Imported.all_of(node):
+            if imported.name == "*":
+                raise NbToolsError(f"{where}: `from {imported.module} import *` in an exported cell: name the imports")
+            name, target = imported.binding()
+            first_target, first_where = bound.setdefault(name, (target, where))
+            clash = defined.get(name) or (first_where if first_target != target else None)
+            if clash:
+                raise NbToolsError(
+                    f"{where}: the import of {name!r} ({target}) clashes with {name!r} in {clash}: imports move "
+                    "to the top of the module, where it would mean something else; rename one"
+                )
+            merged.add(imported)
+    return merged
+
+
+def import_section(module: str) -> int:
+    """0 ``__future__``, 1 standard library, 2 third-party, 3 this package (relative imports too)."""
+    top = module.split(".")[0]
+    if top == "__future__":
+        return 0
+    if top in ("", PACKAGE):
+        return 3
+    return 1 if top in sys.stdlib_module_names else 2
+
+
+def member_key(imported: Imported) -> tuple[int, str, str, str]:
+    """isort's order of the names of a from-import: CONSTANTS, Classes, then the rest, case-insensitively."""
+    name = imported.name
+    kind = 0 if len(name) > 1 and name.isupper() else 1 if name[0].isupper() else 2
+    return kind, name.lower(), name, imported.alias or ""
+
+
+def section_lines(section: list[Imported]) -> list[str]:
+    """One section, as isort writes it: ``import m`` lines, then one ``from m import ...`` per module."""
+    plain = sorted((i for i in section if i.name is None), key=lambda i: (i.module.lower(), i.spelled()))
+    lines = [f"import {i.spelled()}" for i in plain]
+    members: dict[str, list[Imported]] = {}
+    for i in section:
+        if i.name is not None:
+            members.setdefault(i.module, []).append(i)
+    for module in sorted(members, key=lambda m: (m.lower(), m)):
+        lines.append(from_line(module, [i.spelled() for i in sorted(members[module], key=member_key)]))
+    return lines
+
+
+def from_line(module: str, names: list[str]) -> str:
+    """``from module import names``, wrapped in parentheses, one name a line, when longer than LINE_LIMIT."""
+    line = f"from {module} import {', '.join(names)}"
+    if len(line) <= LINE_LIMIT:
+        return line
+    return f"from {module} import (\n" + "".join(f"    {name},\n" for name in names) + ")"
+
+
+def import_block(imports: set[Imported]) -> str:
+    """The imports of a module, grouped by ``import_section`` with a blank line between groups."""
+    sections: list[list[Imported]] = [[], [], [], []]
+    for imported in imports:
+        sections[import_section(imported.module)].append(imported)
+    return "\n\n".join("\n".join(section_lines(s)) for s in sections if s)
+
+
+def module_text(title: str, source: str, names: list[str], imports: set[Imported], chunks: list[str]) -> str:
+    """A generated module: docstring, the generated-file note, imports, ``__all__``, then the cells."""
+    block = import_block(imports)
+    listed = ", ".join(repr(n) for n in dict.fromkeys(names))
+    header = (
+        f'"""{title}."""\n\n'
+        f"{GENERATED_MARK} {source}: edit the notebook, not this file\n"
+        f"# (then run `{CMD} export`).\n\n"
+        + (f"{block}\n\n" if block else "")
+        + f"__all__ = [{listed}]\n"
+    )
+    return header + "\n\n" + "\n\n\n".join(chunks) + "\n"
+
+
 def export_text(py: Path, root: Path) -> tuple[str, str] | None:
     """The module a notebook exports, as ``(module name, source text)``; None without ``default_exp``."""
     nb = read_py(py)
     starts = cell_lines(py)
-    module, title, chunks, all_names = None, "", [], []
+    module, title, chunks, all_names, found, defined = None, "", [], [], [], {}
     for n, cell in enumerate(nb.cells, 1):
         if cell.cell_type == "markdown" and not title:
             title = cell.source.strip().splitlines()[0].lstrip("# ").strip()
@@ -221,34 +371,26 @@ def export_text(py: Path, root: Path) -> tuple[str, str] | None:
             module = marks["default_exp"]
             if not re.fullmatch(r"[a-z_][a-z0-9_]*", module):
                 raise NbToolsError(f"{rel(py, root)}, cell {n}: bad module name {module!r}")
-        kind = "export" if "export" in marks else "exporti" if "exporti" in marks else None
-        if kind is None:
+        if "export" not in marks and "exporti" not in marks:
             continue
         where = f"{rel(py, root)}, cell {n}" + (
             f" (line {starts[n - 1]})" if len(starts) == len(nb.cells) else ""
         )
-        try:
-            tree = ast.parse(code, filename=where)
-        except SyntaxError as e:
-            raise NbToolsError(
-                f"{where}: SyntaxError in an exported cell, line {e.lineno} of the cell: {e.msg}\n"
-                f"    {(e.text or '').rstrip()}"
-            ) from None
-        if kind == "export":
-            all_names += public_names(tree)
-        chunks.append(f"# %% {rel(py, root)} {n}\n{code}")
+        tree = parse_cell(code, where)
+        names = defined_names(tree)
+        if "export" in marks:
+            all_names += [name for name in names if not name.startswith("_")]
+        defined.update(dict.fromkeys(names, where))
+        imports, code = take_imports(tree, code)
+        found += [(where, node) for node in imports]
+        if code:
+            chunks.append(f"# %% {rel(py, root)} {n}\n{code}")
     if module is None:
-        if chunks:
+        if chunks or found:
             raise NbToolsError(f"{rel(py, root)}: cells marked for export but no `#| default_exp NAME`")
         return None
-    names = ", ".join(repr(n) for n in dict.fromkeys(all_names))
-    header = (
-        f'"""{title or module}."""\n\n'
-        f"{GENERATED_MARK} {rel(py, root)}: edit the notebook, not this file\n"
-        f"# (then run `{CMD} export`).\n\n"
-        f"__all__ = [{names}]\n"
-    )
-    return module, header + "\n\n" + "\n\n\n".join(chunks) + "\n"
+    imports = merge_imports(found, defined)
+    return module, module_text(title or module, rel(py, root), all_names, imports, chunks)
 
 
 def export(stem: Path, root: Path) -> Path | None:

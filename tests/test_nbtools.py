@@ -1,6 +1,7 @@
 """The notebook tooling: export, pairing, running and the `check` that CI relies on (DESIGN.md §4)."""
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -226,3 +227,154 @@ def test_editing_the_py_fails_check_until_synced_exported_and_run(clean_project,
     nb = nbformat.read(stem.with_suffix(".ipynb"), as_version=4)
     assert nb.cells[-1].outputs[0]["text"] == "3.1416\n"
     assert "execution" not in nb.cells[-1].metadata  # no timing metadata
+
+
+IMPORTS_SOURCE = HEADER + '''# %% [markdown]
+# # Imports chapter
+
+# %%
+#| default_exp toy
+
+# %%
+#| export
+import math
+from collections import OrderedDict
+
+import pytest
+
+from convit_edu._nbtools import NbToolsError
+
+
+def area(r: float) -> float:
+    return math.pi * r * r
+
+# %%
+#| exporti
+from __future__ import annotations
+
+import os.path as osp
+import math
+from collections import Counter
+from convit_edu._nbtools import (
+    CELL_TIMEOUT_S, CMD, FAST_VALUES, GENERATED_MARK, METADATA_FILTER, NB_GLOB, PAIRING,
+    Cell,
+)
+
+
+def _count(words: list[str]) -> Counter:
+    return Counter(words)
+
+# %%
+#| export
+import json
+from collections import OrderedDict
+
+# %%
+#| export
+import textwrap; WIDTH = 12
+
+try:
+    import tomllib
+except ImportError:
+    tomllib = None
+
+
+def joined(*parts: str) -> str:
+    import string
+
+    return osp.join(*parts) + string.digits[:0]
+
+# %%
+print(area(1.0))
+'''
+
+IMPORTS_BLOCK = """from __future__ import annotations
+
+import json
+import math
+import os.path as osp
+from collections import Counter, OrderedDict
+
+import pytest
+
+from convit_edu._nbtools import (
+    CELL_TIMEOUT_S,
+    CMD,
+    FAST_VALUES,
+    GENERATED_MARK,
+    METADATA_FILTER,
+    NB_GLOB,
+    PAIRING,
+    Cell,
+    NbToolsError,
+)
+"""
+
+
+@pytest.fixture
+def imports_module(tmp_path) -> Path:
+    """The module that IMPORTS_SOURCE exports."""
+    root = make_project(tmp_path, IMPORTS_SOURCE)
+    return nbt.export(root / "nbs" / "01_toy", root)
+
+
+def test_export_moves_the_imports_of_every_cell_to_one_grouped_block_at_the_top(imports_module):
+    text = imports_module.read_text()
+    block = text.split("# (then run `python -m convit_edu._nbtools export`).\n\n")[1].split("__all__")[0]
+    assert block == IMPORTS_BLOCK + "\n"  # __future__, stdlib, third-party, convit_edu; isort order in each
+    cells = text.split("__all__")[1]
+    left = [line for line in cells.splitlines() if line.startswith(("import ", "from "))]
+    assert left == ["import textwrap; WIDTH = 12"]  # the one that shares its line with other code
+
+
+def test_export_merges_the_from_imports_of_one_module(imports_module):
+    text = imports_module.read_text()
+    assert text.count("from collections import") == 1
+    assert "from collections import Counter, OrderedDict\n" in text
+    assert text.count("from convit_edu._nbtools import (") == 1  # longer than 120 characters: wrapped
+
+
+def test_export_writes_a_duplicate_import_once(imports_module):
+    assert imports_module.read_text().count("import math\n") == 1
+
+
+def test_export_leaves_imports_below_the_top_level_where_they_are(imports_module):
+    text = imports_module.read_text()
+    top = text.split("__all__")[0]
+    assert "string" not in top and "tomllib" not in top and "textwrap" not in top
+    assert "def joined(*parts: str) -> str:\n    import string\n" in text
+    assert "try:\n    import tomllib\nexcept ImportError:" in text
+    assert "\nimport textwrap; WIDTH = 12\n" in text  # shares its line with other code
+
+
+def test_export_leaves_no_chunk_for_a_cell_of_imports_only(imports_module):
+    text = imports_module.read_text()
+    markers = [line for line in text.splitlines() if line.startswith("# %%")]
+    assert markers == ["# %% nbs/01_toy.py 3", "# %% nbs/01_toy.py 4", "# %% nbs/01_toy.py 6"]
+    assert "# %% nbs/01_toy.py 5" not in text  # the cell of `import json` and a duplicate
+    assert not re.search(r"# %%.*\n\s*(\n# %%|$)", text)
+
+
+def test_a_module_with_merged_imports_executes(imports_module):
+    module = load_module(imports_module)
+    assert module.__all__ == ["area", "WIDTH", "joined"]
+    assert module.area(1.0) == pytest.approx(3.141592653589793)
+    assert module._count(["a", "b", "a"]) == {"a": 2, "b": 1}  # names from two cells, imported once
+    assert module.joined("a", "b") == "a/b"
+    assert module.json.dumps(module.WIDTH) == "12" and module.NbToolsError is nbt.NbToolsError
+
+
+@pytest.mark.parametrize(
+    "cell, clash",
+    [
+        ("from os.path import join\nfrom shlex import join", "'join' (shlex.join) clashes with 'join'"),
+        ("from pathlib import Path\n\n\ndef Path():\n    pass", "'Path' (pathlib.Path) clashes with 'Path'"),
+        ("from math import *", "`from math import *` in an exported cell"),
+    ],
+)
+def test_export_refuses_imports_that_would_change_meaning_at_the_top(tmp_path, cell, clash):
+    source = SOURCE.replace("# %%\n#| exporti\n", f"# %%\n#| export\n{cell}\n\n# %%\n#| exporti\n")
+    root = make_project(tmp_path, source)
+    with pytest.raises(nbt.NbToolsError) as e:
+        nbt.export(root / "nbs" / "01_toy", root)
+    assert "nbs/01_toy.py, cell 5" in str(e.value) and clash in str(e.value)
