@@ -4,6 +4,7 @@
 # (then run `python -m convit_edu._nbtools export`).
 
 import math
+import random
 import tarfile
 import time
 import warnings
@@ -19,7 +20,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from torchvision import datasets
 from torchvision.transforms import v2
 
-__all__ = ['IMG_EXTENSIONS', 'load_rgb', 'check_fraction', 'subsample_per_class', 'scaled_epochs', 'ImageFolderDataset', 'SyntheticImages', 'DATASETS', 'build_datasets', 'extract_subset', 'IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'AugConfig', 'PRESETS', 'build_transforms', 'MixupCutmix', 'build_mixup', 'RepeatAugSampler', 'build_loader', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader']
+from convit_edu.checks import one_of, positive_int
+
+__all__ = ['IMG_EXTENSIONS', 'load_rgb', 'check_fraction', 'subsample_per_class', 'scaled_epochs', 'ImageFolderDataset', 'SyntheticImages', 'DATASETS', 'build_datasets', 'extract_subset', 'IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'AugConfig', 'AUGMENTATIONS', 'build_transforms', 'MixupCutmix', 'build_mixup', 'RepeatAugSampler', 'build_loader', 'seed_from', 'KeyedSampler', 'SeededSamples', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader']
 
 
 # %% nbs/06_data.py 6
@@ -152,8 +155,7 @@ class SyntheticImages(Dataset):
     def __init__(self, num_images: int, num_classes: int = 10, image_size: int = 32, seed: int = 0,
                  split: str = "train", transform: Callable | None = None, noise: float = 0.15):
         for name, value in (("num_images", num_images), ("num_classes", num_classes), ("image_size", image_size)):
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"{name} {value!r} must be a positive integer")
+            positive_int(name, value)
         if split not in ("train", "val"):
             raise ValueError(f"split {split!r} must be 'train' or 'val'")
         self.num_classes, self.image_size, self.seed, self.split = num_classes, image_size, seed, split
@@ -238,8 +240,8 @@ def build_datasets(name: str, root: str | Path = "data", *, train_transform: Cal
         raise TypeError(f"build_datasets({name!r}) got unexpected keyword(s) {', '.join(sorted(fake_kwargs))}: "
                         "only 'fake' takes num_train, num_val, num_classes, image_size and seed")
     check_fraction(fraction)
-    if max_classes is not None and not (isinstance(max_classes, int) and max_classes >= 1):
-        raise ValueError(f"max_classes {max_classes!r} must be a positive integer (or None for all classes)")
+    if max_classes is not None:
+        positive_int("max_classes", max_classes)
     root = Path(root)
     if name == "cifar100":
         train = _cifar100(root, True, train_transform, download, fraction, max_classes)
@@ -355,8 +357,7 @@ class AugConfig:
     label_smoothing: float = 0.1
 
     def __post_init__(self):
-        if not (isinstance(self.img_size, int) and self.img_size >= 1):
-            raise ValueError(f"img_size {self.img_size!r} must be a positive integer")
+        positive_int("img_size", self.img_size)
         if self.crop not in ("random_resized", "pad"):
             raise ValueError(f"crop {self.crop!r} must be 'random_resized' or 'pad'")
         if self.interpolation not in ("bicubic", "bilinear", "nearest"):
@@ -378,10 +379,9 @@ class AugConfig:
         return "\n".join(f"{f.name:<22}{getattr(self, f.name)!r}" for f in fields(self))
 
 
-PRESETS: dict[str, AugConfig] = {
-    "imagenet": AugConfig(),
-    "cifar100-224": AugConfig(),
-    "cifar100-32": AugConfig(img_size=32, crop="pad", randaugment_magnitude=None, mean=CIFAR100_MEAN,
+AUGMENTATIONS: dict[str, AugConfig] = {
+    "deit": AugConfig(),
+    "pad-crop-flip": AugConfig(img_size=32, crop="pad", randaugment_magnitude=None, mean=CIFAR100_MEAN,
                              std=CIFAR100_STD, erasing=0.0, crop_ratio=1.0, mixup_alpha=0.0, cutmix_alpha=0.0,
                              label_smoothing=0.0),
 }
@@ -417,8 +417,7 @@ class MixupCutmix:
 
     def __init__(self, num_classes: int, mixup_alpha: float = 0.8, cutmix_alpha: float = 1.0,
                  cutmix_prob: float = 0.5, label_smoothing: float = 0.1):
-        if not (isinstance(num_classes, int) and num_classes >= 2):
-            raise ValueError(f"num_classes {num_classes!r} must be an integer >= 2")
+        positive_int("num_classes", num_classes, minimum=2)
         self.num_classes, self.label_smoothing = num_classes, label_smoothing
         choices, p = [], []
         if mixup_alpha > 0:
@@ -464,14 +463,11 @@ class RepeatAugSampler(Sampler[int]):
 
     def __init__(self, num_samples: int, num_replicas: int = 1, rank: int = 0, repeats: int = 1,
                  shuffle: bool = True, seed: int = 0):
-        if not (isinstance(num_samples, int) and num_samples >= 1):
-            raise ValueError(f"num_samples {num_samples!r} must be a positive integer")
-        if not (isinstance(num_replicas, int) and num_replicas >= 1):
-            raise ValueError(f"num_replicas {num_replicas!r} must be a positive integer (the world size)")
-        if not (isinstance(rank, int) and 0 <= rank < num_replicas):
+        positive_int("num_samples", num_samples)
+        positive_int("num_replicas (the world size)", num_replicas)
+        if not 0 <= positive_int("rank", rank, minimum=0) < num_replicas:
             raise ValueError(f"rank {rank!r} must lie in 0..{num_replicas - 1} for num_replicas {num_replicas}")
-        if not (isinstance(repeats, int) and repeats >= 1):
-            raise ValueError(f"repeats {repeats!r} must be a positive integer (DeiT: 3; 1 turns it off)")
+        positive_int("repeats (DeiT: 3; 1 turns it off)", repeats)
         self.num_samples, self.num_replicas, self.rank = num_samples, num_replicas, rank
         self.repeats, self.shuffle, self.seed = repeats, shuffle, seed
         self.epoch, self.start = 0, 0
@@ -495,7 +491,7 @@ class RepeatAugSampler(Sampler[int]):
         Call it before every epoch. ``len()`` stays the full epoch (so a loader's ``len`` does too);
         ``remaining`` is what this rank still yields.
         """
-        if not (isinstance(start, int) and 0 <= start <= len(self)):
+        if not positive_int("start", start, minimum=0) <= len(self):
             raise ValueError(f"start {start!r} must lie in 0..{len(self)} (samples of this rank already consumed "
                              "this epoch)")
         self.epoch, self.start = epoch, start
@@ -521,10 +517,8 @@ class RepeatAugSampler(Sampler[int]):
 def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, num_workers: int, seed: int,
                  drop_last: bool, pin_memory: bool | None = None) -> DataLoader:
     """A DataLoader over ``sampler`` (None: dataset order) with workers, pinning, prefetch and a seeded generator."""
-    if not (isinstance(batch_size, int) and batch_size >= 1):
-        raise ValueError(f"batch_size {batch_size!r} must be a positive integer")
-    if not (isinstance(num_workers, int) and num_workers >= 0):
-        raise ValueError(f"num_workers {num_workers!r} must be a non-negative integer (0: load in this process)")
+    positive_int("batch_size", batch_size)
+    positive_int("num_workers (0: load in this process)", num_workers, minimum=0)
     if drop_last and sampler is not None and len(sampler) < batch_size:
         raise ValueError(f"batch_size {batch_size} with drop_last=True leaves no batch: this rank's epoch holds "
                          f"only {len(sampler)} samples")
@@ -537,41 +531,80 @@ def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, 
 
 
 # %% nbs/06_data.py 55
+def seed_from(*keys: int) -> int:
+    """A well-mixed 32-bit seed from a tuple of non-negative integers (numpy's SeedSequence)."""
+    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])
+
+
+class KeyedSampler(Sampler):
+    """Wraps a ``RepeatAugSampler`` so that it yields (epoch, rank, position, index) keys for ``SeededSamples``."""
+
+    def __init__(self, sampler: RepeatAugSampler):
+        self.sampler, self.epoch, self.start = sampler, 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """As ``RepeatAugSampler.set_epoch``: the permutation of ``epoch``, skipping this rank's first ``start``."""
+        self.sampler.set_epoch(epoch, start)
+        self.epoch, self.start = epoch, start
+
+    def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
+        for i, index in enumerate(self.sampler):
+            yield self.epoch, self.sampler.rank, self.start + i, int(index)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class SeededSamples(Dataset):
+    """Reads ``dataset[index]`` with torch's and Python's generators seeded from the sample's key."""
+
+    def __init__(self, dataset: Dataset, seed: int):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int, int, int]):
+        epoch, rank, position, index = key
+        s = seed_from(self.seed, epoch, rank, position)
+        python_state = random.getstate()
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(s)  # CPU only: fork_rng restores the CPU generator
+            random.seed(s)
+            try:
+                return self.dataset[index]
+            finally:
+                random.setstate(python_state)
+
+
+# %% nbs/06_data.py 57
 @dataclass
 class DataLoaders:
-    """What ``build_loaders`` makes: loaders, class names, the batch mixing and the train sampler."""
+    """What ``build_loaders`` makes: the two loaders and the train sampler (call its ``set_epoch``)."""
 
     train: DataLoader
     val: DataLoader
-    classes: list[str]
-    mixup: MixupCutmix | None
-    sampler: RepeatAugSampler
-    aug: AugConfig
+    sampler: KeyedSampler
 
 
-def build_loaders(name: str, root: str | Path = "data", *, preset: str | AugConfig, batch_size: int,
-                  num_workers: int = 4, repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0,
-                  fraction: float = 1.0, max_classes: int | None = None, download: bool = True,
-                  **fake_kwargs) -> DataLoaders:
-    """Datasets, transforms of ``preset`` (a name in ``PRESETS`` or an ``AugConfig``), samplers and loaders
-    for rank ``rank`` of ``num_replicas``, in one call. ``batch_size`` is per rank; the train loader drops
-    the last incomplete batch, the val loader keeps it (with several ranks, val pads to equal lengths)."""
-    if isinstance(preset, str) and preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)} or pass an AugConfig")
-    aug = PRESETS[preset] if isinstance(preset, str) else preset
-    train_tf, val_tf = build_transforms(aug)
-    train, val, classes = build_datasets(name, root, train_transform=train_tf, val_transform=val_tf,
-                                         fraction=fraction, max_classes=max_classes, download=download,
-                                         **fake_kwargs)
-    sampler = RepeatAugSampler(len(train), num_replicas, rank, repeats=repeats, seed=seed)
-    val_sampler = RepeatAugSampler(len(val), num_replicas, rank, shuffle=False)
+def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_workers: int = 4,
+                  repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> DataLoaders:
+    """Loaders for rank ``rank`` of ``num_replicas``: ``batch_size`` images per rank, the train loader seeded per
+    sample and dropping the last incomplete batch, the val loader in dataset order keeping it (with several
+    ranks, val pads to equal lengths)."""
+    if len(train_set) < num_replicas:
+        raise ValueError(f"{num_replicas} processes but the training set has only {len(train_set)} samples: "
+                         f"use at most {len(train_set)} processes")
+    sampler = KeyedSampler(RepeatAugSampler(len(train_set), num_replicas, rank, repeats=repeats, seed=seed))
+    val_sampler = RepeatAugSampler(len(val_set), num_replicas, rank, shuffle=False)
     return DataLoaders(
-        train=build_loader(train, batch_size, sampler, num_workers=num_workers, seed=seed, drop_last=True),
-        val=build_loader(val, batch_size, val_sampler, num_workers=num_workers, seed=seed, drop_last=False),
-        classes=classes, mixup=build_mixup(aug, len(classes)), sampler=sampler, aug=aug)
+        train=build_loader(SeededSamples(train_set, seed), batch_size, sampler, num_workers=num_workers, seed=seed,
+                           drop_last=True),
+        val=build_loader(val_set, batch_size, val_sampler, num_workers=num_workers, seed=seed, drop_last=False),
+        sampler=sampler)
 
 
-# %% nbs/06_data.py 59
+# %% nbs/06_data.py 63
 @dataclass
 class LoaderBenchmark:
     """Images per second of each pipeline stage, measured by ``benchmark_loader``."""

@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,91 +22,161 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+import torchvision
+from fastprogress.fastprogress import IN_NOTEBOOK, ConsoleMasterBar, ConsoleProgressBar, NBMasterBar, NBProgressBar
+from matplotlib.figure import Figure
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from torch.utils.data import DataLoader, Dataset, Sampler, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
-__all__ = ['PRECISIONS', 'PROGRESS', 'TrainConfig', 'check_config', 'per_device_batch', 'scaled_lr', 'deit_lr', 'param_groups', 'train_loss', 'CHECKPOINT_FORMAT', 'save_checkpoint', 'read_checkpoint', 'resolve_precision', 'evaluate', 'TrainState', 'Callback', 'TrainResult', 'gate_means', 'plot_history', 'aug_config', 'build_model', 'build_teacher', 'train']
+import convit_edu
+from convit_edu.checks import number, one_of, positive_int
+from convit_edu.data import (
+    AUGMENTATIONS,
+    DATASETS,
+    AugConfig,
+    DataLoaders,
+    build_datasets,
+    build_loaders,
+    build_mixup,
+    build_transforms,
+    check_fraction,
+    seed_from,
+)
+from convit_edu.models import ModelConfig, VisionTransformer, create_model, list_models, load_checkpoint, model_config
+
+__all__ = ['PRECISIONS', 'PROGRESS', 'RUN_OWNED', 'setting', 'TrainConfig', 'per_device_batch', 'RECIPES', 'recipe', 'scaled_lr', 'deit_lr', 'param_groups', 'train_loss', 'CHECKPOINT_FORMAT', 'save_checkpoint', 'read_checkpoint', 'resolve_precision', 'evaluate', 'TrainState', 'Callback', 'TrainResult', 'gate_means', 'plot_history', 'build_teacher', 'train']
 
 
 # %% nbs/07_training.py 6
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 PROGRESS = ("auto", "bar", "lines", "none")
+RUN_OWNED = {  # ModelConfig / AugConfig fields the run sets, and the setting (or fact) that sets them
+    "img_size": "img_size", "num_classes": "the dataset's classes", "distilled": "distill_teacher",
+    "drop_path_rate": "drop_path_rate"}
+_RENAMED_AUGMENTATIONS = {"imagenet": "deit", "cifar100-224": "deit", "cifar100-32": "pad-crop-flip"}
 
 
+def setting(default: Any, help: str) -> Any:
+    """A config field with its one-line help (the command line shows it); a dict default becomes a factory."""
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+# %% nbs/07_training.py 7
 @dataclass
 class TrainConfig:
-    """Every setting of a training run, with DeiT's defaults; saved in checkpoints and `run.json`.
+    """Every setting of a training run, with DeiT's defaults; validated when made, saved in checkpoints and
+    `run.json`. `batch_size` is per process; `global_batch`, when set, replaces it by global_batch /
+    (accum_steps × world size). `lr` is the base rate for a global batch of 512 (DeiT's linear scaling rule)."""
 
-    `batch_size` is per process; `global_batch`, when set, replaces it by global_batch / (accum_steps ×
-    world size). `lr` is the base rate for a global batch of 512 (DeiT's linear scaling rule).
-    """
+    model: str = setting("convit_tiny", "model name (convit_edu.models.list_models())")
+    model_args: dict[str, Any] = setting({}, "ModelConfig overrides, e.g. {'depth': 6}")
+    img_size: int = setting(224, "image side in pixels, for the model and the augmentation")
+    drop_path_rate: float = setting(0.1, "stochastic depth of the last block (DeiT: 0.1)")
+    data: str = setting("fake", "dataset: cifar100, imagefolder (ROOT/train, ROOT/val) or fake")
+    data_root: str = setting("data", "dataset folder")
+    data_args: dict[str, Any] = setting({}, "more build_datasets arguments (FakeData sizes)")
+    aug: str | None = setting("deit", "augmentation (convit_edu.data.AUGMENTATIONS: deit, pad-crop-flip); none: "
+                                      "no augmentation, mixing or smoothing (for datasets passed to train)")
+    aug_args: dict[str, Any] = setting({}, "AugConfig overrides, e.g. {'mixup_alpha': 0.0}")
+    fraction: float = setting(1.0, "keep this fraction of the training images of each class (Table 2)")
+    classes: int | None = setting(None, "keep the first K classes")
+    repeats: int = setting(1, "repeated augmentation: each image this many times per epoch (DeiT: 3)")
+    num_workers: int = setting(4, "data loader processes per GPU/process")
+    epochs: int = setting(300, "training epochs")
+    batch_size: int = setting(64, "images per process and step (ignored when --global-batch is set)")
+    global_batch: int | None = setting(None, "images per optimiser step over all processes and accumulation steps")
+    accum_steps: int = setting(1, "gradient accumulation steps per optimiser step")
+    lr: float = setting(5e-4, "base learning rate for a global batch of 512 (scaled linearly)")
+    min_lr: float = setting(1e-5, "learning rate at the end of the cosine")
+    warmup_lr: float = setting(1e-6, "learning rate at the start of the warm-up")
+    warmup_epochs: float = setting(5.0, "linear warm-up length in epochs (may be fractional)")
+    weight_decay: float = setting(0.05, "AdamW weight decay (not on 1-D parameters, pos_embed, cls_token)")
+    clip_grad: float | None = setting(None, "clip the gradient norm to this value (none: off)")
+    ema_decay: float | None = setting(None, "keep an EMA of the weights with this decay, evaluated too (none: off; "
+                                            "DeiT code: 0.99996)")
+    distill_teacher: str | None = setting(None, "hard distillation from this convit_edu or torchvision model "
+                                                "(SM B, Table 4)")
+    teacher_checkpoint: str | None = setting(None, "the teacher's weights")
+    precision: str = setting("auto", "auto (bf16 on GPUs that have it, else fp16; fp32 on CPUs), fp32, bf16 or fp16")
+    compile: bool = setting(False, "torch.compile the model")
+    seed: int = setting(0, "seed of every random draw (shuffling, augmentation, mixing, drop path)")
+    device: str = setting("auto", "auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda")
+    output: str = setting("runs/run", "run folder: checkpoints, logs, run.json, curves.png")
+    resume: str | None = setting(None, "continue from a checkpoint path, or auto (OUTPUT/last.pt when it exists)")
+    ckpt_every: int = setting(0, "also checkpoint every N optimiser steps (0: at epoch ends only)")
+    log_every: int = setting(50, "print a progress line every N steps (when not showing bars)")
+    progress: str = setting("auto", "auto (bars in notebooks and terminals, lines otherwise), bar, lines or none")
 
-    model: str = "convit_tiny"
-    model_args: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides, e.g. {"depth": 6}
-    img_size: int = 224
-    drop_path_rate: float = 0.1  # stochastic depth of the last block (ModelConfig.drop_path_rate)
-    data: str = "fake"
-    data_root: str = "data"
-    data_args: dict[str, Any] = field(default_factory=dict)  # more build_datasets arguments (FakeData sizes)
-    aug: str | None = "imagenet"  # a convit_edu.data.PRESETS name; None: no augmentation, mixup or smoothing
-    aug_args: dict[str, Any] = field(default_factory=dict)  # AugConfig overrides, e.g. {"mixup_alpha": 0.0}
-    fraction: float = 1.0
-    classes: int | None = None
-    repeats: int = 1
-    num_workers: int = 4
-    epochs: int = 300
-    batch_size: int = 64
-    global_batch: int | None = None
-    accum_steps: int = 1
-    lr: float = 5e-4
-    min_lr: float = 1e-5
-    warmup_lr: float = 1e-6
-    warmup_epochs: float = 5.0
-    weight_decay: float = 0.05
-    clip_grad: float | None = None
-    ema_decay: float | None = None
-    distill_teacher: str | None = None
-    teacher_checkpoint: str | None = None
-    precision: str = "auto"  # auto: bf16 on GPUs that have it (else fp16), fp32 on CPUs
-    compile: bool = False
-    seed: int = 0
-    device: str = "auto"  # "auto": cuda:LOCAL_RANK when CUDA is available, else cpu
-    output: str = "runs/run"
-    resume: str | None = None  # a checkpoint path, or "auto": OUTPUT/last.pt when it exists
-    ckpt_every: int = 0  # also checkpoint every N optimiser steps (0: at the end of each epoch only)
-    log_every: int = 50
-    progress: str = "auto"  # auto: bars in a notebook or terminal, plain lines otherwise (CI, SLURM logs)
+    def __post_init__(self) -> None:
+        for name in ("img_size", "repeats", "epochs", "batch_size", "accum_steps", "log_every"):
+            positive_int(name, getattr(self, name))
+        for name in ("num_workers", "seed", "ckpt_every"):
+            positive_int(name, getattr(self, name), minimum=0)
+        for name in ("classes", "global_batch"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name))
+        number("lr", self.lr, 0, open_low=True)
+        for name in ("min_lr", "warmup_lr", "warmup_epochs", "weight_decay"):
+            number(name, getattr(self, name), 0)
+        number("drop_path_rate", self.drop_path_rate, 0, 1, open_high=True)
+        if self.clip_grad is not None:
+            number("clip_grad", self.clip_grad, 0, open_low=True)
+        if self.ema_decay is not None:
+            number("ema_decay", self.ema_decay, 0, 1, open_low=True, open_high=True)
+        check_fraction(self.fraction)
+        for what, value, choices in (("precision", self.precision, PRECISIONS), ("progress", self.progress, PROGRESS),
+                                     ("dataset", self.data, DATASETS)):
+            one_of(what, value, choices)
+        if self.teacher_checkpoint is not None and not self.distill_teacher:
+            raise ValueError(f"teacher_checkpoint {self.teacher_checkpoint} given without distill_teacher (the "
+                             "teacher's model name)")
+        self.model_config(num_classes=2, distilled=False)  # the model and augmentation it describes can be built
+        self.aug_config()
+
+    def model_config(self, num_classes: int, distilled: bool) -> ModelConfig:
+        """The model this run trains: zoo `model` with `model_args`, at the run's image size and drop path."""
+        _refuse_run_owned("model_args", self.model_args)
+        return model_config(one_of("model", self.model, list_models()), **self.model_args, img_size=self.img_size,
+                            num_classes=num_classes, distilled=distilled, drop_path_rate=self.drop_path_rate)
+
+    def aug_config(self) -> AugConfig | None:
+        """The augmentation: `AUGMENTATIONS[aug]` with `aug_args`, at the run's image size; None: no augmentation."""
+        _refuse_run_owned("aug_args", self.aug_args)
+        if self.aug is None:
+            if self.aug_args:
+                raise ValueError(f"aug_args {self.aug_args} given with aug None (no augmentation)")
+            return None
+        if self.aug in _RENAMED_AUGMENTATIONS:
+            raise ValueError(f"augmentation {self.aug!r} is now called {_RENAMED_AUGMENTATIONS[self.aug]!r}: the "
+                             "training recipes (--preset) keep the old names")
+        base = AUGMENTATIONS[one_of("augmentation", self.aug, AUGMENTATIONS)]
+        unknown = sorted(set(self.aug_args) - {f.name for f in fields(AugConfig)})
+        if unknown:
+            raise ValueError(f"aug_args has unknown field(s) {unknown}: AugConfig fields are "
+                             f"{', '.join(f.name for f in fields(AugConfig))}")
+        return replace(base, **self.aug_args, img_size=self.img_size)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        """A config from field values: a JSON or YAML file's, a checkpoint's, or an older `run.json`'s (whose
+        augmentation names are migrated)."""
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown setting(s) {unknown}: TrainConfig fields are "
+                             f"{', '.join(f.name for f in fields(cls))}")
+        values = dict(values)
+        values["aug"] = _RENAMED_AUGMENTATIONS.get(values.get("aug"), values.get("aug", "deit"))
+        return cls(**values)
 
 
-def check_config(cfg: TrainConfig) -> None:
-    """Raise ValueError naming the first setting that cannot work, before any training work starts."""
-    positive = {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "accum_steps": cfg.accum_steps,
-                "repeats": cfg.repeats, "lr": cfg.lr, "log_every": cfg.log_every, "img_size": cfg.img_size}
-    for name, value in positive.items():
-        if not value > 0:
-            raise ValueError(f"{name} {value} must be > 0")
-    checks = [
-        (cfg.precision in PRECISIONS, f"precision {cfg.precision!r} is not one of {', '.join(PRECISIONS)}"),
-        (cfg.progress in PROGRESS, f"progress {cfg.progress!r} is not one of {', '.join(PROGRESS)}"),
-        (0 < cfg.fraction <= 1, f"fraction {cfg.fraction} must be in (0, 1]"),
-        (cfg.classes is None or cfg.classes > 0, f"classes {cfg.classes} must be > 0"),
-        (0 <= cfg.min_lr and 0 <= cfg.warmup_lr, f"min_lr {cfg.min_lr} and warmup_lr {cfg.warmup_lr} must be >= 0"),
-        (cfg.warmup_epochs >= 0, f"warmup_epochs {cfg.warmup_epochs} must be >= 0"),
-        (cfg.weight_decay >= 0, f"weight_decay {cfg.weight_decay} must be >= 0"),
-        (0 <= cfg.drop_path_rate < 1, f"drop_path_rate {cfg.drop_path_rate} must be in [0, 1)"),
-        (cfg.clip_grad is None or cfg.clip_grad > 0, f"clip_grad {cfg.clip_grad} must be > 0 (or None: off)"),
-        (cfg.ema_decay is None or 0 < cfg.ema_decay < 1, f"ema_decay {cfg.ema_decay} must be in (0, 1)"),
-        (cfg.global_batch is None or cfg.global_batch > 0, f"global_batch {cfg.global_batch} must be > 0"),
-        (cfg.num_workers >= 0 and cfg.ckpt_every >= 0, f"num_workers {cfg.num_workers} and ckpt_every "
-         f"{cfg.ckpt_every} must be >= 0"),
-        (cfg.teacher_checkpoint is None or cfg.distill_teacher, f"teacher_checkpoint {cfg.teacher_checkpoint} "
-         "given without distill_teacher (the teacher's model name)"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
+def _refuse_run_owned(where: str, overrides: dict[str, Any]) -> None:
+    owned = sorted(set(overrides) & set(RUN_OWNED))
+    if owned:
+        raise ValueError(f"{where} sets {owned[0]!r}, which the run owns: set {RUN_OWNED[owned[0]]} instead")
 
 
 def per_device_batch(cfg: TrainConfig, world_size: int) -> int:
@@ -122,7 +192,26 @@ def per_device_batch(cfg: TrainConfig, world_size: int) -> int:
     return cfg.global_batch // share
 
 
-# %% nbs/07_training.py 10
+# %% nbs/07_training.py 11
+_DEIT = dict(epochs=300, global_batch=1024, lr=5e-4, min_lr=1e-5, warmup_lr=1e-6, warmup_epochs=5.0,
+             weight_decay=0.05, drop_path_rate=0.1, img_size=224, aug="deit", repeats=3, ema_decay=None,
+             clip_grad=None)
+
+RECIPES: dict[str, dict[str, Any]] = {
+    "deit": _DEIT,
+    "imagenet": {**_DEIT, "data": "imagefolder", "data_root": "data/imagenet"},
+    "cifar100-224": {**_DEIT, "data": "cifar100"},
+    "cifar100-32": {**_DEIT, "data": "cifar100", "aug": "pad-crop-flip", "img_size": 32,
+                    "model_args": {"patch_size": 4}, "global_batch": 128, "repeats": 1},
+}
+
+
+def recipe(name: str) -> dict[str, Any]:
+    """The `TrainConfig` values a recipe sets (a copy); ValueError listing the recipes for an unknown name."""
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in RECIPES[one_of("recipe", name, RECIPES)].items()}
+
+
+# %% nbs/07_training.py 14
 def scaled_lr(base_lr: float, global_batch: int) -> float:
     """DeiT's linear scaling rule: the peak learning rate is base_lr × global_batch / 512."""
     return base_lr * global_batch / 512
@@ -146,7 +235,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-# %% nbs/07_training.py 14
+# %% nbs/07_training.py 18
 def train_loss(output: torch.Tensor | tuple[torch.Tensor, torch.Tensor], targets: torch.Tensor,
                teacher_logits: torch.Tensor | None = None, smoothing: float = 0.0) -> torch.Tensor:
     """Cross-entropy with hard labels (B,) or soft targets (B, C); with a teacher, DeiT's hard distillation:
@@ -166,60 +255,15 @@ def train_loss(output: torch.Tensor | tuple[torch.Tensor, torch.Tensor], targets
     )
 
 
-# %% nbs/07_training.py 17
-def _seed_from(*keys: int) -> int:
-    """A well-mixed 32-bit seed from a tuple of non-negative integers (numpy's SeedSequence)."""
-    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])
-
-
+# %% nbs/07_training.py 21
 def _seed_step(seed: int, rank: int, epoch: int, step: int) -> None:
-    s = _seed_from(seed, rank, epoch, step)
+    s = seed_from(seed, rank, epoch, step)
     torch.manual_seed(s)
     random.seed(s)
     np.random.seed(s)
 
 
-class _KeyedSampler(Sampler):
-    """Wraps an epoch sampler so that it yields (epoch, rank, position, index) keys for `_SeededSamples`."""
-
-    def __init__(self, sampler: Sampler, rank: int):
-        self.sampler, self.rank, self.epoch, self.start = sampler, rank, 0, 0
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.sampler.set_epoch(epoch, start)
-        self.epoch, self.start = epoch, start
-
-    def __iter__(self):
-        for i, index in enumerate(self.sampler):
-            yield self.epoch, self.rank, self.start + i, int(index)
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-
-class _SeededSamples(Dataset):
-    """Reads `dataset[index]` with torch's and python's generators seeded from the sample's key."""
-
-    def __init__(self, dataset: Dataset, seed: int):
-        self.dataset, self.seed = dataset, seed
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, key: tuple[int, int, int, int]):
-        epoch, rank, position, index = key
-        s = _seed_from(self.seed, epoch, rank, position)
-        python_state = random.getstate()
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(s)  # CPU only: fork_rng restores the CPU generator
-            random.seed(s)
-            try:
-                return self.dataset[index]
-            finally:
-                random.setstate(python_state)
-
-
-# %% nbs/07_training.py 19
+# %% nbs/07_training.py 23
 CHECKPOINT_FORMAT = "convit-edu-train-1"
 
 
@@ -251,7 +295,7 @@ def read_checkpoint(path: str | Path) -> dict:
     return ckpt
 
 
-# %% nbs/07_training.py 20
+# %% nbs/07_training.py 24
 def _rng_states() -> dict:
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     return {
@@ -272,7 +316,7 @@ def _set_rng_states(states: dict) -> None:
     random.setstate((version, tuple(internal), gauss_next))
 
 
-# %% nbs/07_training.py 22
+# %% nbs/07_training.py 26
 @dataclass
 class _World:
     rank: int
@@ -307,14 +351,14 @@ def _all_reduce(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _autocast(device: torch.device, precision: str):
+def autocast(device: torch.device, precision: str):
     """Autocast for a resolved precision (fp32: none)."""
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
-# %% nbs/07_training.py 23
+# %% nbs/07_training.py 27
 def resolve_precision(precision: str, device: torch.device | str) -> str:
     """"auto" -> bf16 on a GPU that supports it, fp16 on an older GPU, fp32 on a CPU; others are checked."""
     device = torch.device(device)
@@ -329,7 +373,7 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
     return precision
 
 
-# %% nbs/07_training.py 27
+# %% nbs/07_training.py 31
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset: Dataset, *, batch_size: int = 256, device: str | torch.device = "cpu",
              precision: str = "fp32", num_workers: int = 0, rank: int = 0, world_size: int = 1) -> dict[str, float]:
@@ -343,7 +387,7 @@ def evaluate(model: nn.Module, dataset: Dataset, *, batch_size: int = 256, devic
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1 hits, top-5 hits, images
     for images, labels in loader:
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        with _autocast(device, precision):
+        with autocast(device, precision):
             logits = model(images)
         logits = logits.float()
         top = logits.topk(min(5, logits.shape[1]), dim=1).indices
@@ -358,7 +402,7 @@ def evaluate(model: nn.Module, dataset: Dataset, *, batch_size: int = 256, devic
     return {"loss": loss / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n}
 
 
-# %% nbs/07_training.py 29
+# %% nbs/07_training.py 33
 @dataclass
 class TrainState:
     """What the hooks see: the bare model (not wrapped in DDP or compiled), the optimiser and the position."""
@@ -404,11 +448,9 @@ def gate_means(model: nn.Module) -> list[float]:
             for m in model.modules() if isinstance(getattr(m, "gating_param", None), torch.Tensor)]
 
 
-# %% nbs/07_training.py 31
+# %% nbs/07_training.py 35
 class _Progress:
     def __init__(self, mode: str, epochs: int, log_every: int):
-        from fastprogress.fastprogress import IN_NOTEBOOK
-
         if mode == "auto":
             mode = "bar" if IN_NOTEBOOK or sys.stdout.isatty() else "lines"
         self.mode, self.epochs, self.log_every, self.notebook = mode, epochs, log_every, IN_NOTEBOOK
@@ -417,8 +459,6 @@ class _Progress:
     def epochs_of(self, epochs: range):
         if self.mode != "bar":
             return epochs
-        from fastprogress.fastprogress import ConsoleMasterBar, NBMasterBar
-
         self.master = (NBMasterBar if self.notebook else ConsoleMasterBar)(epochs, total=self.epochs)
         if self.notebook:
             self.master.names = ["train loss", "val loss", "val top-1 error"]
@@ -427,8 +467,6 @@ class _Progress:
     def steps_of(self, steps: range):
         if self.mode != "bar":
             return steps
-        from fastprogress.fastprogress import ConsoleProgressBar, NBProgressBar
-
         return (NBProgressBar if self.notebook else ConsoleProgressBar)(steps, parent=self.master)
 
     def step(self, state: TrainState, lr: float, images_per_s: float) -> None:
@@ -475,11 +513,9 @@ def _write_logs(history: list[dict], output: Path) -> None:
     os.replace(output / "log.csv.tmp", output / "log.csv")
 
 
-# %% nbs/07_training.py 32
+# %% nbs/07_training.py 36
 def plot_history(history: list[dict]):
     """The curves of a run (loss; top-1 and top-5 of the model and its EMA; mean σ(λ) per layer) as a figure."""
-    from matplotlib.figure import Figure
-
     epochs = [row["epoch"] for row in history]
     gates = [row["gates"] for row in history if row.get("gates")]
     fig = Figure(figsize=(11 if gates else 7.5, 3), dpi=80)
@@ -501,7 +537,7 @@ def plot_history(history: list[dict]):
     return fig
 
 
-# %% nbs/07_training.py 34
+# %% nbs/07_training.py 38
 class _StopSignals:
     """Turn SIGTERM and SIGINT into a flag for the duration of a run (main thread only), then restore."""
 
@@ -523,32 +559,46 @@ class _StopSignals:
             signal.signal(s, handler)
 
 
-# %% nbs/07_training.py 36
-def aug_config(cfg: TrainConfig):
-    """The run's augmentation recipe: `data.PRESETS[cfg.aug]` at `cfg.img_size`, with `cfg.aug_args` applied."""
-    from convit_edu.data import PRESETS
-
-    if cfg.aug not in PRESETS:
-        raise ValueError(f"unknown aug preset {cfg.aug!r}: choose one of {', '.join(PRESETS)}")
-    return replace(PRESETS[cfg.aug], **{"img_size": cfg.img_size, **cfg.aug_args})
-
-
-def build_model(cfg: TrainConfig, num_classes: int, distilled: bool) -> nn.Module:
-    """`create_model(cfg.model)` at the run's image size, classes and drop path, with `cfg.model_args`."""
-    from convit_edu.models import create_model, list_models
-
-    if cfg.model not in list_models():
-        raise ValueError(f"unknown model {cfg.model!r}: choose one of {', '.join(list_models())}")
-    args = {"img_size": cfg.img_size, "num_classes": num_classes, "drop_path_rate": cfg.drop_path_rate, **cfg.model_args}
-    return create_model(cfg.model, distilled=distilled, **args)
+# %% nbs/07_training.py 40
+@dataclass
+class _Data:
+    loaders: DataLoaders
+    val_set: Dataset
+    num_classes: int
+    mixup: Any  # data.MixupCutmix or None
+    smoothing: float
+    batch_size: int  # per process and micro-batch
+    global_batch: int  # per optimiser step, over every process and micro-batch
+    steps_per_epoch: int
 
 
+def _build_data(cfg: TrainConfig, world: _World, datasets: tuple | None) -> _Data:
+    aug = cfg.aug_config()
+    if datasets is None:
+        if aug is None:
+            raise ValueError("aug None (no augmentation) needs datasets passed to train(); the config's own "
+                             f"datasets need an augmentation ({', '.join(AUGMENTATIONS)})")
+        train_tf, val_tf = build_transforms(aug)
+        datasets = build_datasets(cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
+                                  fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
+    train_set, val_set, classes = datasets
+    batch_size = per_device_batch(cfg, world.world_size)
+    share = math.ceil(len(train_set) / world.world_size)  # samples per process and epoch (RepeatAugSampler)
+    steps = share // batch_size // cfg.accum_steps
+    if steps == 0 and len(train_set) >= world.world_size:  # (fewer samples than processes: build_loaders says so)
+        raise ValueError(
+            f"each of the {world.world_size} processes gets {share} samples per epoch, fewer than one "
+            f"optimiser step of batch {batch_size} × accum_steps {cfg.accum_steps}: lower the batch")
+    loaders = build_loaders(train_set, val_set, batch_size=batch_size, num_workers=cfg.num_workers,
+                            repeats=cfg.repeats, num_replicas=world.world_size, rank=world.rank, seed=cfg.seed)
+    return _Data(loaders, val_set, len(classes), build_mixup(aug, len(classes)) if aug else None,
+                 aug.label_smoothing if aug else 0.0, batch_size, batch_size * cfg.accum_steps * world.world_size,
+                 steps)
+
+
+# %% nbs/07_training.py 42
 def build_teacher(name: str, checkpoint: str | None, num_classes: int, img_size: int) -> nn.Module:
     """A frozen teacher: a convit_edu model or a torchvision classifier, with weights from `checkpoint`."""
-    import torchvision
-
-    from convit_edu.models import create_model, list_models, load_checkpoint
-
     if name in list_models():
         teacher = create_model(name, num_classes=num_classes, img_size=img_size)
         if checkpoint:
@@ -564,26 +614,34 @@ def build_teacher(name: str, checkpoint: str | None, num_classes: int, img_size:
     return teacher.eval().requires_grad_(False)
 
 
-# %% nbs/07_training.py 37
-def _build_data(cfg: TrainConfig):
-    from convit_edu.data import PRESETS, build_datasets, build_transforms
-
-    if cfg.aug is None:
-        raise ValueError("aug None needs datasets passed to train(); built datasets need an augmentation preset "
-                         f"({', '.join(PRESETS)})")
-    aug = aug_config(cfg)
-    train_tf, val_tf = build_transforms(aug)
-    return build_datasets(cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
-                          fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
+# %% nbs/07_training.py 43
+def _build_models(cfg: TrainConfig, world: _World, data: _Data, model: nn.Module | None,
+                  teacher: nn.Module | None) -> tuple[nn.Module, nn.Module | None]:
+    torch.manual_seed(cfg.seed)  # the initial weights are a function of the seed, identical on every rank
+    if teacher is None and cfg.distill_teacher:
+        teacher = build_teacher(cfg.distill_teacher, cfg.teacher_checkpoint, data.num_classes, cfg.img_size)
+    if model is None:
+        model = VisionTransformer(cfg.model_config(data.num_classes, distilled=teacher is not None))
+    return model.to(world.device), teacher.to(world.device).eval() if teacher is not None else None
 
 
-def _check_resume(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, global_batch: int, world_size: int):
-    saved = ckpt["config"]
-    if saved["model"] != cfg.model:
-        raise ValueError(f"checkpoint {path} holds a {saved['model']!r}, this run builds {cfg.model!r}: "
-                         f"resume with --model {saved['model']} or start a new --output")
-    own = model.state_dict()
-    theirs = ckpt["model"]
+def _resume_checkpoint(cfg: TrainConfig, world: _World, output: Path) -> tuple[dict | None, Path | None]:
+    if cfg.resume is None:
+        return None, None
+    path = output / "last.pt" if cfg.resume == "auto" else Path(cfg.resume)
+    if cfg.resume == "auto" and not path.exists():
+        if world.main:
+            print(f"resume auto: no {path} yet, starting from scratch", flush=True)
+        return None, None
+    return read_checkpoint(path), path
+
+
+def _check_resume(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, data: _Data, world_size: int):
+    saved = TrainConfig.from_dict(ckpt["config"])
+    if saved.model != cfg.model:
+        raise ValueError(f"checkpoint {path} holds a {saved.model!r}, this run builds {cfg.model!r}: "
+                         f"resume with --model {saved.model} or start a new --output")
+    own, theirs = model.state_dict(), ckpt["model"]
     wrong = sorted(set(own) ^ set(theirs)) + [k for k in own if k in theirs and own[k].shape != theirs[k].shape]
     if wrong:
         k = wrong[0]
@@ -591,282 +649,287 @@ def _check_resume(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, gl
                   else "missing " + ("there" if k in own else "here"))
         raise ValueError(f"checkpoint {path} does not fit this model ({len(wrong)} tensors differ, first {k}: "
                          f"{detail}): same --model but other sizes or classes?")
-    if ckpt["global_batch"] != global_batch:
+    if ckpt["global_batch"] != data.global_batch:
         raise ValueError(f"checkpoint {path} was trained with global batch {ckpt['global_batch']}, this run has "
-                         f"{global_batch}: keep batch_size × accum_steps × world size equal to resume")
+                         f"{data.global_batch}: keep batch_size × accum_steps × world size equal to resume")
     if ckpt["step"] > 0 and ckpt["world_size"] != world_size:
         raise ValueError(f"checkpoint {path} stopped mid-epoch with {ckpt['world_size']} processes; this run has "
                          f"{world_size}: resume mid-epoch with the same number of processes")
 
 
+# %% nbs/07_training.py 45
+@dataclass
+class _Optimisation:
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    ema: AveragedModel | None
+
+
+def _build_optimisation(cfg: TrainConfig, model: nn.Module, data: _Data, precision: str,
+                        device: torch.device) -> _Optimisation:
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=1.0)
+    peak, total = scaled_lr(cfg.lr, data.global_batch), data.steps_per_epoch * cfg.epochs
+    warmup = round(cfg.warmup_epochs * data.steps_per_epoch)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda t: deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr))
+    ema = (AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
+           if cfg.ema_decay else None)
+    return _Optimisation(optimizer, scheduler, torch.amp.GradScaler(device.type, enabled=precision == "fp16"), ema)
+
+
+def _wrap(cfg: TrainConfig, model: nn.Module, world: _World) -> tuple[nn.Module, nn.Module]:
+    """The model in DDP when there are several processes, and what the loop calls: that, compiled when asked."""
+    ddp = (DistributedDataParallel(model, device_ids=[world.device] if world.device.type == "cuda" else None)
+           if world.world_size > 1 else model)
+    return ddp, torch.compile(ddp) if cfg.compile else ddp
+
+
+# %% nbs/07_training.py 47
+@dataclass
+class _Run:
+    cfg: TrainConfig
+    world: _World
+    output: Path
+    precision: str
+    data: _Data
+    model: nn.Module  # the bare model: what the hooks see and checkpoints hold
+    teacher: nn.Module | None
+    ddp: nn.Module  # the model in DDP with several processes, else the model
+    forward: nn.Module  # what the loop calls: `ddp`, compiled when asked
+    opt: _Optimisation
+    state: TrainState
+    callbacks: list[Callback]
+    best_top1: float = -1.0
+
+
+def _start(cfg: TrainConfig, world: _World, model, datasets, teacher, callbacks) -> _Run:
+    output, precision = Path(cfg.output), resolve_precision(cfg.precision, world.device)
+    if world.main:
+        _check_output(output)
+    data = _build_data(cfg, world, datasets)
+    model, teacher = _build_models(cfg, world, data, model, teacher)
+    ckpt, path = _resume_checkpoint(cfg, world, output)
+    if ckpt is not None:
+        _check_resume(ckpt, path, cfg, model, data, world.world_size)
+        model.load_state_dict(ckpt["model"])
+    opt = _build_optimisation(cfg, model, data, precision, world.device)
+    state = TrainState(cfg, model, opt.optimizer, world.rank, world.world_size, data.steps_per_epoch)
+    run = _Run(cfg, world, output, precision, data, model, teacher, *_wrap(cfg, model, world), opt, state,
+               list(callbacks))
+    if ckpt is not None:
+        _restore(run, ckpt, path)
+    if world.main:
+        _write_run_info(run)
+    return run
+
+
+def _restore(run: _Run, ckpt: dict, path: Path) -> None:
+    opt, s = run.opt, run.state
+    opt.optimizer.load_state_dict(ckpt["optimizer"])
+    opt.scheduler.load_state_dict(ckpt["scheduler"])
+    opt.scaler.load_state_dict(ckpt["scaler"])
+    if opt.ema is not None and ckpt["ema"] is not None:
+        opt.ema.load_state_dict(ckpt["ema"])
+    s.epoch, s.step, s.global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
+    s.epoch_losses, s.history, run.best_top1 = ckpt["epoch_losses"], ckpt["history"], ckpt["best_top1"]
+    _set_rng_states(ckpt["rng"])
+    if run.world.main:
+        print(f"resumed from {path}: epoch {s.epoch + 1}, step {s.step}/{run.data.steps_per_epoch}", flush=True)
+
+
+# %% nbs/07_training.py 49
+def _check_output(output: Path) -> None:
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        probe = output / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"output directory {output} is not writable ({e.strerror}): choose another --output") from None
+
+
+def _write_run_info(run: _Run) -> None:
+    d = run.data
+    info = {"config": asdict(run.cfg), "world_size": run.world.world_size, "batch_size": d.batch_size,
+            "global_batch": d.global_batch, "scaled_lr": scaled_lr(run.cfg.lr, d.global_batch),
+            "steps_per_epoch": d.steps_per_epoch, "device": str(run.world.device), "precision": run.precision,
+            "seed": run.cfg.seed, "versions": _versions(), "command": sys.argv}
+    (run.output / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+
+
 def _versions() -> dict[str, str]:
-    import torchvision
-
-    import convit_edu
-
     return {"python": platform.python_version(), "torch": torch.__version__,
             "torchvision": torchvision.__version__, "convit_edu": convit_edu.__version__}
 
 
-# %% nbs/07_training.py 38
+def _checkpoint(run: _Run, name: str = "last.pt") -> None:
+    if not run.world.main:
+        return
+    s, opt, d = run.state, run.opt, run.data
+    save_checkpoint({
+        "format": CHECKPOINT_FORMAT, "config": asdict(run.cfg), "model": run.model.state_dict(),
+        "optimizer": opt.optimizer.state_dict(), "scheduler": opt.scheduler.state_dict(),
+        "scaler": opt.scaler.state_dict(), "ema": opt.ema.state_dict() if opt.ema is not None else None,
+        "epoch": s.epoch, "step": s.step, "global_step": s.global_step,
+        "sampler": {"epoch": s.epoch, "start": s.step * run.cfg.accum_steps * d.batch_size},
+        "world_size": run.world.world_size, "global_batch": d.global_batch, "rng": _rng_states(),
+        "epoch_losses": s.epoch_losses, "history": s.history, "best_top1": run.best_top1,
+        "num_classes": d.num_classes,
+    }, run.output / name)
+
+
+# %% nbs/07_training.py 51
+def _micro_batches(run: _Run, batches) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward over `accum_steps` micro-batches; (local mean loss, non-finite flag) as tensors."""
+    cfg, d, losses = run.cfg, run.data, []
+    for micro in range(cfg.accum_steps):
+        images, labels = next(batches)
+        images, targets = images.to(run.world.device, non_blocking=True), labels.to(run.world.device, non_blocking=True)
+        if d.mixup is not None:
+            images, targets = d.mixup(images, targets)
+        sync = micro == cfg.accum_steps - 1 or run.ddp is run.model
+        with contextlib.nullcontext() if sync else run.ddp.no_sync():
+            with autocast(run.world.device, run.precision):
+                teacher_logits = None
+                if run.teacher is not None:
+                    with torch.no_grad():
+                        teacher_logits = run.teacher(images)
+                loss = train_loss(run.forward(images), targets, teacher_logits, d.smoothing)
+            run.opt.scaler.scale(loss / cfg.accum_steps).backward()
+        losses.append(loss.detach().float())
+    loss = torch.stack(losses).mean()
+    return loss, (~torch.isfinite(loss)).float()
+
+
+def _optimiser_step(run: _Run, batches, epoch: int, step: int, signals: "_StopSignals") -> bool:
+    """One optimiser step, in step with every process; returns whether any process received a stop signal."""
+    cfg, s, opt, world = run.cfg, run.state, run.opt, run.world
+    _seed_step(cfg.seed, world.rank, epoch, step)
+    loss, bad = _micro_batches(run, batches)
+    received = torch.tensor(float(signals.received is not None), device=world.device)
+    loss_sum, bad_ranks, signalled = _all_reduce(torch.stack([loss, bad, received])).tolist()
+    if bad_ranks:
+        opt.optimizer.zero_grad(set_to_none=True)
+        raise FloatingPointError(
+            f"non-finite loss ({loss_sum / world.world_size}) at epoch {epoch + 1}, step {step + 1} "
+            f"(global step {s.global_step + 1}) on {bad_ranks:.0f} of {world.world_size} process(es); "
+            f"the weights were not updated and {run.output / 'last.pt'} is the last good "
+            "checkpoint: lower --lr, set --clip-grad, or use bf16/fp32 instead of fp16")
+    if cfg.clip_grad:
+        opt.scaler.unscale_(opt.optimizer)
+        nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip_grad)
+    opt.scaler.step(opt.optimizer)
+    opt.scaler.update()
+    opt.optimizer.zero_grad(set_to_none=True)
+    opt.scheduler.step()
+    if opt.ema is not None:
+        opt.ema.update_parameters(run.model)
+    s.step, s.global_step, s.loss = step + 1, s.global_step + 1, loss_sum / world.world_size
+    s.epoch_losses.append(s.loss)
+    return bool(signalled)
+
+
+# %% nbs/07_training.py 53
+def _why(signals: "_StopSignals", signalled: bool) -> str:
+    return (signals.received or "a signal to another process") if signalled else "callback"
+
+
+def _run_epoch(run: _Run, epoch: int, progress: "_Progress", signals: "_StopSignals") -> tuple[str | None, int, float]:
+    """Optimiser steps until the epoch ends or a stop is asked for: (why it stopped or None, images, seconds)."""
+    cfg, s, d = run.cfg, run.state, run.data
+    s.epoch = epoch
+    d.loaders.sampler.set_epoch(epoch, start=s.step * cfg.accum_steps * d.batch_size)
+    batches = iter(d.loaders.train)
+    run.model.train()
+    t0, images = time.perf_counter(), 0
+    for step in progress.steps_of(range(s.step, d.steps_per_epoch)):
+        signalled = _optimiser_step(run, batches, epoch, step, signals)
+        images += d.global_batch
+        for cb in run.callbacks:
+            cb.on_step_end(s)
+        progress.step(s, run.opt.optimizer.param_groups[0]["lr"], images / (time.perf_counter() - t0))
+        if signalled or s.stop:
+            return _why(signals, signalled), images, time.perf_counter() - t0
+        if cfg.ckpt_every and s.global_step % cfg.ckpt_every == 0:
+            _checkpoint(run)
+    return None, images, time.perf_counter() - t0
+
+
+def _end_epoch(run: _Run, epoch: int, images: int, seconds: float, progress: "_Progress") -> None:
+    s = run.state
+    row = _epoch_row(run, epoch, images, seconds)
+    s.history.append(row)
+    progress.epoch_end(row)
+    s.epoch, s.step, s.epoch_losses = epoch + 1, 0, []
+    if run.world.main:
+        _write_logs(s.history, run.output)
+    _checkpoint(run)
+    if row["val_top1"] > run.best_top1:
+        run.best_top1 = row["val_top1"]
+        _checkpoint(run, "best.pt")
+    for cb in run.callbacks:
+        cb.on_epoch_end(s)
+
+
+def _epoch_row(run: _Run, epoch: int, images: int, seconds: float) -> dict:
+    """Evaluate, and gather the epoch's numbers into one log row."""
+    world, s = run.world, run.state
+    kwargs = dict(batch_size=run.data.batch_size, device=world.device, precision=run.precision, rank=world.rank,
+                  world_size=world.world_size)
+    val = evaluate(run.model, run.data.val_set, **kwargs)
+    row = {"epoch": epoch + 1, "step": s.global_step, "train_loss": sum(s.epoch_losses) / max(1, len(s.epoch_losses)),
+           "val_loss": val["loss"], "val_top1": val["top1"], "val_top5": val["top5"]}
+    if run.opt.ema is not None:
+        ema = evaluate(run.opt.ema.module, run.data.val_set, **kwargs)
+        row.update(ema_loss=ema["loss"], ema_top1=ema["top1"], ema_top5=ema["top5"])
+    row.update(lr=run.opt.optimizer.param_groups[0]["lr"], images_per_s=images / seconds, epoch_time_s=seconds,
+               gates=gate_means(run.model))
+    return row
+
+
+# %% nbs/07_training.py 55
+def _fit(run: _Run) -> TrainResult:
+    cfg, s, world = run.cfg, run.state, run.world
+    progress = _Progress(cfg.progress if world.main else "none", cfg.epochs, cfg.log_every)
+    for cb in run.callbacks:
+        cb.on_train_begin(s)
+    stopped = None
+    with _StopSignals() as signals:
+        for epoch in progress.epochs_of(range(s.epoch, cfg.epochs)):
+            stopped, images, seconds = _run_epoch(run, epoch, progress, signals)
+            if stopped and s.step < run.data.steps_per_epoch:
+                _checkpoint(run)
+                break
+            _end_epoch(run, epoch, images, seconds, progress)
+            signalled = _all_reduce(torch.tensor(float(signals.received is not None), device=world.device)).item()
+            if stopped or signalled or s.stop:
+                stopped = stopped or _why(signals, bool(signalled))
+                break
+    for cb in run.callbacks:
+        cb.on_train_end(s)
+    if world.main:
+        if s.history:
+            plot_history(s.history).savefig(run.output / "curves.png")
+        if stopped:
+            print(f"stopped by {stopped} at epoch {s.epoch + 1}, step {s.step}: checkpoint "
+                  f"{run.output / 'last.pt'}; continue with --resume auto", flush=True)
+    ema = run.opt.ema.module if run.opt.ema is not None else None
+    return TrainResult(run.model, ema, s.history, run.output, stopped)
+
+
+# %% nbs/07_training.py 57
 def train(cfg: TrainConfig, *, model: nn.Module | None = None, datasets: tuple | None = None,
           teacher: nn.Module | None = None, callbacks: Sequence[Callback] = ()) -> TrainResult:
     """Train as `cfg` says, on one process or under `torchrun`; the single entry point of notebook and CLI.
 
-    By default the model is `create_model(cfg.model)` and the data `build_datasets(cfg.data)` with the
-    transforms of `cfg.aug`; pass `model`, `datasets` = (train, val, class names) or `teacher` to use your own.
+    By default the model is `cfg.model` with `cfg.model_args` and the data `build_datasets(cfg.data)` with the
+    augmentation `cfg.aug`; pass `model`, `datasets` = (train, val, class names) or `teacher` to use your own.
     Returns when the last epoch is done, or early (with a checkpoint) on SIGTERM/SIGINT or `state.stop`.
     """
-    check_config(cfg)
     world = _init_world(cfg.device)
     try:
-        return _Run(cfg, world, model, datasets, teacher, callbacks).fit()
+        return _fit(_start(cfg, world, model, datasets, teacher, callbacks))
     finally:
         if world.owns_group:
             dist.destroy_process_group()
-
-
-# %% nbs/07_training.py 39
-class _Run:
-    def __init__(self, cfg, world: _World, model, datasets, teacher, callbacks):
-        self.cfg, self.world, self.callbacks = cfg, world, list(callbacks)
-        self.device, self.output = world.device, Path(cfg.output)
-        if model is None:
-            from convit_edu.models import list_models
-
-            if cfg.model not in list_models():
-                raise ValueError(f"unknown model {cfg.model!r}: choose one of {', '.join(list_models())}")
-        if cfg.aug is not None:
-            aug_config(cfg)  # an unknown preset or a wrong AugConfig field fails here, before the data is read
-        self.precision = resolve_precision(cfg.precision, self.device)
-        if world.main:
-            self._check_output()
-        self.batch_size = per_device_batch(cfg, world.world_size)
-        self.global_batch = self.batch_size * cfg.accum_steps * world.world_size
-
-        train_set, self.val_set, classes = datasets if datasets is not None else _build_data(cfg)
-        self.num_classes = len(classes)
-        n = len(train_set)
-        if n < world.world_size:
-            raise ValueError(f"{world.world_size} processes but the training set has only {n} samples: "
-                             f"use at most {n} processes")
-        from convit_edu.data import RepeatAugSampler, build_loader, build_mixup
-
-        self.sampler = _KeyedSampler(RepeatAugSampler(n, world.world_size, world.rank, repeats=cfg.repeats,
-                                                      seed=cfg.seed), world.rank)
-        self.steps_per_epoch = len(self.sampler) // self.batch_size // cfg.accum_steps
-        if self.steps_per_epoch == 0:
-            raise ValueError(
-                f"each of the {world.world_size} processes gets {len(self.sampler)} samples per epoch, fewer than one "
-                f"optimiser step of batch {self.batch_size} × accum_steps {cfg.accum_steps}: lower the batch"
-            )
-        self.loader = build_loader(_SeededSamples(train_set, cfg.seed), self.batch_size, self.sampler,
-                                   num_workers=cfg.num_workers, seed=cfg.seed, drop_last=True)
-        aug = aug_config(cfg) if cfg.aug is not None else None
-        self.mixup = build_mixup(aug, self.num_classes) if aug is not None else None
-        self.smoothing = aug.label_smoothing if aug is not None else 0.0
-
-        torch.manual_seed(cfg.seed)  # the initial weights are a function of the seed, identical on every rank
-        if teacher is None and cfg.distill_teacher:
-            teacher = build_teacher(cfg.distill_teacher, cfg.teacher_checkpoint, self.num_classes, cfg.img_size)
-        self.teacher = teacher.to(self.device).eval() if teacher is not None else None
-        self.model = (model if model is not None else
-                      build_model(cfg, self.num_classes, distilled=self.teacher is not None)).to(self.device)
-
-        ckpt, self.ckpt_path = self._resume_checkpoint()
-        if ckpt is not None:
-            self.model.load_state_dict(ckpt["model"])
-        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=1.0)
-        peak = scaled_lr(cfg.lr, self.global_batch)
-        total = self.steps_per_epoch * cfg.epochs
-        warmup = round(cfg.warmup_epochs * self.steps_per_epoch)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda t: deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr))
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
-        self.ema = (AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
-                    if cfg.ema_decay else None)
-        self.ddp = (DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
-                    if world.world_size > 1 else self.model)
-        self.forward = torch.compile(self.ddp) if cfg.compile else self.ddp
-
-        self.state = TrainState(cfg, self.model, self.optimizer, world.rank, world.world_size, self.steps_per_epoch)
-        self.best_top1 = -1.0
-        if ckpt is not None:
-            self._load_state(ckpt)
-        if world.main:
-            self._write_run_info(peak)
-
-    def _check_output(self) -> None:
-        try:
-            self.output.mkdir(parents=True, exist_ok=True)
-            probe = self.output / ".write-test"
-            probe.write_text("ok")
-            probe.unlink()
-        except OSError as e:
-            raise ValueError(f"output directory {self.output} is not writable ({e.strerror}): "
-                             "choose another --output") from None
-
-    def _resume_checkpoint(self) -> tuple[dict | None, Path | None]:
-        resume = self.cfg.resume
-        if resume is None:
-            return None, None
-        path = self.output / "last.pt" if resume == "auto" else Path(resume)
-        if resume == "auto" and not path.exists():
-            if self.world.main:
-                print(f"resume auto: no {path} yet, starting from scratch", flush=True)
-            return None, None
-        ckpt = read_checkpoint(path)
-        _check_resume(ckpt, path, self.cfg, self.model, self.global_batch, self.world.world_size)
-        return ckpt, path
-
-    def _load_state(self, ckpt: dict) -> None:
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
-        self.scaler.load_state_dict(ckpt["scaler"])
-        if self.ema is not None and ckpt["ema"] is not None:
-            self.ema.load_state_dict(ckpt["ema"])
-        s = self.state
-        s.epoch, s.step, s.global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
-        s.epoch_losses, s.history = ckpt["epoch_losses"], ckpt["history"]
-        self.best_top1 = ckpt["best_top1"]
-        _set_rng_states(ckpt["rng"])
-        if self.world.main:
-            print(f"resumed from {self.ckpt_path}: epoch {s.epoch + 1}, step {s.step}/{self.steps_per_epoch}",
-                  flush=True)
-
-    def _write_run_info(self, peak_lr: float) -> None:
-        info = {"config": asdict(self.cfg), "world_size": self.world.world_size, "batch_size": self.batch_size,
-                "global_batch": self.global_batch, "scaled_lr": peak_lr, "steps_per_epoch": self.steps_per_epoch,
-                "device": str(self.device), "precision": self.precision, "seed": self.cfg.seed, "versions": _versions(),
-                "command": sys.argv}
-        (self.output / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
-
-    def _checkpoint(self, name: str = "last.pt") -> None:
-        if not self.world.main:
-            return
-        s = self.state
-        ckpt = {
-            "format": CHECKPOINT_FORMAT, "config": asdict(self.cfg), "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
-            "epoch": s.epoch, "step": s.step, "global_step": s.global_step,
-            "sampler": {"epoch": s.epoch, "start": s.step * self.cfg.accum_steps * self.batch_size},
-            "world_size": self.world.world_size, "global_batch": self.global_batch, "rng": _rng_states(),
-            "epoch_losses": s.epoch_losses, "history": s.history, "best_top1": self.best_top1, "num_classes": self.num_classes,
-        }
-        save_checkpoint(ckpt, self.output / name)
-
-    def _train_step(self, batches) -> tuple[float, float]:
-        """One optimiser step over `accum_steps` micro-batches; returns (local mean loss, non-finite flag)."""
-        cfg, losses = self.cfg, []
-        for micro in range(cfg.accum_steps):
-            images, labels = next(batches)
-            images, labels = images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-            targets = labels
-            if self.mixup is not None:
-                images, targets = self.mixup(images, labels)
-            sync = micro == cfg.accum_steps - 1 or self.ddp is self.model
-            with contextlib.nullcontext() if sync else self.ddp.no_sync():
-                with _autocast(self.device, self.precision):
-                    teacher_logits = None
-                    if self.teacher is not None:
-                        with torch.no_grad():
-                            teacher_logits = self.teacher(images)
-                    loss = train_loss(self.forward(images), targets, teacher_logits, self.smoothing)
-                self.scaler.scale(loss / cfg.accum_steps).backward()
-            losses.append(loss.detach().float())
-        loss = torch.stack(losses).mean()
-        return loss, (~torch.isfinite(loss)).float()
-
-    def fit(self) -> TrainResult:
-        cfg, s, world = self.cfg, self.state, self.world
-        progress = _Progress(cfg.progress if world.main else "none", cfg.epochs, cfg.log_every)
-        for cb in self.callbacks:
-            cb.on_train_begin(s)
-        stopped = None
-        with _StopSignals() as signals:
-            for epoch in progress.epochs_of(range(s.epoch, cfg.epochs)):
-                s.epoch = epoch
-                self.sampler.set_epoch(epoch, start=s.step * cfg.accum_steps * self.batch_size)
-                batches = iter(self.loader)
-                self.model.train()
-                t0, images_seen = time.perf_counter(), 0
-                for step in progress.steps_of(range(s.step, self.steps_per_epoch)):
-                    _seed_step(cfg.seed, world.rank, epoch, step)
-                    loss, bad = self._train_step(batches)
-                    flags = _all_reduce(torch.stack([loss, bad, torch.tensor(float(signals.received is not None),
-                                                                              device=self.device)]))
-                    loss_sum, bad_ranks, signalled = flags.tolist()
-                    if bad_ranks:
-                        self.optimizer.zero_grad(set_to_none=True)
-                        raise FloatingPointError(
-                            f"non-finite loss ({loss_sum / world.world_size}) at epoch {epoch + 1}, step {step + 1} "
-                            f"(global step {s.global_step + 1}) on {bad_ranks:.0f} of {world.world_size} process(es); "
-                            f"the weights were not updated and {self.output / 'last.pt'} is the last good "
-                            "checkpoint: lower --lr, set --clip-grad, or use bf16/fp32 instead of fp16")
-                    if cfg.clip_grad:
-                        self.scaler.unscale_(self.optimizer)
-                        nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
-                    self.scaler.step(self.optimizer)
-                    self.scaler.update()
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.scheduler.step()
-                    if self.ema is not None:
-                        self.ema.update_parameters(self.model)
-                    s.step, s.global_step, s.loss = step + 1, s.global_step + 1, loss_sum / world.world_size
-                    s.epoch_losses.append(s.loss)
-                    images_seen += self.global_batch
-                    for cb in self.callbacks:
-                        cb.on_step_end(s)
-                    progress.step(s, self.optimizer.param_groups[0]["lr"],
-                                  images_seen / (time.perf_counter() - t0))
-                    if signalled or s.stop:
-                        stopped = (signals.received or "a signal to another process") if signalled else "callback"
-                        break
-                    if cfg.ckpt_every and s.global_step % cfg.ckpt_every == 0:
-                        self._checkpoint()
-                if stopped and s.step < self.steps_per_epoch:
-                    self._checkpoint()
-                    break
-                row = self._epoch_row(epoch, s.epoch_losses, images_seen, time.perf_counter() - t0)
-                s.history.append(row)
-                progress.epoch_end(row)
-                s.epoch, s.step, s.epoch_losses = epoch + 1, 0, []
-                if world.main:
-                    _write_logs(s.history, self.output)
-                self._checkpoint()
-                if row["val_top1"] > self.best_top1:
-                    self.best_top1 = row["val_top1"]
-                    self._checkpoint("best.pt")
-                for cb in self.callbacks:
-                    cb.on_epoch_end(s)
-                signalled = _all_reduce(torch.tensor(float(signals.received is not None), device=self.device)).item()
-                if stopped or signalled or s.stop:
-                    stopped = stopped or ((signals.received or "a signal to another process") if signalled else "callback")
-                    break
-        for cb in self.callbacks:
-            cb.on_train_end(s)
-        if world.main:
-            if s.history:
-                plot_history(s.history).savefig(self.output / "curves.png")
-            if stopped:
-                print(f"stopped by {stopped} at epoch {s.epoch + 1}, step {s.step}: checkpoint "
-                      f"{self.output / 'last.pt'}; continue with --resume auto", flush=True)
-        return TrainResult(self.model, self.ema.module if self.ema is not None else None, s.history, self.output,
-                           stopped)
-
-    def _epoch_row(self, epoch: int, step_losses: list[float], images: int, seconds: float) -> dict:
-        """Evaluate, and gather the epoch's numbers into one log row."""
-        world = self.world
-        kwargs = dict(batch_size=self.batch_size, device=self.device, precision=self.precision,
-                      rank=world.rank, world_size=world.world_size)
-        val = evaluate(self.model, self.val_set, **kwargs)
-        row = {"epoch": epoch + 1, "step": self.state.global_step,
-               "train_loss": sum(step_losses) / max(1, len(step_losses)),
-               "val_loss": val["loss"], "val_top1": val["top1"], "val_top5": val["top5"]}
-        if self.ema is not None:
-            ema = evaluate(self.ema.module, self.val_set, **kwargs)
-            row.update(ema_loss=ema["loss"], ema_top1=ema["top1"], ema_top5=ema["top5"])
-        row.update(lr=self.optimizer.param_groups[0]["lr"], images_per_s=images / seconds, epoch_time_s=seconds,
-                   gates=gate_means(self.model))
-        return row

@@ -234,7 +234,7 @@ print("this run is in", "FAST" if FAST else "full", "mode")
 # ## Bad input, refused early and shown honestly
 #
 # Every function of the package checks its input before any work and raises an error that names the wrong
-# value and what would be right; the checks that recur (a positive integer, a name from a known list) live in
+# value and what would be right; the checks that recur (a positive integer, a number in a range, a name from a known list) live in
 # one small module, `convit_edu.checks`, which this page exports. Chapters also *show* what a wrong input
 # does. A cell that only printed an error inside `try … except` would pass silently the day the check
 # disappeared, so every chapter calls `expect_error`: it returns the message of the expected error and fails
@@ -245,6 +245,8 @@ print("this run is in", "FAST" if FAST else "full", "mode")
 
 # %%
 #| export
+import math
+import numbers
 import operator
 from collections.abc import Callable, Iterable
 
@@ -261,6 +263,22 @@ def positive_int(name: str, value: object, minimum: int = 1) -> int:
         raise TypeError(f"{name} must be an integer, got {value!r}") from None
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def number(name: str, value: object, low: float = -math.inf, high: float = math.inf, *,
+           open_low: bool = False, open_high: bool = False) -> float:
+    """``value`` as a finite float in the interval from ``low`` to ``high`` (ends open when asked), or a TypeError /
+    ValueError naming ``name``, the interval and the bad value. A string such as "1e-3" (what a YAML file gives)
+    is refused with a hint, not converted behind the user's back."""
+    if isinstance(value, (bool, str)) or not isinstance(value, numbers.Real):
+        hint = " (write the number without quotes)" if isinstance(value, str) else ""
+        raise TypeError(f"{name} must be a number, got {value!r}{hint}")
+    value = float(value)
+    interval = f"{'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+    inside = (low < value if open_low else low <= value) and (value < high if open_high else value <= high)
+    if not (math.isfinite(value) and inside):
+        raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
     return value
 
 
@@ -290,6 +308,9 @@ def expect_error(call: Callable[[], object], *kinds: type[BaseException]) -> str
 print(expect_error(lambda: positive_int("depth", 0)))
 print(expect_error(lambda: positive_int("epochs", 2.5), TypeError))
 print(expect_error(lambda: one_of("model", "convit_huge", ["convit_tiny", "deit_tiny"])))
+print(expect_error(lambda: number("lr", "1e-3"), TypeError))
+print(expect_error(lambda: number("drop_path_rate", 1.0, 0, 1, open_high=True)))
+assert number("lr", 5e-4, 0, open_low=True) == 5e-4 and number("fraction", 1, 0, 1, open_low=True) == 1.0
 assert positive_int("num_workers", 0, minimum=0) == 0 and one_of("model", "deit_tiny", ["deit_tiny"]) == "deit_tiny"
 print(expect_error(lambda: int("twelve")))
 print(expect_error(lambda: {}["key"], KeyError))

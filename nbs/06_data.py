@@ -60,6 +60,7 @@ warnings.filterwarnings("ignore", message=".*os.fork.*")  # fork + threads notic
 # %%
 #| export
 import math
+import random
 import tarfile
 import time
 import warnings
@@ -74,6 +75,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from torchvision import datasets
 from torchvision.transforms import v2
+
+from convit_edu.checks import one_of, positive_int
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 _MAX_CONSECUTIVE_BAD = 32  # more unreadable files in a row than this means a broken dataset, not a bad file
@@ -236,8 +239,7 @@ class SyntheticImages(Dataset):
     def __init__(self, num_images: int, num_classes: int = 10, image_size: int = 32, seed: int = 0,
                  split: str = "train", transform: Callable | None = None, noise: float = 0.15):
         for name, value in (("num_images", num_images), ("num_classes", num_classes), ("image_size", image_size)):
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"{name} {value!r} must be a positive integer")
+            positive_int(name, value)
         if split not in ("train", "val"):
             raise ValueError(f"split {split!r} must be 'train' or 'val'")
         self.num_classes, self.image_size, self.seed, self.split = num_classes, image_size, seed, split
@@ -322,8 +324,8 @@ def build_datasets(name: str, root: str | Path = "data", *, train_transform: Cal
         raise TypeError(f"build_datasets({name!r}) got unexpected keyword(s) {', '.join(sorted(fake_kwargs))}: "
                         "only 'fake' takes num_train, num_val, num_classes, image_size and seed")
     check_fraction(fraction)
-    if max_classes is not None and not (isinstance(max_classes, int) and max_classes >= 1):
-        raise ValueError(f"max_classes {max_classes!r} must be a positive integer (or None for all classes)")
+    if max_classes is not None:
+        positive_int("max_classes", max_classes)
     root = Path(root)
     if name == "cifar100":
         train = _cifar100(root, True, train_transform, download, fraction, max_classes)
@@ -508,10 +510,11 @@ plt.show()
 # magnitude is fixed at 9 (timm draws it from N(9, 0.5) per op, "mstd0.5") and its op list is torchvision's.
 # Its fill colour for rotations and shears is the mean pixel, as in DeiT.
 #
-# Three presets: `imagenet` (the recipe above), `cifar100-224` (the paper's SM C: CIFAR-100 upsampled to 224
-# with *all hyperparameters unchanged*, so the same values — the random resized crop does the upsampling) and
-# `cifar100-32` (the classic CIFAR recipe at native resolution: 4-pixel padding, random 32×32 crop, flip,
-# CIFAR-100 statistics, no RandAugment, erasing, MixUp or smoothing).
+# Two named augmentations, `AUGMENTATIONS`: `deit` (the recipe above; the paper's SM C trains CIFAR-100
+# upsampled to 224 px with *all hyperparameters unchanged*, so it uses this one too — the random resized crop
+# does the upsampling) and `pad-crop-flip` (the classic CIFAR recipe at native resolution: 4-pixel padding,
+# random 32×32 crop, flip, CIFAR-100 statistics, no RandAugment, erasing, MixUp or smoothing). They are named
+# for what they do; the *training* recipes of chapter 07 (`imagenet`, `cifar100-32`, …) pick one of them.
 
 # %%
 #| export
@@ -544,8 +547,7 @@ class AugConfig:
     label_smoothing: float = 0.1
 
     def __post_init__(self):
-        if not (isinstance(self.img_size, int) and self.img_size >= 1):
-            raise ValueError(f"img_size {self.img_size!r} must be a positive integer")
+        positive_int("img_size", self.img_size)
         if self.crop not in ("random_resized", "pad"):
             raise ValueError(f"crop {self.crop!r} must be 'random_resized' or 'pad'")
         if self.interpolation not in ("bicubic", "bilinear", "nearest"):
@@ -567,18 +569,16 @@ class AugConfig:
         return "\n".join(f"{f.name:<22}{getattr(self, f.name)!r}" for f in fields(self))
 
 
-PRESETS: dict[str, AugConfig] = {
-    "imagenet": AugConfig(),
-    "cifar100-224": AugConfig(),
-    "cifar100-32": AugConfig(img_size=32, crop="pad", randaugment_magnitude=None, mean=CIFAR100_MEAN,
+AUGMENTATIONS: dict[str, AugConfig] = {
+    "deit": AugConfig(),
+    "pad-crop-flip": AugConfig(img_size=32, crop="pad", randaugment_magnitude=None, mean=CIFAR100_MEAN,
                              std=CIFAR100_STD, erasing=0.0, crop_ratio=1.0, mixup_alpha=0.0, cutmix_alpha=0.0,
                              label_smoothing=0.0),
 }
 
 # %%
-for name, cfg in PRESETS.items():
+for name, cfg in AUGMENTATIONS.items():
     print(f"--- {name}\n{cfg}")
-assert PRESETS["cifar100-224"] == PRESETS["imagenet"]  # SM C: "we kept all hyperparameters unchanged"
 
 # %%
 #| export
@@ -605,7 +605,7 @@ def build_transforms(cfg: AugConfig) -> tuple[v2.Compose, v2.Compose]:
     return v2.Compose(train), v2.Compose(val)
 
 # %%
-train_tf, val_tf = build_transforms(PRESETS["imagenet"])
+train_tf, val_tf = build_transforms(AUGMENTATIONS["deit"])
 print(train_tf)
 print(val_tf)
 assert val_tf.transforms[0].size == [256]  # 224 / 0.875
@@ -635,8 +635,7 @@ def show(x: torch.Tensor, cfg: AugConfig):
     return (x * std + mean).clamp(0, 1).permute(1, 2, 0).numpy()
 
 
-def augmentation_grid(image, preset: str, title: str):
-    cfg = PRESETS[preset]
+def augmentation_grid(image, cfg: AugConfig, title: str):
     train_tf, val_tf = build_transforms(cfg)
     torch.manual_seed(0)
     fig, axes = plt.subplots(1, 9, figsize=(11, 1.6), dpi=80)
@@ -650,16 +649,16 @@ def augmentation_grid(image, preset: str, title: str):
     plt.show()
 
 
-augmentation_grid(photo, "imagenet", f"preset 'imagenet' on {photo_name}")
+augmentation_grid(photo, AUGMENTATIONS["deit"], f"augmentation 'deit' on {photo_name}")
 
 # %% [markdown]
-# The two CIFAR-100 presets on the same photograph shrunk to CIFAR's 32×32: `cifar100-32` only shifts and
-# mirrors; `cifar100-224` upsamples with the full ImageNet recipe, as in the paper's SM C.
+# The two ways to train on CIFAR-100, on the same photograph shrunk to CIFAR's 32×32: `pad-crop-flip` only
+# shifts and mirrors at 32 px; `deit` at 224 px upsamples with the full ImageNet recipe, as in the paper's SM C.
 
 # %%
 small = photo.resize((32, 32), Image.BICUBIC)
-augmentation_grid(small, "cifar100-32", "preset 'cifar100-32' (32x32 input)")
-augmentation_grid(small, "cifar100-224", "preset 'cifar100-224' (32x32 input, upsampled)")
+augmentation_grid(small, AUGMENTATIONS["pad-crop-flip"], "augmentation 'pad-crop-flip' (32x32 input)")
+augmentation_grid(small, AUGMENTATIONS["deit"], "augmentation 'deit' (32x32 input, upsampled to 224)")
 
 # %% [markdown]
 # ## MixUp and CutMix with label smoothing
@@ -678,8 +677,7 @@ class MixupCutmix:
 
     def __init__(self, num_classes: int, mixup_alpha: float = 0.8, cutmix_alpha: float = 1.0,
                  cutmix_prob: float = 0.5, label_smoothing: float = 0.1):
-        if not (isinstance(num_classes, int) and num_classes >= 2):
-            raise ValueError(f"num_classes {num_classes!r} must be an integer >= 2")
+        positive_int("num_classes", num_classes, minimum=2)
         self.num_classes, self.label_smoothing = num_classes, label_smoothing
         choices, p = [], []
         if mixup_alpha > 0:
@@ -720,7 +718,7 @@ def build_mixup(cfg: AugConfig, num_classes: int) -> MixupCutmix | None:
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (the numbers depend on whether the shared Tiny ImageNet archive is present)
-cfg = PRESETS["imagenet"]
+cfg = AUGMENTATIONS["deit"]
 _, val_tf = build_transforms(cfg)
 source = val_ds if HAVE_TINY else build_datasets("fake", num_val=40, num_classes=4, image_size=64)[1]
 picks = [next(i for i, t in enumerate(source.targets) if t == c) for c in range(4)]
@@ -748,8 +746,8 @@ for name, mixer in (("MixUp", MixupCutmix(4, mixup_alpha=0.8, cutmix_alpha=0.0))
 # applies `cfg.label_smoothing` itself:
 
 # %%
-mix = build_mixup(PRESETS["imagenet"], 100)
-assert build_mixup(PRESETS["cifar100-32"], 100) is None
+mix = build_mixup(AUGMENTATIONS["deit"], 100)
+assert build_mixup(AUGMENTATIONS["pad-crop-flip"], 100) is None
 torch.manual_seed(0)
 kinds = [type(mix.mix.transforms[int(torch.multinomial(torch.tensor(mix.mix.p), 1))]).__name__ for _ in range(1000)]
 print({k: kinds.count(k) for k in ("MixUp", "CutMix")})
@@ -797,14 +795,11 @@ class RepeatAugSampler(Sampler[int]):
 
     def __init__(self, num_samples: int, num_replicas: int = 1, rank: int = 0, repeats: int = 1,
                  shuffle: bool = True, seed: int = 0):
-        if not (isinstance(num_samples, int) and num_samples >= 1):
-            raise ValueError(f"num_samples {num_samples!r} must be a positive integer")
-        if not (isinstance(num_replicas, int) and num_replicas >= 1):
-            raise ValueError(f"num_replicas {num_replicas!r} must be a positive integer (the world size)")
-        if not (isinstance(rank, int) and 0 <= rank < num_replicas):
+        positive_int("num_samples", num_samples)
+        positive_int("num_replicas (the world size)", num_replicas)
+        if not 0 <= positive_int("rank", rank, minimum=0) < num_replicas:
             raise ValueError(f"rank {rank!r} must lie in 0..{num_replicas - 1} for num_replicas {num_replicas}")
-        if not (isinstance(repeats, int) and repeats >= 1):
-            raise ValueError(f"repeats {repeats!r} must be a positive integer (DeiT: 3; 1 turns it off)")
+        positive_int("repeats (DeiT: 3; 1 turns it off)", repeats)
         self.num_samples, self.num_replicas, self.rank = num_samples, num_replicas, rank
         self.repeats, self.shuffle, self.seed = repeats, shuffle, seed
         self.epoch, self.start = 0, 0
@@ -828,7 +823,7 @@ class RepeatAugSampler(Sampler[int]):
         Call it before every epoch. ``len()`` stays the full epoch (so a loader's ``len`` does too);
         ``remaining`` is what this rank still yields.
         """
-        if not (isinstance(start, int) and 0 <= start <= len(self)):
+        if not positive_int("start", start, minimum=0) <= len(self):
             raise ValueError(f"start {start!r} must lie in 0..{len(self)} (samples of this rank already consumed "
                              "this epoch)")
         self.epoch, self.start = epoch, start
@@ -939,10 +934,8 @@ assert RepeatAugSampler(N_IMAGENET, repeats=3).unique_per_epoch == math.ceil(N_I
 def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, num_workers: int, seed: int,
                  drop_last: bool, pin_memory: bool | None = None) -> DataLoader:
     """A DataLoader over ``sampler`` (None: dataset order) with workers, pinning, prefetch and a seeded generator."""
-    if not (isinstance(batch_size, int) and batch_size >= 1):
-        raise ValueError(f"batch_size {batch_size!r} must be a positive integer")
-    if not (isinstance(num_workers, int) and num_workers >= 0):
-        raise ValueError(f"num_workers {num_workers!r} must be a non-negative integer (0: load in this process)")
+    positive_int("batch_size", batch_size)
+    positive_int("num_workers (0: load in this process)", num_workers, minimum=0)
     if drop_last and sampler is not None and len(sampler) < batch_size:
         raise ValueError(f"batch_size {batch_size} with drop_last=True leaves no batch: this rank's epoch holds "
                          f"only {len(sampler)} samples")
@@ -954,66 +947,129 @@ def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, 
     )
 
 # %% [markdown]
-# ### From a dataset name to loaders in one call
+# ### Augmentation that does not depend on the worker
 #
-# `build_loaders` strings the chapter together for the common case: datasets, the recipe's transforms, a
-# `RepeatAugSampler` for this rank (the validation sampler keeps dataset order), seeded loaders and the batch
-# MixUp/CutMix. Everything it builds is returned, so a training loop can call `sampler.set_epoch` and apply
-# `mixup`.
+# A loader worker draws its augmentation from its own generator, so which crop an image gets depends on which
+# worker read it, and on everything that worker read before. That breaks two promises of chapter 07: the same
+# run at any number of workers, and a resumed run identical to an uninterrupted one. The fix is to seed every
+# sample by *where it stands in the run*: the sampler yields keys (epoch, rank, position in the epoch, index),
+# and the dataset wrapper reads `dataset[index]` with torch's and Python's generators seeded from
+# (seed, epoch, rank, position) — a pure function of the run's coordinates, whatever worker gets it.
+
+# %%
+#| export
+def seed_from(*keys: int) -> int:
+    """A well-mixed 32-bit seed from a tuple of non-negative integers (numpy's SeedSequence)."""
+    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])
+
+
+class KeyedSampler(Sampler):
+    """Wraps a ``RepeatAugSampler`` so that it yields (epoch, rank, position, index) keys for ``SeededSamples``."""
+
+    def __init__(self, sampler: RepeatAugSampler):
+        self.sampler, self.epoch, self.start = sampler, 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """As ``RepeatAugSampler.set_epoch``: the permutation of ``epoch``, skipping this rank's first ``start``."""
+        self.sampler.set_epoch(epoch, start)
+        self.epoch, self.start = epoch, start
+
+    def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
+        for i, index in enumerate(self.sampler):
+            yield self.epoch, self.sampler.rank, self.start + i, int(index)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class SeededSamples(Dataset):
+    """Reads ``dataset[index]`` with torch's and Python's generators seeded from the sample's key."""
+
+    def __init__(self, dataset: Dataset, seed: int):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int, int, int]):
+        epoch, rank, position, index = key
+        s = seed_from(self.seed, epoch, rank, position)
+        python_state = random.getstate()
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(s)  # CPU only: fork_rng restores the CPU generator
+            random.seed(s)
+            try:
+                return self.dataset[index]
+            finally:
+                random.setstate(python_state)
+
+# %% [markdown]
+# ### From datasets to loaders in one call
+#
+# `build_loaders` strings the chapter together: a `RepeatAugSampler` for this rank behind a `KeyedSampler`,
+# the seeded training samples, and loaders with workers; the validation loader keeps dataset order. It is the
+# call chapter 07's `train` makes, and the one to make for a loop of your own: call `sampler.set_epoch(epoch)`
+# before each epoch (with `start` to resume mid-epoch).
 
 # %%
 #| export
 @dataclass
 class DataLoaders:
-    """What ``build_loaders`` makes: loaders, class names, the batch mixing and the train sampler."""
+    """What ``build_loaders`` makes: the two loaders and the train sampler (call its ``set_epoch``)."""
 
     train: DataLoader
     val: DataLoader
-    classes: list[str]
-    mixup: MixupCutmix | None
-    sampler: RepeatAugSampler
-    aug: AugConfig
+    sampler: KeyedSampler
 
 
-def build_loaders(name: str, root: str | Path = "data", *, preset: str | AugConfig, batch_size: int,
-                  num_workers: int = 4, repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0,
-                  fraction: float = 1.0, max_classes: int | None = None, download: bool = True,
-                  **fake_kwargs) -> DataLoaders:
-    """Datasets, transforms of ``preset`` (a name in ``PRESETS`` or an ``AugConfig``), samplers and loaders
-    for rank ``rank`` of ``num_replicas``, in one call. ``batch_size`` is per rank; the train loader drops
-    the last incomplete batch, the val loader keeps it (with several ranks, val pads to equal lengths)."""
-    if isinstance(preset, str) and preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)} or pass an AugConfig")
-    aug = PRESETS[preset] if isinstance(preset, str) else preset
-    train_tf, val_tf = build_transforms(aug)
-    train, val, classes = build_datasets(name, root, train_transform=train_tf, val_transform=val_tf,
-                                         fraction=fraction, max_classes=max_classes, download=download,
-                                         **fake_kwargs)
-    sampler = RepeatAugSampler(len(train), num_replicas, rank, repeats=repeats, seed=seed)
-    val_sampler = RepeatAugSampler(len(val), num_replicas, rank, shuffle=False)
+def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_workers: int = 4,
+                  repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> DataLoaders:
+    """Loaders for rank ``rank`` of ``num_replicas``: ``batch_size`` images per rank, the train loader seeded per
+    sample and dropping the last incomplete batch, the val loader in dataset order keeping it (with several
+    ranks, val pads to equal lengths)."""
+    if len(train_set) < num_replicas:
+        raise ValueError(f"{num_replicas} processes but the training set has only {len(train_set)} samples: "
+                         f"use at most {len(train_set)} processes")
+    sampler = KeyedSampler(RepeatAugSampler(len(train_set), num_replicas, rank, repeats=repeats, seed=seed))
+    val_sampler = RepeatAugSampler(len(val_set), num_replicas, rank, shuffle=False)
     return DataLoaders(
-        train=build_loader(train, batch_size, sampler, num_workers=num_workers, seed=seed, drop_last=True),
-        val=build_loader(val, batch_size, val_sampler, num_workers=num_workers, seed=seed, drop_last=False),
-        classes=classes, mixup=build_mixup(aug, len(classes)), sampler=sampler, aug=aug)
+        train=build_loader(SeededSamples(train_set, seed), batch_size, sampler, num_workers=num_workers, seed=seed,
+                           drop_last=True),
+        val=build_loader(val_set, batch_size, val_sampler, num_workers=num_workers, seed=seed, drop_last=False),
+        sampler=sampler)
 
 # %% [markdown]
-# The Tiny ImageNet classes with the ImageNet recipe and repeated augmentation ×3 (the same call with
-# `"cifar100"` downloads CIFAR-100 into `data/`), one batch, mixed:
+# The Tiny ImageNet classes with the DeiT augmentation and repeated augmentation ×3 (`build_datasets("cifar100")`
+# downloads CIFAR-100 into `data/` instead), one batch, mixed:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (the numbers depend on whether the shared Tiny ImageNet archive is present)
-data = build_loaders("imagefolder" if HAVE_TINY else "fake", TINY if HAVE_TINY else "data", preset="imagenet",
-                     batch_size=32, num_workers=2, repeats=3,
-                     **({} if HAVE_TINY else dict(num_train=2000, num_val=200, num_classes=4, image_size=64)))
+aug = AUGMENTATIONS["deit"]
+train_tf, val_tf = build_transforms(aug)
+train_ds, val_ds, classes = build_datasets(
+    "imagefolder" if HAVE_TINY else "fake", TINY if HAVE_TINY else "data", train_transform=train_tf,
+    val_transform=val_tf, **({} if HAVE_TINY else dict(num_train=2000, num_val=200, num_classes=4, image_size=64)))
+data = build_loaders(train_ds, val_ds, batch_size=32, num_workers=2, repeats=3)
 data.sampler.set_epoch(0)
-torch.manual_seed(0)
 images, labels = next(iter(data.train))
-mixed, targets = data.mixup(images, labels)
-print(f"classes {data.classes}; train {len(data.train)} batches/epoch, val {len(data.val)} batches")
+mixed, targets = build_mixup(aug, len(classes))(images, labels)
+print(f"classes {classes}; train {len(data.train)} batches/epoch, val {len(data.val)} batches")
 print(f"batch {tuple(mixed.shape)} {mixed.dtype}, soft targets {tuple(targets.shape)}")
 assert mixed.shape == (32, 3, 224, 224) and torch.allclose(targets.sum(1), torch.ones(32))
-train_ds = data.train.dataset
+
+# %% [markdown]
+# Every sample's augmentation is a function of its place in the run: the first batch of an epoch is the same
+# with no worker and with two, and reading it again gives it again.
+
+# %%
+from dataclasses import replace
+
+small_ds = SyntheticImages(64, 4, 48, transform=build_transforms(replace(aug, img_size=32))[0])
+first = [next(iter(build_loaders(small_ds, small_ds, batch_size=8, num_workers=w, seed=3).train))[0]
+         for w in (0, 2, 0)]
+assert torch.equal(first[0], first[1]) and torch.equal(first[0], first[2])
+print("the first batch is identical with 0 and 2 workers, and when read again")
 
 # %% [markdown]
 # ## Which stage limits the pipeline?
@@ -1096,11 +1152,11 @@ def benchmark_loader(dataset: Dataset, transform: Callable, batch_size: int = 64
 # %%
 # NBVAL_IGNORE_OUTPUT
 n_batches = 2 if FAST else 8
-for preset, dataset in (("imagenet", train_ds), ("cifar100-32", SyntheticImages(4096, 100, 32))):
-    tf, _ = build_transforms(PRESETS[preset])
+for name, dataset in (("deit", train_ds), ("pad-crop-flip", SyntheticImages(4096, 100, 32))):
+    tf, _ = build_transforms(AUGMENTATIONS[name])
     result = benchmark_loader(dataset, tf, batch_size=64, num_batches=n_batches, num_workers=2,
-                              mixup=build_mixup(PRESETS[preset], 100))
-    print(f"--- preset {preset}\n{result}")
+                              mixup=build_mixup(AUGMENTATIONS[name], 100))
+    print(f"--- augmentation {name}\n{result}")
 
 # %% [markdown]
 # ## Bad input
@@ -1150,9 +1206,10 @@ with tempfile.TemporaryDirectory() as tmp:
 # * `build_datasets(name, root, fraction=f, max_classes=K, ...)` returns `(train, val, class_names)` for
 #   CIFAR-100, any ImageNet-style folder or synthetic data; f keeps the first ⌊f·n_c⌋ images of each class
 #   (Table 2, `scaled_epochs` for the 1/f epochs), K the first K classes (Section 4).
-# * `PRESETS` hold every value of the DeiT recipe (`imagenet`, `cifar100-224`) and of the classic CIFAR one
-#   (`cifar100-32`); `build_transforms` turns one into torchvision v2 pipelines, `build_mixup` into the batch
+# * `AUGMENTATIONS` hold every value of the DeiT recipe (`deit`) and of the classic CIFAR one
+#   (`pad-crop-flip`); `build_transforms` turns one into torchvision v2 pipelines, `build_mixup` into the batch
 #   MixUp/CutMix with label smoothing.
 # * `RepeatAugSampler` deals one global stream to the ranks: equal lengths, disjoint positions, repeated
 #   augmentation with the copies on different ranks, the same global batches at any world size, exact resume.
-# * `build_loader` and `benchmark_loader` make and measure loaders; chapter 07 trains with them.
+# * `build_loaders` makes the seeded train loader and the val loader that chapter 07's `train` uses;
+#   `benchmark_loader` measures a pipeline stage by stage.

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from convit_edu.checks import expect_error, one_of, positive_int
+from convit_edu.checks import expect_error, number, one_of, positive_int
 
 
 def test_expect_error_returns_the_kind_and_message_of_the_expected_error():
@@ -36,3 +36,17 @@ def test_one_of_lists_the_choices():
     assert one_of("preset", "deit", ["deit", "imagenet"]) == "deit"
     with pytest.raises(ValueError, match="unknown preset 'deti': choose one of deit, imagenet"):
         one_of("preset", "deti", ["deit", "imagenet"])
+
+
+def test_number_checks_type_finiteness_and_the_interval():
+    assert number("lr", 5e-4, 0, open_low=True) == 5e-4 and number("epochs", np.float32(2.5), 0) == 2.5
+    with pytest.raises(TypeError, match="lr must be a number, got '1e-3' \\(write the number without quotes\\)"):
+        number("lr", "1e-3")
+    with pytest.raises(ValueError, match=r"lr must be a finite number in \(0, inf\], got 0.0"):
+        number("lr", 0.0, 0, open_low=True)
+    with pytest.raises(ValueError, match="got inf"):
+        number("lr", float("inf"), 0, open_low=True)
+    with pytest.raises(ValueError, match=r"in \[0, 1\), got 1.0"):
+        number("drop_path_rate", 1.0, 0, 1, open_high=True)
+    with pytest.raises(TypeError):
+        number("hflip", True, 0, 1)

@@ -13,7 +13,7 @@ from PIL import Image
 from torchvision import datasets
 
 from convit_edu.data import (
-    PRESETS,
+    AUGMENTATIONS,
     AugConfig,
     MixupCutmix,
     RepeatAugSampler,
@@ -113,7 +113,7 @@ def test_fraction_that_empties_a_class_is_an_error(folder):
 def test_max_classes_larger_than_the_number_of_classes_is_an_error(folder):
     with pytest.raises(ValueError, match="max_classes 5 is larger than the 3 classes"):
         build_datasets("imagefolder", folder, max_classes=5)
-    with pytest.raises(ValueError, match="max_classes 0 must be a positive integer"):
+    with pytest.raises(ValueError, match="max_classes must be at least 1, got 0"):
         build_datasets("imagefolder", folder, max_classes=0)
 
 
@@ -263,9 +263,9 @@ def test_fake_fraction_and_max_classes():
 # ------------------------------------------------------------------------------------------ transforms
 
 
-@pytest.mark.parametrize("preset,size", [("imagenet", 224), ("cifar100-224", 224), ("cifar100-32", 32)])
-def test_presets_give_normalised_tensors_of_the_preset_size(preset, size):
-    train_tf, val_tf = build_transforms(PRESETS[preset])
+@pytest.mark.parametrize("name,size", [("deit", 224), ("pad-crop-flip", 32)])
+def test_augmentations_give_normalised_tensors_of_their_size(name, size):
+    train_tf, val_tf = build_transforms(AUGMENTATIONS[name])
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8))
     torch.manual_seed(0)
     for tf in (train_tf, val_tf):
@@ -275,7 +275,7 @@ def test_presets_give_normalised_tensors_of_the_preset_size(preset, size):
 
 
 def test_imagenet_recipe_has_deit_values():
-    train_tf, val_tf = build_transforms(PRESETS["imagenet"])
+    train_tf, val_tf = build_transforms(AUGMENTATIONS["deit"])
     steps = {type(t).__name__: t for t in train_tf.transforms}
     rrc = steps["RandomResizedCrop"]
     assert rrc.size == (224, 224) and rrc.scale == (0.08, 1.0) and rrc.interpolation.value == "bicubic"
@@ -286,7 +286,7 @@ def test_imagenet_recipe_has_deit_values():
                            "Normalize", "RandomErasing"]
     resize, crop = val_tf.transforms[:2]
     assert resize.size == [256] and crop.size == (224, 224)
-    cfg = PRESETS["imagenet"]
+    cfg = AUGMENTATIONS["deit"]
     assert (cfg.mixup_alpha, cfg.cutmix_alpha, cfg.cutmix_prob, cfg.label_smoothing) == (0.8, 1.0, 0.5, 0.1)
 
 
@@ -303,15 +303,15 @@ def test_eval_transform_is_resize_then_centre_crop():
 
 
 def test_cifar_32_preset_pads_and_crops():
-    train_tf, _ = build_transforms(PRESETS["cifar100-32"])
+    train_tf, _ = build_transforms(AUGMENTATIONS["pad-crop-flip"])
     names = [type(t).__name__ for t in train_tf.transforms]
     assert names == ["RandomCrop", "RandomHorizontalFlip", "ToImage", "ToDtype", "Normalize"]
     assert train_tf.transforms[0].padding == [4, 4, 4, 4]
-    assert build_mixup(PRESETS["cifar100-32"], 100) is None
+    assert build_mixup(AUGMENTATIONS["pad-crop-flip"], 100) is None
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(img_size=0), "img_size 0 must be a positive integer"),
+    (dict(img_size=0), "img_size must be at least 1, got 0"),
     (dict(erasing=1.5), "erasing 1.5 is a probability"),
     (dict(crop="centre"), "crop 'centre' must be"),
     (dict(crop_ratio=0), r"crop_ratio 0 must lie in \(0, 1\]"),
@@ -327,7 +327,7 @@ def test_bad_aug_config_values_are_named(kwargs, match):
 
 def test_mixup_cutmix_soft_targets_sum_to_one_with_label_smoothing():
     torch.manual_seed(0)
-    mix = build_mixup(PRESETS["imagenet"], num_classes=10)
+    mix = build_mixup(AUGMENTATIONS["deit"], num_classes=10)
     for _ in range(20):
         images, labels = torch.rand(8, 3, 16, 16), torch.randint(0, 10, (8,))
         mixed, targets = mix(images, labels)
@@ -352,7 +352,7 @@ def test_soft_targets_match_timm_mixup_target():
     from timm.data.mixup import mixup_target
 
     torch.manual_seed(4)
-    mix = build_mixup(PRESETS["imagenet"], num_classes=7)
+    mix = build_mixup(AUGMENTATIONS["deit"], num_classes=7)
     for _ in range(5):
         labels = torch.randint(0, 7, (2,))
         _, targets = mix(torch.rand(2, 3, 8, 8), labels)
@@ -371,7 +371,7 @@ def test_cutmix_target_is_the_share_of_pasted_pixels():
 
 
 def test_mixup_rejects_bad_labels():
-    mix = build_mixup(PRESETS["imagenet"], num_classes=5)
+    mix = build_mixup(AUGMENTATIONS["deit"], num_classes=5)
     with pytest.raises(ValueError, match=r"labels must lie in 0..4, got 0..7"):
         mix(torch.rand(2, 3, 4, 4), torch.tensor([0, 7]))
 
@@ -449,7 +449,7 @@ def test_sampler_resumes_mid_epoch_exactly(world, repeats):
 def test_sampler_bad_arguments_are_named():
     with pytest.raises(ValueError, match="rank 2 must lie in 0..1 for num_replicas 2"):
         RepeatAugSampler(10, 2, 2)
-    with pytest.raises(ValueError, match="repeats 0 must be a positive integer"):
+    with pytest.raises(ValueError, match="repeats .* must be at least 1, got 0"):
         RepeatAugSampler(10, repeats=0)
     with pytest.raises(ValueError, match="start 6 must lie in 0..5"):
         RepeatAugSampler(10, 2).set_epoch(0, 6)
@@ -481,23 +481,45 @@ def test_benchmark_reports_every_stage_and_restores_the_transform():
     assert train.transform is None and "slowest stage" in str(result)
 
 
-def test_build_loaders_goes_from_a_name_to_batches_in_one_call(folder):
-    data = build_loaders("fake", preset="cifar100-32", batch_size=16, num_workers=0, num_train=64, num_val=20,
-                         num_classes=4)
-    assert data.classes == [f"class_{c:03d}" for c in range(4)] and data.mixup is None
+def test_build_loaders_goes_from_datasets_to_batches_for_each_rank(folder):
+    train, val, _ = build_datasets("fake", num_train=64, num_val=20, num_classes=4, image_size=32,
+                                   train_transform=build_transforms(AUGMENTATIONS["pad-crop-flip"])[0],
+                                   val_transform=build_transforms(AUGMENTATIONS["pad-crop-flip"])[1])
+    data = build_loaders(train, val, batch_size=16, num_workers=0)
     images, labels = next(iter(data.train))
     assert images.shape == (16, 3, 32, 32) and labels.shape == (16,)
     assert [len(y) for _, y in data.val] == [16, 4]
     cfg = AugConfig(img_size=16)
-    ranks = [build_loaders("imagefolder", folder, preset=cfg, batch_size=2, num_workers=0, repeats=3,
-                           num_replicas=2, rank=r) for r in range(2)]
+    train, val, _ = build_datasets("imagefolder", folder, train_transform=build_transforms(cfg)[0],
+                                   val_transform=build_transforms(cfg)[1])
+    ranks = [build_loaders(train, val, batch_size=2, num_workers=0, repeats=3, num_replicas=2, rank=r)
+             for r in range(2)]
     assert [len(d.train) for d in ranks] == [4, 4] and [len(d.val) for d in ranks] == [2, 2]
-    images, targets = ranks[0].mixup(*next(iter(ranks[0].train)))
+    images, targets = build_mixup(cfg, 3)(*next(iter(ranks[0].train)))
     assert images.shape == (2, 3, 16, 16) and targets.shape == (2, 3)
-    with pytest.raises(ValueError, match="unknown preset 'cifar': choose one of imagenet, cifar100-224"):
-        build_loaders("fake", preset="cifar", batch_size=4)
+    with pytest.raises(ValueError, match="3 processes but the training set has only 2 samples"):
+        build_loaders(torch.utils.data.TensorDataset(torch.zeros(2)), val, batch_size=1, num_replicas=3)
+
+
+def test_the_train_loader_seeds_each_sample_by_its_place_in_the_run_not_by_its_worker():
+    train, _, _ = build_datasets("fake", num_train=32, num_val=4, image_size=16,
+                                 train_transform=build_transforms(AugConfig(img_size=16))[0])
+
+    def first_epoch(workers, seed=0, start=0):
+        data = build_loaders(train, train, batch_size=4, num_workers=workers, seed=seed)
+        data.sampler.set_epoch(0, start=start)
+        return torch.cat([x for x, _ in data.train])
+
+    whole = first_epoch(0)
+    assert torch.equal(whole, first_epoch(2)) and not torch.equal(whole, first_epoch(0, seed=1))
+    assert torch.equal(whole[8:], first_epoch(2, start=8))  # resumed after two batches: the same images
+
+
+def test_loader_batch_larger_than_a_ranks_share_is_refused(folder):
+    cfg = AugConfig(img_size=16)
+    train, val, _ = build_datasets("imagefolder", folder, train_transform=build_transforms(cfg)[0])
     with pytest.raises(ValueError, match="batch_size 64 with drop_last=True leaves no batch: .* only 9 samples"):
-        build_loaders("imagefolder", folder, preset=cfg, batch_size=64, num_replicas=2)
+        build_loaders(train, val, batch_size=64, num_replicas=2)
 
 
 # ------------------------------------------------------------------------------------------ real images
@@ -507,14 +529,14 @@ def test_build_loaders_goes_from_a_name_to_batches_in_one_call(folder):
 def test_tiny_imagenet_subset_loads_through_the_whole_pipeline(tmp_path):
     root = extract_subset(TINY_IMAGENET, tmp_path / "tin", max_classes=3, max_per_class=8)
     assert extract_subset(TINY_IMAGENET, tmp_path / "tin", max_classes=3, max_per_class=8) == root  # cached
-    train_tf, val_tf = build_transforms(PRESETS["imagenet"])
+    train_tf, val_tf = build_transforms(AUGMENTATIONS["deit"])
     train, val, names = build_datasets("imagefolder", root, train_transform=train_tf, val_transform=val_tf,
                                        fraction=0.5)
     assert train.classes == sorted(train.classes) and len(names) == 3 and names[0] == "goldfish"
     assert len(train) == 3 * 4 and len(val) == 3 * 8
     loader = build_loader(train, 4, RepeatAugSampler(len(train), repeats=3), num_workers=0, seed=0,
                           drop_last=True)
-    mix = build_mixup(PRESETS["imagenet"], len(names))
+    mix = build_mixup(AUGMENTATIONS["deit"], len(names))
     for images, labels in loader:
         mixed, targets = mix(images, labels)
         assert mixed.shape == (4, 3, 224, 224) and targets.shape == (4, 3)

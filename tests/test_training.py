@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -95,8 +95,9 @@ def make_model(**kwargs) -> nn.Module:
 
 
 def config(output, **changes) -> TrainConfig:
-    base = TrainConfig(model="tiny", aug="cifar100-32", aug_args={"mixup_alpha": 0.8, "cutmix_alpha": 1.0,
-                       "label_smoothing": 0.1}, epochs=2, batch_size=8, lr=0.5, warmup_epochs=0.5,
+    base = TrainConfig(model="deit_tiny", model_args={"patch_size": 4}, aug="pad-crop-flip",
+                       aug_args={"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "label_smoothing": 0.1},
+                       epochs=2, batch_size=8, lr=0.5, warmup_epochs=0.5,
                        ema_decay=0.9, precision="fp32", device="cpu", num_workers=0, output=str(output),
                        progress="none", img_size=8)
     return replace(base, **changes)
@@ -193,8 +194,8 @@ def test_corrupt_or_foreign_checkpoints_are_refused_by_name(tmp_path):
 
 def test_resume_from_another_model_is_refused_before_training(tmp_path):
     train(config(tmp_path, epochs=1), model=make_model(), datasets=make_data())
-    with pytest.raises(ValueError, match="holds a 'tiny', this run builds 'other'"):
-        train(config(tmp_path, model="other", resume="auto"), model=make_model(), datasets=make_data())
+    with pytest.raises(ValueError, match="holds a 'deit_tiny', this run builds 'convit_tiny'"):
+        train(config(tmp_path, model="convit_tiny", resume="auto"), model=make_model(), datasets=make_data())
     with pytest.raises(ValueError, match=r"does not fit this model .*body.1.weight: \(32, 192\) there, \(16, 192\)"):
         train(config(tmp_path, resume="auto"), model=make_model(hidden=16), datasets=make_data())
 
@@ -230,8 +231,8 @@ def test_hard_distillation_with_a_tiny_random_teacher_trains(tmp_path):
 def test_bad_settings_fail_early_naming_the_value(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="global_batch 100 is not divisible by accum_steps 1 × world size 8"):
         per_device_batch(TrainConfig(global_batch=100), 8)
-    with pytest.raises(ValueError, match="precision 'fp8' is not one of auto, fp32, bf16, fp16"):
-        train(config(tmp_path, precision="fp8"), model=make_model(), datasets=make_data())
+    with pytest.raises(ValueError, match="unknown precision 'fp8': choose one of auto, fp32, bf16, fp16"):
+        config(tmp_path, precision="fp8")
     with pytest.raises(ValueError, match="fewer than one optimiser step of batch 128"):
         train(config(tmp_path, batch_size=128), model=make_model(), datasets=make_data())
     with pytest.raises(ValueError, match="4 processes but the training set has only 3 samples"):
@@ -241,6 +242,48 @@ def test_bad_settings_fail_early_naming_the_value(tmp_path, monkeypatch):
     blocker.write_text("not a folder")
     with pytest.raises(ValueError, match=f"output directory {blocker}/run is not writable"):
         train(config(blocker / "run"), model=make_model(), datasets=make_data())
+
+
+@pytest.mark.parametrize("changes, error, match", [
+    (dict(lr="1e-3"), TypeError, "lr must be a number, got '1e-3'"),
+    (dict(lr=float("inf")), ValueError, "lr must be a finite number"),
+    (dict(epochs=2.5), TypeError, "epochs must be an integer, got 2.5"),
+    (dict(seed=-1), ValueError, "seed must be at least 0, got -1"),
+    (dict(model="convit_huge"), ValueError, "unknown model 'convit_huge': choose one of convit_tiny"),
+    (dict(aug="imagenet"), ValueError, "augmentation 'imagenet' is now called 'deit'"),
+    (dict(aug_args={"img_size": 32}), ValueError, "aug_args sets 'img_size', which the run owns: set img_size"),
+    (dict(model_args={"drop_path_rate": 0.2}), ValueError, "model_args sets 'drop_path_rate', which the run owns"),
+    (dict(model_args={"num_classes": 10}), ValueError, "set the dataset's classes instead"),
+    (dict(model="convit_tiny", model_args={"patch_size": 4, "locality_strength": -1.0}), ValueError,
+     "locality_strength"),
+    (dict(model_args={"depth_": 3}), TypeError, "unknown config field"),
+    (dict(aug_args={"mixup": 0.5}), ValueError, "aug_args has unknown field"),
+    (dict(teacher_checkpoint="t.pt"), ValueError, "given without distill_teacher"),
+    (dict(img_size=30), ValueError, "img_size 30 \\(image height\\) is not divisible by patch_size 4"),
+])
+def test_a_config_is_checked_when_it_is_made(tmp_path, changes, error, match):
+    with pytest.raises(error, match=match):
+        config(tmp_path, **changes)
+
+
+def test_every_recipe_is_a_valid_config_and_cifar_keeps_its_global_batch_at_any_world_size():
+    for name in training.RECIPES:
+        TrainConfig(**training.recipe(name))
+    cifar = TrainConfig(**training.recipe("cifar100-32"))
+    assert cifar.global_batch == 128 and cifar.aug == "pad-crop-flip" and cifar.model_args == {"patch_size": 4}
+    assert [per_device_batch(cifar, world) for world in (1, 2, 8)] == [128, 64, 16]
+    with pytest.raises(ValueError, match="unknown recipe 'cifar10'"):
+        training.recipe("cifar10")
+
+
+def test_from_dict_reads_current_and_older_run_configs():
+    cfg = TrainConfig(model="deit_tiny", aug="pad-crop-flip", img_size=32, model_args={"patch_size": 4})
+    assert TrainConfig.from_dict(asdict(cfg)) == cfg
+    old = {**asdict(cfg), "aug": "cifar100-32"}  # run.json of an earlier version: the old augmentation names
+    assert TrainConfig.from_dict(old) == cfg
+    assert TrainConfig.from_dict({**asdict(cfg), "aug": "cifar100-224"}).aug == "deit"
+    with pytest.raises(ValueError, match="unknown setting\\(s\\) \\['learning_rate'\\]"):
+        TrainConfig.from_dict({"learning_rate": 1e-3})
 
 
 # ------------------------------------------------------------------------------------ subprocess tests
@@ -309,7 +352,7 @@ def slow_config(output) -> TrainConfig:
 
 def ddp_config(output, batch_size: int) -> TrainConfig:
     # no mixup, no dropout, no augmentation noise: the 2 x 8 and 1 x 16 batches then hold the same images
-    return config(output, aug=None, batch_size=batch_size, epochs=2)
+    return config(output, aug=None, aug_args={}, batch_size=batch_size, epochs=2)
 
 
 def ddp_data():
