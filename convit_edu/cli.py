@@ -11,77 +11,38 @@ import resource
 import sys
 import time
 import typing
-from dataclasses import MISSING, asdict, fields, replace
+from dataclasses import MISSING, Field, asdict, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from convit_edu.training import PRECISIONS, TrainConfig, evaluate, read_checkpoint, resolve_precision, train
+from convit_edu.checks import one_of, positive_int
+from convit_edu.data import AugConfig, augmentation, benchmark_loader, build_datasets, build_mixup, build_transforms
+from convit_edu.models import ModelConfig, VisionTransformer, create_model, list_models, mask_at_test_time
+from convit_edu.training import (
+    PRECISIONS,
+    RECIPES,
+    RUN_OWNED,
+    TrainConfig,
+    autocast,
+    evaluate,
+    read_checkpoint,
+    recipe,
+    resolve_precision,
+    train,
+)
 
-__all__ = ['PRESETS', 'expand_preset', 'run_train', 'run_eval', 'measure_model', 'run_bench', 'build_parser', 'main']
-
-
-# %% nbs/08_command_line.py 6
-_DEIT = dict(epochs=300, global_batch=1024, lr=5e-4, min_lr=1e-5, warmup_lr=1e-6, warmup_epochs=5.0,
-             weight_decay=0.05, drop_path_rate=0.1, img_size=224, aug="imagenet", repeats=3, ema_decay=None,
-             clip_grad=None)
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "deit": _DEIT,
-    "imagenet": {**_DEIT, "data": "imagefolder", "data_root": "data/imagenet"},
-    "cifar100-224": {**_DEIT, "data": "cifar100", "aug": "cifar100-224"},
-    "cifar100-32": {**_DEIT, "data": "cifar100", "aug": "cifar100-32", "img_size": 32, "model_args": {"patch_size": 4},
-                    "global_batch": None, "batch_size": 128, "repeats": 1},
-}
-
-
-def expand_preset(name: str) -> dict[str, Any]:
-    """The `TrainConfig` fields a preset sets; ValueError listing the presets for an unknown name."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
-    return dict(PRESETS[name])
+__all__ = ['run_train', 'run_eval', 'measure_model', 'run_bench', 'build_parser', 'main']
 
 
 # %% nbs/08_command_line.py 8
-_TRAIN_HELP = {
-    "model": "model name (convit_edu.models.list_models())",
-    "img_size": "image side in pixels, for the model and the augmentation",
-    "drop_path_rate": "stochastic depth of the last block (DeiT: 0.1)",
-    "data": "dataset: cifar100, imagefolder (ROOT/train, ROOT/val) or fake",
-    "data_root": "dataset folder",
-    "aug": "augmentation recipe (convit_edu.data.PRESETS: imagenet, cifar100-32, cifar100-224)",
-    "fraction": "keep this fraction of the training images of each class (Table 2)",
-    "classes": "keep the first K classes",
-    "repeats": "repeated augmentation: each image this many times per epoch (DeiT: 3)",
-    "num_workers": "data loader processes per GPU/process",
-    "epochs": "training epochs",
-    "batch_size": "images per process and step (ignored when --global-batch is set)",
-    "global_batch": "images per optimiser step over all processes and accumulation steps",
-    "accum_steps": "gradient accumulation steps per optimiser step",
-    "lr": "base learning rate for a global batch of 512 (scaled linearly)",
-    "min_lr": "learning rate at the end of the cosine",
-    "warmup_lr": "learning rate at the start of the warm-up",
-    "warmup_epochs": "linear warm-up length in epochs (may be fractional)",
-    "weight_decay": "AdamW weight decay (not on 1-D parameters, pos_embed, cls_token)",
-    "clip_grad": "clip the gradient norm to this value (none: off)",
-    "ema_decay": "keep an EMA of the weights with this decay, evaluated too (none: off; DeiT code: 0.99996)",
-    "distill_teacher": "hard distillation from this convit_edu or torchvision model (SM B, Table 4)",
-    "teacher_checkpoint": "the teacher's weights",
-    "precision": "auto (bf16 on GPUs that have it, else fp16; fp32 on CPUs), fp32, bf16 or fp16 (+ GradScaler)",
-    "compile": "torch.compile the model",
-    "seed": "seed of every random draw (shuffling, augmentation, mixing, drop path)",
-    "device": "auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda",
-    "output": "run folder: checkpoints, logs, run.json, curves.png",
-    "resume": "continue from a checkpoint path, or auto (OUTPUT/last.pt when it exists)",
-    "ckpt_every": "also checkpoint every N optimiser steps (0: at epoch ends only)",
-    "log_every": "print a progress line every N steps (when not showing bars)",
-    "progress": "auto (bars in notebooks and terminals, lines otherwise), bar, lines or none",
-}
-_NOT_MODEL_FLAGS = {"img_size", "num_classes", "drop_path_rate", "distilled"}
-_NOT_AUG_FLAGS = {"img_size"}
-_DICT_FIELDS = {"model_args", "aug_args", "data_args"}
+_OVERRIDES = {  # TrainConfig field: (the dataclass it overrides, the prefix of its flags' dests, the group's title)
+    "model_args": (ModelConfig, "model", "model architecture (convit_edu.models.ModelConfig; defaults shown are "
+                                         "ConViT-Ti's, unset flags keep those of --model)"),
+    "aug_args": (AugConfig, "aug", "augmentation (convit_edu.data.AugConfig; defaults shown are those of the deit "
+                                   "augmentation, unset flags keep those of --aug)")}
 
 
 def _flag(name: str) -> str:
@@ -101,67 +62,61 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def _add_field_flags(group, dataclass_fields, skip: set[str], dest_prefix: str, helps: dict[str, str]) -> None:
-    for f in dataclass_fields:
-        if f.name in skip:
-            continue
-        default = f.default if f.default is not MISSING else f.default_factory()
-        kwargs = dict(dest=dest_prefix + f.name, default=argparse.SUPPRESS,
-                      help=f"{helps.get(f.name, '')} (default: {default})".strip())
-        types = [t for t in typing.get_args(f.type) if t is not type(None)]  # `X | None`: "none" is valid too
-        if isinstance(default, bool):
-            group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
-        elif isinstance(default, tuple):
-            group.add_argument(_flag(f.name), type=float, nargs=len(default), metavar="X", **kwargs)
-        elif types or default is None:
-            metavar = "|".join(t.__name__.upper() for t in types) or "VALUE"
-            group.add_argument(_flag(f.name), type=_parse_value, metavar=metavar, **kwargs)
-        else:
-            group.add_argument(_flag(f.name), type=type(default), metavar=type(default).__name__.upper(), **kwargs)
+def _add_flag(group, f: Field, dest: str) -> None:
+    """One flag for dataclass field `f`, storing into `dest`; unset flags stay out of the namespace."""
+    default = f.default if f.default is not MISSING else f.default_factory()
+    help = f"{f.metadata.get('help', '')} (default: {default})".strip()
+    kwargs = dict(dest=dest, default=argparse.SUPPRESS, help=help)
+    types = [t for t in typing.get_args(f.type) if t is not type(None)]  # `X | None`: "none" is valid too
+    if isinstance(default, bool):
+        group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
+    elif isinstance(default, tuple):
+        group.add_argument(_flag(f.name), type=float, nargs=len(default), metavar="X", **kwargs)
+    elif types or default is None:
+        metavar = "|".join(t.__name__.upper() for t in types) or "VALUE"
+        group.add_argument(_flag(f.name), type=_parse_value, metavar=metavar, **kwargs)
+    else:
+        group.add_argument(_flag(f.name), type=type(default), metavar=type(default).__name__.upper(), **kwargs)
 
 
 def _train_parser(sub) -> argparse.ArgumentParser:
-    from convit_edu.data import AugConfig
-    from convit_edu.models import ModelConfig
-
     p = sub.add_parser(
         "train", help="train a model", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a ConViT or DeiT (one process, or one per GPU under torchrun). Precedence: "
                     "TrainConfig defaults < --preset < explicit flags.",
-        epilog="examples:\n  convit-edu train --model convit_tiny --data cifar100 --preset cifar100-32 --epochs 1\n"
+        epilog="examples:\n  convit-edu train --model convit_tiny --preset cifar100-32 --epochs 1\n"
                "  torchrun --nproc_per_node=8 -m convit_edu.cli train --model convit_small --preset imagenet "
                "--data-root /data/imagenet --output runs/convit_small --resume auto")
-    p.add_argument("--preset", choices=list(PRESETS), help="a recipe; it prints what it expands to")
+    p.add_argument("--preset", choices=list(RECIPES), help="a recipe (training.RECIPES); it prints what it sets")
     p.add_argument("--print-config", action="store_true", help="print the complete config as JSON and exit")
     p.add_argument("--data-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra dataset arguments, e.g. --data-arg num_train=512 for --data fake")
-    _add_field_flags(p.add_argument_group("run (TrainConfig)"), fields(TrainConfig), _DICT_FIELDS, "", _TRAIN_HELP)
-    _add_field_flags(p.add_argument_group("model architecture (convit_edu.models.ModelConfig; defaults shown "
-                                          "are ConViT-Ti's, unset flags keep those of --model)"),
-                     fields(ModelConfig), _NOT_MODEL_FLAGS, "model.", {})
-    _add_field_flags(p.add_argument_group("augmentation (convit_edu.data.AugConfig; defaults shown are the "
-                                          "imagenet recipe's, unset flags keep those of --aug)"),
-                     fields(AugConfig), _NOT_AUG_FLAGS, "aug.", {})
+                   help="extra dataset arguments (data_args), e.g. --data-arg num_train=512 for --data fake")
+    run = p.add_argument_group("run (TrainConfig)")
+    for f in fields(TrainConfig):
+        if f.name in _OVERRIDES:
+            cls, prefix, title = _OVERRIDES[f.name]
+            group = p.add_argument_group(title)
+            for g in fields(cls):
+                if g.name not in RUN_OWNED:
+                    _add_flag(group, g, f"{prefix}.{g.name}")
+        elif f.default is not MISSING:  # data_args, the other dict field, has the repeatable --data-arg instead
+            _add_flag(run, f, f.name)
     return p
 
 
 def _config_from_args(args: argparse.Namespace) -> TrainConfig:
-    given = vars(args)
-    values = expand_preset(args.preset) if args.preset else {}
-    for key in ("model_args", "aug_args", "data_args"):
-        values[key] = dict(values.get(key, {}))
-    for key, value in given.items():
-        if key.startswith("model."):
-            values["model_args"][key[6:]] = tuple(value) if isinstance(value, list) else value
-        elif key.startswith("aug."):
-            values["aug_args"][key[4:]] = tuple(value) if isinstance(value, list) else value
+    """Defaults < preset < flags, as one validated `TrainConfig`."""
+    values = recipe(args.preset) if args.preset else {}
+    for name in ("model_args", "aug_args", "data_args"):
+        values[name] = dict(values.get(name, {}))
+    target = {prefix: name for name, (_, prefix, _) in _OVERRIDES.items()}
+    for key, value in vars(args).items():
+        prefix, _, name = key.partition(".")
+        if name:
+            values[target[prefix]][name] = tuple(value) if isinstance(value, list) else value
         elif key in {f.name for f in fields(TrainConfig)}:
             values[key] = value
-    for item in args.data_arg:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--data-arg {item!r} is not KEY=VALUE")
-        values["data_args"][key] = _parse_value(value)
+    values["data_args"].update(_key_value(item, "--data-arg") for item in args.data_arg)
     return TrainConfig(**values)
 
 
@@ -171,7 +126,7 @@ def run_train(args: argparse.Namespace) -> int:
     main_process = os.environ.get("RANK", "0") == "0"
     if main_process and args.preset:
         print(f"preset {args.preset} expands to:")
-        for key, value in expand_preset(args.preset).items():
+        for key, value in recipe(args.preset).items():
             print(f"  {key} = {value!r}")
     if args.print_config:
         if main_process:
@@ -182,14 +137,11 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from convit_edu.data import build_datasets, build_transforms
-    from convit_edu.models import mask_at_test_time
-    from convit_edu.training import aug_config, build_model
-
     ckpt = read_checkpoint(args.checkpoint)
-    cfg = replace(TrainConfig(**ckpt["config"]), **{k: v for k, v in (("data", args.data), ("data_root", args.data_root),
-                                                                       ("classes", args.classes)) if v is not None})
-    model = build_model(cfg, ckpt["num_classes"], distilled=cfg.distill_teacher is not None)
+    given = {k: v for k, v in (("data", args.data), ("data_root", args.data_root), ("classes", args.classes))
+             if v is not None}
+    cfg = TrainConfig.from_dict({**ckpt["config"], **given})
+    model = VisionTransformer(cfg.model_config(ckpt["num_classes"], distilled=cfg.distill_teacher is not None))
     if args.ema:
         if ckpt["ema"] is None:
             raise ValueError(f"checkpoint {args.checkpoint} has no EMA (it was trained without --ema-decay)")
@@ -197,7 +149,7 @@ def run_eval(args: argparse.Namespace) -> int:
     else:
         weights = ckpt["model"]
     model.load_state_dict(weights)
-    _, val_tf = build_transforms(aug_config(cfg))
+    _, val_tf = build_transforms(cfg.aug_config() or AugConfig(img_size=cfg.img_size))
     _, val_set, classes = build_datasets(cfg.data, cfg.data_root, val_transform=val_tf, max_classes=cfg.classes,
                                          download=False, **cfg.data_args)
     if len(classes) != ckpt["num_classes"]:
@@ -220,8 +172,6 @@ def measure_model(model: nn.Module, batch_size: int, img_size: int, *, steps: in
                   device: str | torch.device = "cpu", precision: str = "fp32") -> dict[str, float]:
     """Training (forward, backward, AdamW step) and inference images/s on random images, and peak memory:
     CUDA's peak allocation on a GPU, the process's peak resident size on a CPU (both in MiB)."""
-    from convit_edu.training import _autocast
-
     device = torch.device(device)
     precision = resolve_precision(precision, device)
     model = model.to(device)
@@ -230,7 +180,7 @@ def measure_model(model: nn.Module, batch_size: int, img_size: int, *, steps: in
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def train_step():
-        with _autocast(device, precision):
+        with autocast(device, precision):
             out = model(x)
             loss = nn.functional.cross_entropy(out[0] if isinstance(out, tuple) else out, y)
         loss.backward()
@@ -239,7 +189,7 @@ def measure_model(model: nn.Module, batch_size: int, img_size: int, *, steps: in
 
     @torch.no_grad()
     def infer_step():
-        with _autocast(device, precision):
+        with autocast(device, precision):
             model(x)
 
     def rate(step, train_mode: bool) -> float:
@@ -266,22 +216,20 @@ def measure_model(model: nn.Module, batch_size: int, img_size: int, *, steps: in
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from convit_edu.data import PRESETS as AUG_PRESETS, benchmark_loader, build_datasets, build_mixup, build_transforms
-    from convit_edu.models import create_model, list_models
-
     if args.threads is not None:
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(positive_int("--threads", args.threads))
     if args.suite:  # chapter 11: GPSA layer, resolution sweep, ConViT vs DeiT throughput, peak fraction
-        from convit_edu.bench import BenchSizes, run_benchmarks
+        from convit_edu.bench import BenchSizes, run_benchmarks  # chapter 11 comes after this one: import on use
 
         run_benchmarks(BenchSizes.fast() if args.suite == "fast" else BenchSizes.full(),
                        compile_timeout_s=args.compile_timeout if args.compile else None, json_path=args.json)
         return 0
-    if args.model not in list_models():
-        raise ValueError(f"unknown model {args.model!r}: choose one of {', '.join(list_models())}")
+    one_of("model", args.model, list_models())
+    positive_int("--batch-size", args.batch_size)
+    positive_int("--steps", args.steps)
     device = _device(args.device)
     model = create_model(args.model, img_size=args.img_size, num_classes=args.num_classes,
-                         **dict(_key_value(item) for item in args.model_arg))
+                         **dict(_key_value(item, "--model-arg") for item in args.model_arg))
     if args.compile:
         model = torch.compile(model)
     print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, "
@@ -290,18 +238,16 @@ def run_bench(args: argparse.Namespace) -> int:
                              precision=args.precision)
     for key, value in measured.items():
         print(f"  {key:<22}{value:>10.1f}")
-    if args.aug not in AUG_PRESETS:
-        raise ValueError(f"unknown aug preset {args.aug!r}: choose one of {', '.join(AUG_PRESETS)}")
-    aug = replace(AUG_PRESETS[args.aug], img_size=args.img_size)
+    aug = augmentation(args.aug, args.img_size)
     train_tf, _ = build_transforms(aug)
-    data_args = dict(_key_value(item) for item in args.data_arg)
+    data_args = dict(_key_value(item, "--data-arg") for item in args.data_arg)
     train_set, _, classes = build_datasets(args.data, args.data_root, download=False, **data_args)
-    print(f"data loader on {args.data} ({args.aug} recipe, {args.num_workers} workers):")
+    print(f"data loader on {args.data} ({args.aug} augmentation, {args.num_workers} workers):")
     loader = benchmark_loader(train_set, train_tf, batch_size=args.batch_size, num_workers=args.num_workers,
                               mixup=build_mixup(aug, len(classes)) if len(classes) > 1 else None)
     print(loader)
     if args.json:
-        from convit_edu.bench import write_json
+        from convit_edu.bench import write_json  # chapter 11 comes after this one: import on use
 
         write_json({"model": args.model, "img_size": args.img_size, "batch_size": args.batch_size,
                     "device": str(device), **measured, "loader": str(loader)}, args.json)
@@ -313,10 +259,10 @@ def _device(name: str) -> torch.device:
     return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
 
 
-def _key_value(item: str) -> tuple[str, Any]:
+def _key_value(item: str, flag: str) -> tuple[str, Any]:
     key, sep, value = item.partition("=")
     if not sep:
-        raise ValueError(f"{item!r} is not KEY=VALUE")
+        raise ValueError(f"{flag} {item!r} is not KEY=VALUE")
     return key, _parse_value(value)
 
 
@@ -357,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data", default="fake", help="dataset for the loader benchmark")
     b.add_argument("--data-root", default="data")
     b.add_argument("--data-arg", action="append", default=[], metavar="KEY=VALUE", help="e.g. num_train=512")
-    b.add_argument("--aug", default="imagenet", help="augmentation recipe for the loader benchmark")
+    b.add_argument("--aug", default="deit", help="augmentation for the loader benchmark (data.AUGMENTATIONS)")
     b.add_argument("--num-workers", type=int, default=4)
     b.add_argument("--suite", choices=["fast", "full"],
                    help="instead: chapter 11's whole suite (GPSA layer, resolution, ConViT vs DeiT throughput)")

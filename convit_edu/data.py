@@ -8,7 +8,7 @@ import random
 import tarfile
 import time
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -22,7 +22,7 @@ from torchvision.transforms import v2
 
 from convit_edu.checks import one_of, positive_int
 
-__all__ = ['IMG_EXTENSIONS', 'load_rgb', 'check_fraction', 'subsample_per_class', 'scaled_epochs', 'ImageFolderDataset', 'SyntheticImages', 'DATASETS', 'build_datasets', 'extract_subset', 'IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'AugConfig', 'AUGMENTATIONS', 'build_transforms', 'MixupCutmix', 'build_mixup', 'RepeatAugSampler', 'build_loader', 'seed_from', 'KeyedSampler', 'SeededSamples', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader']
+__all__ = ['IMG_EXTENSIONS', 'load_rgb', 'check_fraction', 'subsample_per_class', 'scaled_epochs', 'ImageFolderDataset', 'SyntheticImages', 'DATASETS', 'build_datasets', 'extract_subset', 'IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'AugConfig', 'AUGMENTATIONS', 'AUGMENTATION_RENAMES', 'augmentation', 'build_transforms', 'MixupCutmix', 'build_mixup', 'RepeatAugSampler', 'build_loader', 'seed_from', 'KeyedSampler', 'SeededSamples', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader']
 
 
 # %% nbs/06_data.py 6
@@ -387,7 +387,23 @@ AUGMENTATIONS: dict[str, AugConfig] = {
 }
 
 
-# %% nbs/06_data.py 31
+# %% nbs/06_data.py 30
+AUGMENTATION_RENAMES = {"imagenet": "deit", "cifar100-224": "deit", "cifar100-32": "pad-crop-flip"}  # earlier names
+
+
+def augmentation(name: str, img_size: int, **overrides) -> AugConfig:
+    """``AUGMENTATIONS[name]`` at ``img_size``, with some ``AugConfig`` fields replaced (validated again)."""
+    if name in AUGMENTATION_RENAMES:
+        raise ValueError(f"augmentation {name!r} is now called {AUGMENTATION_RENAMES[name]!r}: the training "
+                         "recipes (chapter 07, --preset) keep the old names")
+    unknown = sorted(set(overrides) - {f.name for f in fields(AugConfig)})
+    if unknown:
+        raise ValueError(f"unknown AugConfig field(s) {unknown}: the fields are "
+                         f"{', '.join(f.name for f in fields(AugConfig))}")
+    return replace(AUGMENTATIONS[one_of("augmentation", name, AUGMENTATIONS)], **overrides, img_size=img_size)
+
+
+# %% nbs/06_data.py 32
 def build_transforms(cfg: AugConfig) -> tuple[v2.Compose, v2.Compose]:
     """``(train_transform, val_transform)`` of a recipe, PIL image in, normalised float tensor (3, S, S) out."""
     interpolation = v2.InterpolationMode(cfg.interpolation)
@@ -411,7 +427,7 @@ def build_transforms(cfg: AugConfig) -> tuple[v2.Compose, v2.Compose]:
     return v2.Compose(train), v2.Compose(val)
 
 
-# %% nbs/06_data.py 38
+# %% nbs/06_data.py 39
 class MixupCutmix:
     """Per batch: MixUp or CutMix (chosen at random), soft targets with label smoothing (DeiT recipe)."""
 
@@ -451,7 +467,7 @@ def build_mixup(cfg: AugConfig, num_classes: int) -> MixupCutmix | None:
     return MixupCutmix(num_classes, cfg.mixup_alpha, cfg.cutmix_alpha, cfg.cutmix_prob, cfg.label_smoothing)
 
 
-# %% nbs/06_data.py 44
+# %% nbs/06_data.py 45
 class RepeatAugSampler(Sampler[int]):
     """Distributed sampler with repeated augmentation; resumable within an epoch.
 
@@ -513,7 +529,7 @@ class RepeatAugSampler(Sampler[int]):
         return iter(mine[self.start :].tolist())
 
 
-# %% nbs/06_data.py 53
+# %% nbs/06_data.py 54
 def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, num_workers: int, seed: int,
                  drop_last: bool, pin_memory: bool | None = None) -> DataLoader:
     """A DataLoader over ``sampler`` (None: dataset order) with workers, pinning, prefetch and a seeded generator."""
@@ -530,7 +546,7 @@ def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, 
     )
 
 
-# %% nbs/06_data.py 55
+# %% nbs/06_data.py 56
 def seed_from(*keys: int) -> int:
     """A well-mixed 32-bit seed from a tuple of non-negative integers (numpy's SeedSequence)."""
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])
@@ -577,7 +593,7 @@ class SeededSamples(Dataset):
                 random.setstate(python_state)
 
 
-# %% nbs/06_data.py 57
+# %% nbs/06_data.py 58
 @dataclass
 class DataLoaders:
     """What ``build_loaders`` makes: the two loaders and the train sampler (call its ``set_epoch``)."""
@@ -604,7 +620,7 @@ def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_
         sampler=sampler)
 
 
-# %% nbs/06_data.py 63
+# %% nbs/06_data.py 64
 @dataclass
 class LoaderBenchmark:
     """Images per second of each pipeline stage, measured by ``benchmark_loader``."""

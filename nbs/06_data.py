@@ -44,6 +44,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 
+from convit_edu.checks import expect_error
+
 torch.manual_seed(0)
 torch.set_printoptions(precision=4, sci_mode=False)
 warnings.filterwarnings("ignore", message=".*os.fork.*")  # fork + threads notice from workers, not ours
@@ -64,7 +66,7 @@ import random
 import tarfile
 import time
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -577,8 +579,28 @@ AUGMENTATIONS: dict[str, AugConfig] = {
 }
 
 # %%
+#| export
+AUGMENTATION_RENAMES = {"imagenet": "deit", "cifar100-224": "deit", "cifar100-32": "pad-crop-flip"}  # earlier names
+
+
+def augmentation(name: str, img_size: int, **overrides) -> AugConfig:
+    """``AUGMENTATIONS[name]`` at ``img_size``, with some ``AugConfig`` fields replaced (validated again)."""
+    if name in AUGMENTATION_RENAMES:
+        raise ValueError(f"augmentation {name!r} is now called {AUGMENTATION_RENAMES[name]!r}: the training "
+                         "recipes (chapter 07, --preset) keep the old names")
+    unknown = sorted(set(overrides) - {f.name for f in fields(AugConfig)})
+    if unknown:
+        raise ValueError(f"unknown AugConfig field(s) {unknown}: the fields are "
+                         f"{', '.join(f.name for f in fields(AugConfig))}")
+    return replace(AUGMENTATIONS[one_of("augmentation", name, AUGMENTATIONS)], **overrides, img_size=img_size)
+
+
+# %%
 for name, cfg in AUGMENTATIONS.items():
     print(f"--- {name}\n{cfg}")
+print(expect_error(lambda: augmentation("imagenet", 224)))
+assert augmentation("pad-crop-flip", 64, erasing=0.25) == replace(AUGMENTATIONS["pad-crop-flip"], img_size=64,
+                                                                  erasing=0.25)
 
 # %%
 #| export
@@ -1063,8 +1085,6 @@ assert mixed.shape == (32, 3, 224, 224) and torch.allclose(targets.sum(1), torch
 # with no worker and with two, and reading it again gives it again.
 
 # %%
-from dataclasses import replace
-
 small_ds = SyntheticImages(64, 4, 48, transform=build_transforms(replace(aug, img_size=32))[0])
 first = [next(iter(build_loaders(small_ds, small_ds, batch_size=8, num_workers=w, seed=3).train))[0]
          for w in (0, 2, 0)]
@@ -1166,8 +1186,6 @@ for name, dataset in (("deit", train_ds), ("pad-crop-flip", SyntheticImages(4096
 
 # %%
 import tempfile
-
-from convit_edu.checks import expect_error
 
 with tempfile.TemporaryDirectory() as tmp:
     tmp = Path(tmp)

@@ -104,8 +104,8 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 import convit_edu
 from convit_edu.checks import number, one_of, positive_int
-from convit_edu.data import (AUGMENTATIONS, DATASETS, AugConfig, DataLoaders, build_datasets, build_loaders,
-                             build_mixup, build_transforms, check_fraction, seed_from)
+from convit_edu.data import (AUGMENTATION_RENAMES, AUGMENTATIONS, DATASETS, AugConfig, DataLoaders, augmentation,
+                             build_datasets, build_loaders, build_mixup, build_transforms, check_fraction, seed_from)
 from convit_edu.models import ModelConfig, VisionTransformer, create_model, list_models, load_checkpoint, model_config
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -113,7 +113,6 @@ PROGRESS = ("auto", "bar", "lines", "none")
 RUN_OWNED = {  # ModelConfig / AugConfig fields the run sets, and the setting (or fact) that sets them
     "img_size": "img_size", "num_classes": "the dataset's classes", "distilled": "distill_teacher",
     "drop_path_rate": "drop_path_rate"}
-_RENAMED_AUGMENTATIONS = {"imagenet": "deit", "cifar100-224": "deit", "cifar100-32": "pad-crop-flip"}
 
 
 def setting(default: Any, help: str) -> Any:
@@ -207,15 +206,7 @@ class TrainConfig:
             if self.aug_args:
                 raise ValueError(f"aug_args {self.aug_args} given with aug None (no augmentation)")
             return None
-        if self.aug in _RENAMED_AUGMENTATIONS:
-            raise ValueError(f"augmentation {self.aug!r} is now called {_RENAMED_AUGMENTATIONS[self.aug]!r}: the "
-                             "training recipes (--preset) keep the old names")
-        base = AUGMENTATIONS[one_of("augmentation", self.aug, AUGMENTATIONS)]
-        unknown = sorted(set(self.aug_args) - {f.name for f in fields(AugConfig)})
-        if unknown:
-            raise ValueError(f"aug_args has unknown field(s) {unknown}: AugConfig fields are "
-                             f"{', '.join(f.name for f in fields(AugConfig))}")
-        return replace(base, **self.aug_args, img_size=self.img_size)
+        return augmentation(self.aug, self.img_size, **self.aug_args)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
@@ -226,7 +217,7 @@ class TrainConfig:
             raise ValueError(f"unknown setting(s) {unknown}: TrainConfig fields are "
                              f"{', '.join(f.name for f in fields(cls))}")
         values = dict(values)
-        values["aug"] = _RENAMED_AUGMENTATIONS.get(values.get("aug"), values.get("aug", "deit"))
+        values["aug"] = AUGMENTATION_RENAMES.get(values.get("aug"), values.get("aug", "deit"))
         return cls(**values)
 
 
@@ -1117,7 +1108,7 @@ def _micro_batches(run: _Run, batches) -> tuple[torch.Tensor, torch.Tensor]:
     return loss, (~torch.isfinite(loss)).float()
 
 
-def _optimiser_step(run: _Run, batches, epoch: int, step: int, signals: "_StopSignals") -> bool:
+def _optimiser_step(run: _Run, batches, epoch: int, step: int, signals: _StopSignals) -> bool:
     """One optimiser step, in step with every process; returns whether any process received a stop signal."""
     cfg, s, opt, world = run.cfg, run.state, run.opt, run.world
     _seed_step(cfg.seed, world.rank, epoch, step)
@@ -1155,11 +1146,11 @@ def _optimiser_step(run: _Run, batches, epoch: int, step: int, signals: "_StopSi
 
 # %%
 #| exporti
-def _why(signals: "_StopSignals", signalled: bool) -> str:
+def _why(signals: _StopSignals, signalled: bool) -> str:
     return (signals.received or "a signal to another process") if signalled else "callback"
 
 
-def _run_epoch(run: _Run, epoch: int, progress: "_Progress", signals: "_StopSignals") -> tuple[str | None, int, float]:
+def _run_epoch(run: _Run, epoch: int, progress: _Progress, signals: _StopSignals) -> tuple[str | None, int, float]:
     """Optimiser steps until the epoch ends or a stop is asked for: (why it stopped or None, images, seconds)."""
     cfg, s, d = run.cfg, run.state, run.data
     s.epoch = epoch
@@ -1180,7 +1171,7 @@ def _run_epoch(run: _Run, epoch: int, progress: "_Progress", signals: "_StopSign
     return None, images, time.perf_counter() - t0
 
 
-def _end_epoch(run: _Run, epoch: int, images: int, seconds: float, progress: "_Progress") -> None:
+def _end_epoch(run: _Run, epoch: int, images: int, seconds: float, progress: _Progress) -> None:
     s = run.state
     row = _epoch_row(run, epoch, images, seconds)
     s.history.append(row)

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from convit_edu.cli import PRESETS, main
+from convit_edu.cli import build_parser, main
 from convit_edu.models import list_models
-from convit_edu.training import read_checkpoint
+from convit_edu.training import RECIPES, RUN_OWNED, TrainConfig, read_checkpoint
 
 TINY = ["--model", "convit_tiny", "--img-size", "16", "--patch-size", "4", "--embed-dim", "48", "--depth", "2",
         "--local-up-to-layer", "1", "--data", "fake", "--data-arg", "num_train=64", "--data-arg", "num_val=32",
@@ -30,25 +30,35 @@ def test_help_names_the_commands_and_one_flag_per_config_field(capsys):
         assert flag in out, flag
 
 
-def test_every_train_config_field_has_a_described_flag():
-    from dataclasses import fields
+def test_every_setting_has_exactly_one_described_flag():
+    from dataclasses import MISSING, fields
 
-    from convit_edu.cli import _DICT_FIELDS, _TRAIN_HELP
-    from convit_edu.training import TrainConfig
+    from convit_edu.data import AugConfig
+    from convit_edu.models import ModelConfig
 
-    assert {f.name for f in fields(TrainConfig)} - _DICT_FIELDS == set(_TRAIN_HELP)
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    flags = [s for a in train._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
+    assert len(flags) == len(set(flags)), "a flag appears twice"
+    for f in fields(TrainConfig):
+        assert f.metadata["help"], f.name
+        if f.default is not MISSING:
+            assert "--" + f.name.replace("_", "-") in flags, f.name
+    for cls in (ModelConfig, AugConfig):
+        for f in fields(cls):
+            assert (("--" + f.name.replace("_", "-")) in flags) == (f.name not in RUN_OWNED or
+                                                                   f.name in {g.name for g in fields(TrainConfig)})
 
 
 def test_a_preset_prints_its_expansion_and_explicit_flags_override_it(capsys):
     assert main(["train", "--preset", "cifar100-32", "--epochs", "3", "--mixup-alpha", "0.2", "--print-config"]) == 0
     out = capsys.readouterr().out
     expansion, config = out.split("\n{", 1)
-    assert "preset cifar100-32 expands to:" in expansion and "batch_size = 128" in expansion
+    assert "preset cifar100-32 expands to:" in expansion and "global_batch = 128" in expansion
     cfg = json.loads("{" + config)
-    assert (cfg["epochs"], cfg["img_size"], cfg["batch_size"], cfg["data"]) == (3, 32, 128, "cifar100")
+    assert (cfg["epochs"], cfg["img_size"], cfg["global_batch"], cfg["data"]) == (3, 32, 128, "cifar100")
     assert cfg["model_args"] == {"patch_size": 4} and cfg["aug_args"] == {"mixup_alpha": 0.2}
-    assert set(PRESETS) == {"deit", "imagenet", "cifar100-32", "cifar100-224"}
-    assert PRESETS["deit"]["global_batch"] == 1024 and PRESETS["imagenet"]["data"] == "imagefolder"
+    assert set(RECIPES) == {"deit", "imagenet", "cifar100-32", "cifar100-224"}
+    assert RECIPES["deit"]["global_batch"] == 1024 and RECIPES["imagenet"]["data"] == "imagefolder"
 
 
 def test_unknown_model_or_preset_is_refused_listing_the_valid_ones(tmp_path, capsys):
@@ -113,7 +123,7 @@ def test_bench_suite_prints_the_chapter_11_tables_and_writes_json(tmp_path, caps
     (["--global-batch", "100", "--accum-steps", "3"], "global_batch 100 is not divisible by accum_steps 3"),
     (["--batch-size", "128"], "fewer than one optimiser step of batch 128"),
     (["--data-arg", "num_train"], "--data-arg 'num_train' is not KEY=VALUE"),
-    (["--precision", "fp8"], "precision 'fp8' is not one of"),
+    (["--precision", "fp8"], "unknown precision 'fp8': choose one of"),
 ], ids=["global-batch", "batch-too-large", "data-arg", "precision"])
 def test_bad_input_gives_a_one_line_error_naming_the_value(tmp_path, capsys, args, message):
     assert main(["train", *TINY, "--output", str(tmp_path), *args]) == 1

@@ -257,7 +257,7 @@ def test_bad_settings_fail_early_naming_the_value(tmp_path, monkeypatch):
     (dict(model="convit_tiny", model_args={"patch_size": 4, "locality_strength": -1.0}), ValueError,
      "locality_strength"),
     (dict(model_args={"depth_": 3}), TypeError, "unknown config field"),
-    (dict(aug_args={"mixup": 0.5}), ValueError, "aug_args has unknown field"),
+    (dict(aug_args={"mixup": 0.5}), ValueError, "unknown AugConfig field"),
     (dict(teacher_checkpoint="t.pt"), ValueError, "given without distill_teacher"),
     (dict(img_size=30), ValueError, "img_size 30 \\(image height\\) is not divisible by patch_size 4"),
 ])
