@@ -18,14 +18,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import Tensor, nn
 from torch.profiler import ProfilerActivity, profile
 
 from convit_edu.attention import MHSA
-from convit_edu.gpsa import GPSA, GPSAOfficialForm, GPSAReference
+from convit_edu.checks import one_of, positive_int
+from convit_edu.gpsa import GPSA, GPSAReference
 from convit_edu.models import count_macs, create_model, model_config
 
-__all__ = ['interleaved_times', 'median', 'spread', 'saved_activation_bytes', 'format_table', 'gpsa_layer_bench', 'resolution_sweep', 'model_throughput', 'compiled_throughput', 'peak_matmul_flops', 'training_flops_per_image', 'H100_BF16_DENSE_FLOPS', 'h100_estimate', 'profile_step', 'BenchSizes', 'write_json', 'run_benchmarks']
+__all__ = ['interleaved_times', 'median', 'spread', 'saved_activation_bytes', 'GPSAOfficialForm', 'format_table', 'gpsa_layer_bench', 'resolution_sweep', 'model_throughput', 'compiled_throughput', 'peak_matmul_flops', 'training_flops_per_image', 'H100_BF16_DENSE_FLOPS', 'h100_estimate', 'profile_step', 'BenchSizes', 'write_json', 'run_benchmarks']
 
 
 # %% nbs/11_performance.py 7
@@ -33,8 +35,8 @@ def interleaved_times(
     fns: dict[str, Callable[[], object]], reps: int, warmup: int = 1, timer: Callable[[], float] = time.perf_counter
 ) -> dict[str, list[float]]:
     """Seconds per call of each function, called in turn (a, b, a, b, ...) ``reps`` times after ``warmup`` rounds."""
-    if reps < 1 or warmup < 0:
-        raise ValueError(f"need reps >= 1 and warmup >= 0, got reps={reps}, warmup={warmup}")
+    positive_int("reps", reps)
+    positive_int("warmup", warmup, minimum=0)
     if not fns:
         raise ValueError("interleaved_times needs at least one function to time")
     for _ in range(warmup):
@@ -80,6 +82,28 @@ def saved_activation_bytes(fn: Callable[[], object], exclude: Iterable[Tensor] =
 
 
 # %% nbs/11_performance.py 11
+class GPSAOfficialForm(GPSAReference):
+    """GPSA (Eq. 6-7) as the official code and timm compute it, kept as the baseline of the speed target.
+
+    Like ``GPSAReference``, except that ``rel_indices`` is expanded to the batch, so ``pos_proj`` and the
+    positional softmax run once per image, and the normalisation is done in place. Same parameters and
+    outputs; train with ``GPSA``, read ``GPSAReference``.
+    """
+
+    def forward(self, x: Tensor, grid_size: tuple[int, int] | None = None) -> Tensor:
+        grid = self._check_input(x, grid_size)
+        q, k, v = self._projections(x)
+        content = (q @ k.transpose(-2, -1) * self.head_dim**-0.5).softmax(dim=-1)
+        rel = self._relative_positions(grid).expand(x.shape[0], -1, -1, -1)  # one copy per image
+        scores = self.pos_proj(rel)  # (B, L, L, heads)
+        position = rearrange(scores, "b q k h -> b h q k").softmax(dim=-1).to(content.dtype)
+        sigma = self.gate().to(content.dtype).view(1, -1, 1, 1)
+        attn = (1 - sigma) * content + sigma * position
+        attn /= attn.sum(dim=-1, keepdim=True)
+        return self._output(self.attn_drop(attn) @ v)
+
+
+# %% nbs/11_performance.py 14
 def format_table(rows: Sequence[dict], floatfmt: str = ".2f") -> str:
     """Rows of a benchmark (dicts with the same keys) as an aligned text table; floats with ``floatfmt``."""
     if not rows:
@@ -132,7 +156,7 @@ def gpsa_layer_bench(
     ]
 
 
-# %% nbs/11_performance.py 18
+# %% nbs/11_performance.py 22
 def resolution_sweep(
     embed_dim: int, num_heads: int, batch: int, lengths: Sequence[int], reps: int, warmup: int = 1,
     memory_batch: int = 32, timer: Callable[[], float] = time.perf_counter,
@@ -154,7 +178,7 @@ def resolution_sweep(
     return rows
 
 
-# %% nbs/11_performance.py 24
+# %% nbs/11_performance.py 28
 def _train_step(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str) -> Callable[[], None]:
     x = torch.randn(batch, 3, img_size, img_size)
     y = torch.randint(0, num_classes, (batch,))
@@ -177,8 +201,7 @@ def model_throughput(
 ) -> list[dict]:
     """Training images/s (forward + backward + AdamW step, median of ``reps`` interleaved steps) of each zoo
     model in ``names`` at the same batch and image size; ``vs_last`` is each rate over the last model's."""
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision {precision!r} is not one of fp32, bf16")
+    one_of("precision", precision, ("fp32", "bf16"))
     steps = {}
     for name in names:
         torch.manual_seed(0)
@@ -193,7 +216,7 @@ def model_throughput(
     ]
 
 
-# %% nbs/11_performance.py 32
+# %% nbs/11_performance.py 36
 def compiled_throughput(name: str, batch: int, img_size: int, reps: int, timeout_s: float) -> dict:
     """Eager vs ``torch.compile`` training images/s of zoo model ``name``, measured in a child process killed
     after ``timeout_s`` seconds (Inductor's C++ compilation can be slow); raises ``TimeoutError`` then. The
@@ -234,7 +257,7 @@ def _compiled_child(args: str) -> None:
                       "eager_images_per_s": rates["eager"], "compiled_images_per_s": rates["compiled"]}))
 
 
-# %% nbs/11_performance.py 35
+# %% nbs/11_performance.py 39
 def peak_matmul_flops(n: int, reps: int, dtype: torch.dtype = torch.float32) -> float:
     """FLOP/s of an n×n @ n×n matmul (2n³ FLOPs), best of ``reps`` after one warm-up."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
@@ -258,7 +281,7 @@ def h100_estimate(name: str, img_size: int = 224, utilisation: float = 0.4) -> f
     return utilisation * H100_BF16_DENSE_FLOPS / training_flops_per_image(name, img_size)
 
 
-# %% nbs/11_performance.py 43
+# %% nbs/11_performance.py 47
 def profile_step(name: str, batch: int, img_size: int, top: int = 10) -> str:
     """The ``top`` operators of one training step of zoo model ``name``, by self CPU time (torch.profiler)."""
     torch.manual_seed(0)
@@ -269,31 +292,34 @@ def profile_step(name: str, batch: int, img_size: int, top: int = 10) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
-# %% nbs/11_performance.py 46
-@dataclass(frozen=True)
+# %% nbs/11_performance.py 50
+@dataclass(frozen=True, kw_only=True)
 class BenchSizes:
     """How big and how often each benchmark runs: ``full()`` for real numbers, ``fast()`` for CI."""
 
-    layer_batch: int
-    layer_reps: int
-    lengths: tuple[int, ...]
-    sweep_batch: int
-    sweep_reps: int
-    img_size: int
-    tiny_batch: int
-    small_batch: int
-    model_reps: int
-    bf16_img_size: int
-    matmul_n: int
-    matmul_reps: int
+    layer_batch: int  # images per GPSA-layer step (gpsa_layer_bench, L = 196)
+    layer_reps: int  # timed repetitions of each layer
+    lengths: tuple[int, ...]  # token counts L of the resolution sweep
+    sweep_batch: int  # images per step in the sweep
+    sweep_reps: int  # timed repetitions per L
+    img_size: int  # image side of the whole-model throughput
+    tiny_batch: int  # batch of ConViT-Ti / DeiT-Ti (and of the compiled step)
+    small_batch: int  # batch of ConViT-S / DeiT-S
+    model_reps: int  # timed training steps per model
+    bf16_img_size: int  # image side of the fp32 vs bf16 comparison (and of the compiled step)
+    matmul_n: int  # side of the square matmul that measures the peak
+    matmul_reps: int  # its repetitions (the best counts)
 
     @classmethod
     def full(cls) -> "BenchSizes":
-        return cls(32, 5, (64, 144, 196, 256, 400, 576), 8, 3, 224, 8, 4, 3, 64, 2048, 3)
+        return cls(layer_batch=32, layer_reps=5, lengths=(64, 144, 196, 256, 400, 576), sweep_batch=8, sweep_reps=3,
+                   img_size=224, tiny_batch=8, small_batch=4, model_reps=3, bf16_img_size=64, matmul_n=2048,
+                   matmul_reps=3)
 
     @classmethod
     def fast(cls) -> "BenchSizes":
-        return cls(2, 1, (64, 144), 1, 1, 32, 2, 2, 1, 32, 256, 1)
+        return cls(layer_batch=2, layer_reps=1, lengths=(64, 144), sweep_batch=1, sweep_reps=1, img_size=32,
+                   tiny_batch=2, small_batch=2, model_reps=1, bf16_img_size=32, matmul_n=256, matmul_reps=1)
 
 
 def write_json(results: dict, path: str | Path) -> Path:

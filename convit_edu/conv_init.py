@@ -13,12 +13,14 @@ from torch.nn import functional as F
 
 from convit_edu.positional import rel_indices
 
-__all__ = ['head_centres', 'v_pos', 'local_init', 'ConvAsPSA']
+__all__ = ['check_locality_strength', 'head_centres', 'v_pos', 'local_init', 'ConvAsPSA']
 
 
 # %% nbs/03_convolutional_init.py 8
-def _check_locality_strength(locality_strength: float) -> float:
-    """α as a float, or a ValueError: Eq. 5 needs α > 0 (α ≤ 0 attends *away* from the centre, or uniformly)."""
+def check_locality_strength(locality_strength: float) -> float:
+    """α as a float, or a ValueError: Eq. 5 needs α > 0 (α ≤ 0 attends *away* from the centre, or uniformly).
+
+    The one rule for α, shared by ``local_init`` and ``ModelConfig`` (chapter 05)."""
     alpha = float(locality_strength)
     if not alpha > 0:  # also rejects NaN
         raise ValueError(f"locality_strength (α) must be > 0, got {locality_strength!r}")
@@ -53,7 +55,7 @@ def v_pos(centres: Tensor, locality_strength: float) -> Tensor:
 
     With r_δ = (δx, δy, ‖δ‖²) the score of each head is α(2Δ·δ − ‖δ‖²) = −α‖δ − Δ‖² + const.
     """
-    alpha = _check_locality_strength(locality_strength)
+    alpha = check_locality_strength(locality_strength)
     if centres.ndim != 2 or centres.shape[1] != 2:
         raise ValueError(f"centres must have shape (N, 2) of (Δx, Δy), got {tuple(centres.shape)}")
     return alpha * torch.cat([2 * centres, -torch.ones_like(centres[:, :1])], dim=1)
@@ -66,7 +68,7 @@ def local_init(pos_proj: nn.Linear, v: nn.Linear, locality_strength: float) -> N
     ``head_centres``; the other heads keep their weights. ``v`` becomes the identity (bias 0). The query and
     key weights keep their random init: GPSA's gate, not W_qry = W_key = 0, decides how much content counts.
     """
-    alpha = _check_locality_strength(locality_strength)
+    alpha = check_locality_strength(locality_strength)
     if pos_proj.in_features != 3:
         raise ValueError(f"pos_proj must read the 3 channels of rel_indices, got in_features={pos_proj.in_features}")
     if v.in_features != v.out_features:
@@ -94,7 +96,7 @@ class ConvAsPSA(nn.Module):
 
     def __init__(self, conv: nn.Conv2d, locality_strength: float):
         super().__init__()
-        alpha = _check_locality_strength(locality_strength)
+        alpha = check_locality_strength(locality_strength)
         k = conv.kernel_size[0]
         problems = {
             "kernel_size": (conv.kernel_size, (k, k)),

@@ -12,9 +12,11 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from convit_edu.checks import one_of
 from convit_edu.data import check_fraction, scaled_epochs
+from convit_edu.models import MODEL_ZOO
 
-__all__ = ['RunSpec', 'train_command', 'ABLATIONS', 'Scale', 'sample_efficiency_grid', 'ablation_grid', 'unique_runs', 'commands_script', 'RunResult', 'read_run', 'collect', 'relative_gain', 'sample_efficiency_table', 'format_sample_efficiency', 'plot_sample_efficiency', 'plot_ablation']
+__all__ = ['RunSpec', 'train_command', 'Ablation', 'ABLATIONS', 'Scale', 'sample_efficiency_grid', 'ablation_grid', 'unique_runs', 'commands_script', 'RunResult', 'read_run', 'collect', 'relative_gain', 'sample_efficiency_table', 'format_sample_efficiency', 'plot_sample_efficiency', 'plot_ablation']
 
 
 # %% nbs/10_experiments.py 6
@@ -65,15 +67,32 @@ def train_command(spec: RunSpec, results: str | Path, launcher: str = "python -m
 
 
 # %% nbs/10_experiments.py 12
-ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {  # Table 3 rows and App. A: (label, ModelConfig switches)
-    "a": ("ConViT", {}),
-    "b": ("frozen gate", {"freeze_gating": True}),
-    "c": ("no conv init", {"use_local_init": False}),
-    "d": ("frozen gate, no conv init", {"freeze_gating": True, "use_local_init": False}),
-    "e": ("DeiT", {}),
-    "f": ("frozen GPSA", {"freeze_gpsa": True}),
-    "g": ("frozen GPSA, no conv init", {"freeze_gpsa": True, "use_local_init": False}),
-    "psa": ("PSA (App. A)", {"local_attention": "psa"}),
+@dataclass(frozen=True)
+class Ablation:
+    """One run of Table 3 or App. A: ``table_ref``, its row in the paper ("a".."g", "App. A"), a ``label`` for
+    tables and legends, the ``model`` of a ``Scale`` it trains ("convit" or "deit") and the ``ModelConfig``
+    ``switches`` set on top of it."""
+
+    table_ref: str
+    label: str
+    model: str = "convit"
+    switches: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        one_of("ablation model", self.model, ("convit", "deit"))
+
+
+ABLATIONS: dict[str, Ablation] = {  # Table 3 and App. A, by name
+    "convit": Ablation("a", "ConViT"),
+    "frozen_gate": Ablation("b", "frozen gate", switches={"freeze_gating": True}),
+    "no_conv_init": Ablation("c", "no conv init", switches={"use_local_init": False}),
+    "frozen_gate_no_conv_init": Ablation("d", "frozen gate, no conv init",
+                                         switches={"freeze_gating": True, "use_local_init": False}),
+    "deit": Ablation("e", "DeiT", model="deit"),
+    "frozen_gpsa": Ablation("f", "frozen GPSA", switches={"freeze_gpsa": True}),
+    "frozen_gpsa_no_conv_init": Ablation("g", "frozen GPSA, no conv init",
+                                         switches={"freeze_gpsa": True, "use_local_init": False}),
+    "psa": Ablation("App. A", "PSA", switches={"local_attention": "psa"}),
 }
 
 
@@ -91,28 +110,26 @@ class Scale:
     convit_args: dict[str, Any] = field(default_factory=dict)
     common: dict[str, Any] = field(default_factory=dict)
 
-    def run(self, ref: str, fraction: float) -> RunSpec:
-        """The run of Table 3 row ``ref`` ("a" is the ConViT, "e" the DeiT) on a fraction of the data."""
-        if ref not in ABLATIONS:
-            raise ValueError(f"unknown ablation {ref!r}: choose one of {', '.join(ABLATIONS)}")
+    def run(self, ablation: str, fraction: float) -> RunSpec:
+        """The run of ``ABLATIONS[ablation]`` on a fraction of the data, in the folder ``{ablation}_f{fraction}``."""
+        a = ABLATIONS[one_of("ablation", ablation, ABLATIONS)]
         check_fraction(fraction)
-        label, switches = ABLATIONS[ref]
-        model = self.deit if ref == "e" else self.convit
-        arch = {} if ref == "e" else {**self.convit_args, **switches}
-        name = ("deit" if ref == "e" else "convit" if ref == "a" else f"convit-{ref}") + f"_f{fraction:g}"
-        flags = {**self.common, "model": model, **self.model_args, **arch, "fraction": fraction,
+        model, own_args = (self.convit, self.convit_args) if a.model == "convit" else (self.deit, {})
+        flags = {**self.common, "model": model, **self.model_args, **own_args, **a.switches, "fraction": fraction,
                  "epochs": scaled_epochs(self.epochs, fraction), "warmup_epochs": self.warmup_epochs / fraction}
-        return RunSpec(name, label, flags)
+        return RunSpec(f"{ablation}_f{fraction:g}", a.label, flags)
 
 
 def sample_efficiency_grid(scale: Scale, fractions: list[float]) -> list[RunSpec]:
     """Table 2: the DeiT and the ConViT of ``scale`` on each fraction f, for epochs/f epochs."""
-    return [scale.run(ref, f) for f in fractions for ref in ("e", "a")]
+    return [scale.run(name, f) for f in fractions for name in ("deit", "convit")]
 
 
-def ablation_grid(scale: Scale, fraction: float, refs: list[str] = ("a", "b", "c", "f", "psa", "e")) -> list[RunSpec]:
-    """Table 3 rows (and App. A's PSA) on one fraction of the data."""
-    return [scale.run(ref, fraction) for ref in refs]
+def ablation_grid(scale: Scale, fraction: float,
+                  names: list[str] = ("convit", "frozen_gate", "no_conv_init", "frozen_gpsa", "psa", "deit"),
+                  ) -> list[RunSpec]:
+    """The ablations ``names`` (Table 3 rows and App. A's PSA) on one fraction of the data."""
+    return [scale.run(name, fraction) for name in names]
 
 
 def unique_runs(*grids: list[RunSpec]) -> list[RunSpec]:
@@ -211,7 +228,7 @@ def sample_efficiency_table(results: dict[str, RunResult], scale: Scale, fractio
     """Table 2's rows: for each fraction f with both runs finished, top-1/top-5 of DeiT and ConViT and the gaps."""
     rows = []
     for f in fractions:
-        deit, convit = (results.get(scale.run(ref, f).name) for ref in ("e", "a"))
+        deit, convit = (results.get(scale.run(name, f).name) for name in ("deit", "convit"))
         if deit is None or convit is None or not (deit.finished and convit.finished):
             continue
         rows.append({"fraction": f, "deit_top1": deit.top1, "convit_top1": convit.top1,
@@ -239,13 +256,13 @@ def plot_sample_efficiency(results: dict[str, RunResult], scale: Scale, fraction
     curves, gains = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.6, 1]})
     colours = [f"C{i}" for i in range(len(fractions))]
     for f, colour in zip(fractions, colours):
-        for ref, style in (("e", "--"), ("a", "-")):
-            run = results.get(scale.run(ref, f).name)
+        for name, style in (("deit", "--"), ("convit", "-")):
+            run = results.get(scale.run(name, f).name)
             if run is None:
                 continue
             x = [row["epoch"] * f for row in run.history]
             curves.plot(x, [row["val_top1"] for row in run.history], style, color=colour,
-                        label=f"{'DeiT' if ref == 'e' else 'ConViT'}, f = {f:.0%}")
+                        label=f"{ABLATIONS[name].label}, f = {f:.0%}")
     curves.set(xlabel="epochs × f", ylabel="top-1 (%)", title="top-1 during training")
     curves.legend(fontsize=7, ncol=2)
     rows = sample_efficiency_table(results, scale, fractions)
@@ -263,15 +280,17 @@ def plot_sample_efficiency(results: dict[str, RunResult], scale: Scale, fraction
 
 
 def plot_ablation(results: dict[str, RunResult], runs: list[RunSpec]) -> Figure:
-    """Top-1 against epochs for each run of ``runs`` (Fig. 12, right), final top-1 in the legend."""
+    """Top-1 against epochs for each run of ``runs`` (Fig. 12, right), final top-1 in the legend; dashed for a
+    model without GPSA layers (the DeiT)."""
     fig = Figure(figsize=(6.5, 3.4), dpi=80)
     ax = fig.subplots()
     for i, spec in enumerate(runs):
         run = results.get(spec.name)
         if run is None:
             continue
+        gpsa_layers = spec.flags.get("local_up_to_layer", MODEL_ZOO[spec.flags["model"]].local_up_to_layer)
         ax.plot([row["epoch"] for row in run.history], [row["val_top1"] for row in run.history],
-                "--" if spec.label == "DeiT" else "-", color=f"C{i}", label=f"{spec.label}: {run.top1:.1f}")
+                "-" if gpsa_layers else "--", color=f"C{i}", label=f"{spec.label}: {run.top1:.1f}")
     ax.set(xlabel="epoch", ylabel="top-1 (%)", title="ablations (final top-1 in the legend)")
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -10,10 +10,11 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from convit_edu.checks import positive_int
 from convit_edu.conv_init import local_init
 from convit_edu.positional import rel_indices
 
-__all__ = ['GPSAReference', 'GPSA', 'PSA', 'GPSAOfficialForm']
+__all__ = ['gate_values', 'GPSAReference', 'GPSA', 'PSA']
 
 
 # %% nbs/04_gpsa.py 10
@@ -50,16 +51,13 @@ class _PositionalAttention(nn.Module):
         use_local_init: bool = True,
     ) -> None:
         super().__init__()
-        if num_heads < 1 or embed_dim < 1 or embed_dim % num_heads:
+        if positive_int("embed_dim", embed_dim) % positive_int("num_heads", num_heads):
             raise ValueError(
-                f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}: "
-                "embed_dim = num_heads * head_dim, both positive"
+                f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}: embed_dim = num_heads * head_dim"
             )
-        if not locality_strength > 0:
-            raise ValueError(f"locality_strength (α of Eq. 5) must be > 0, got {locality_strength!r}")
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
-        self.locality_strength = locality_strength
+        self.locality_strength, self.use_local_init = locality_strength, use_local_init
         self.qk = nn.Linear(embed_dim, 2 * embed_dim, bias=qkv_bias)
         self.v = nn.Linear(embed_dim, embed_dim, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
@@ -68,8 +66,19 @@ class _PositionalAttention(nn.Module):
         self.pos_proj = nn.Linear(3, num_heads)
         self.register_buffer("rel_indices", None, persistent=False)
         self._grid_size: tuple[int, int] | None = None
-        if use_local_init:
-            local_init(self.pos_proj, self.v, locality_strength)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """The ConViT's initialisation of the layer: DeiT's normal(0, 0.02) for every linear map, biases 0; then
+        Eq. 5 (``local_init`` with α = ``locality_strength``) for ``pos_proj`` and ``v`` unless ``use_local_init``
+        is False. The constructor calls it; a model built of these layers leaves them to it."""
+        for linear in (self.qk, self.v, self.proj, self.pos_proj):
+            nn.init.normal_(linear.weight, std=0.02)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+        if self.use_local_init:
+            local_init(self.pos_proj, self.v, self.locality_strength)
 
     def _projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values, each (B, heads, L, head_dim)."""
@@ -110,6 +119,14 @@ class _PositionalAttention(nn.Module):
         return self.proj_drop(self.proj(rearrange(heads_out, "b h l d -> b l (h d)")))
 
 
+def gate_values(gating_param: Tensor, gate_override: float | None = None) -> Tensor:
+    """The gate of Eq. 7: σ(λ_h) for each head's ``gating_param`` λ_h; the constant ``gate_override`` for every
+    head instead when it is set (SM F masking at test time)."""
+    if gate_override is not None:
+        return torch.full_like(gating_param, float(gate_override))
+    return torch.sigmoid(gating_param)
+
+
 class _Gated(_PositionalAttention):
     """Adds the gate of Eq. 7: ``gating_param`` λ (one per head, initialised to 1) and a test-time override."""
 
@@ -119,10 +136,8 @@ class _Gated(_PositionalAttention):
         self.gate_override: float | None = None
 
     def gate(self) -> Tensor:
-        """σ(λ_h) per head, (heads,); replaced by ``gate_override`` when that is set (SM F masking)."""
-        if self.gate_override is not None:
-            return torch.full_like(self.gating_param, float(self.gate_override))
-        return torch.sigmoid(self.gating_param)
+        """σ(λ_h) per head, (heads,), as the forward mixes with it: ``gate_values`` of this layer's λ and override."""
+        return gate_values(self.gating_param, self.gate_override)
 
     def _mixed_attention(self, q: Tensor, k: Tensor, grid: tuple[int, int]) -> Tensor:
         content = (q @ k.transpose(-2, -1) * self.head_dim**-0.5).softmax(dim=-1)
@@ -200,25 +215,3 @@ class PSA(_PositionalAttention):
             y = self._output(self.attn_drop(attn) @ v)
             return (y, attn) if return_attention else y
         return self._output(F.scaled_dot_product_attention(q, k, v, attn_mask=scores))
-
-
-# %% nbs/04_gpsa.py 30
-class GPSAOfficialForm(GPSAReference):
-    """GPSA (Eq. 6-7) as the official code and timm compute it, kept as the baseline of the speed target.
-
-    Like ``GPSAReference``, except that ``rel_indices`` is expanded to the batch, so ``pos_proj`` and the
-    positional softmax run once per image, and the normalisation is done in place. Same parameters and
-    outputs; train with ``GPSA``, read ``GPSAReference``.
-    """
-
-    def forward(self, x: Tensor, grid_size: tuple[int, int] | None = None) -> Tensor:
-        grid = self._check_input(x, grid_size)
-        q, k, v = self._projections(x)
-        content = (q @ k.transpose(-2, -1) * self.head_dim**-0.5).softmax(dim=-1)
-        rel = self._relative_positions(grid).expand(x.shape[0], -1, -1, -1)  # one copy per image
-        scores = self.pos_proj(rel)  # (B, L, L, heads)
-        position = rearrange(scores, "b q k h -> b h q k").softmax(dim=-1).to(content.dtype)
-        sigma = self.gate().to(content.dtype).view(1, -1, 1, 1)
-        attn = (1 - sigma) * content + sigma * position
-        attn /= attn.sum(dim=-1, keepdim=True)
-        return self._output(self.attn_drop(attn) @ v)

@@ -16,11 +16,11 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from convit_edu.attention import MHSA
-from convit_edu.checks import positive_int
-from convit_edu.conv_init import local_init
+from convit_edu.checks import one_of, positive_int
+from convit_edu.conv_init import check_locality_strength
 from convit_edu.gpsa import GPSA, PSA, GPSAReference
 
-__all__ = ['LOCAL_ATTENTIONS', 'ModelConfig', 'config_fields', 'PatchEmbed', 'Mlp', 'DropPath', 'Block', 'resize_pos_embed', 'ForwardRecord', 'VisionTransformer', 'MODEL_ZOO', 'list_models', 'model_config', 'create_model', 'count_params', 'MacCount', 'count_macs', 'guess_architecture', 'load_checkpoint', 'mask_at_test_time']
+__all__ = ['LOCAL_ATTENTIONS', 'ModelConfig', 'config_fields', 'PatchEmbed', 'Mlp', 'DropPath', 'Block', 'resize_pos_embed', 'ForwardRecord', 'VisionTransformer', 'MODEL_ZOO', 'list_models', 'model_config', 'create_model', 'count_params', 'MacCount', 'count_macs', 'read_state_dict', 'guess_architecture', 'load_checkpoint', 'mask_at_test_time']
 
 
 # %% nbs/05_convit.py 6
@@ -35,7 +35,7 @@ class ModelConfig:
     is built for (the model also runs on other sizes, interpolating it); ``depth`` blocks of ``num_heads``
     heads, MLP width ``mlp_ratio * embed_dim``; ``qkv_bias`` for the query/key/value projections (DeiT: True,
     ConViT: False). The first ``local_up_to_layer`` blocks use positional attention, initialized as a
-    convolution with ``locality_strength`` α (Eq. 5); the class token joins after them.
+    convolution with ``locality_strength`` α > 0 (Eq. 5); the class token joins after them.
     ``class_token_pos_embed`` (DeiT) makes the class token join at the input with its own ``pos_embed`` slot;
     it requires ``local_up_to_layer = 0``. ``distilled`` adds DeiT's distillation token and head.
 
@@ -108,10 +108,9 @@ class ModelConfig:
                 f"class_token_pos_embed (a DeiT class token joining at the input) needs local_up_to_layer=0, "
                 f"got local_up_to_layer={self.local_up_to_layer}"
             )
-        if self.local_attention not in LOCAL_ATTENTIONS:
-            raise ValueError(f"local_attention must be one of {LOCAL_ATTENTIONS}, got {self.local_attention!r}")
-        if self.use_local_init and self.locality_strength <= 0:
-            raise ValueError(f"locality_strength must be positive, got {self.locality_strength}")
+        one_of("local_attention", self.local_attention, LOCAL_ATTENTIONS)
+        if self.use_local_init:  # α is used by the convolutional initialization only
+            check_locality_strength(self.locality_strength)
         for name in ("freeze_gating", "freeze_gpsa"):
             if getattr(self, name) and not self.local_up_to_layer:
                 raise ValueError(f"{name} needs GPSA layers, but local_up_to_layer=0")
@@ -244,9 +243,7 @@ class Block(nn.Module):
             self.attn = MHSA(embed_dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop)
         else:
             layers = {"gpsa": GPSA, "gpsa_reference": GPSAReference, "psa": PSA}
-            if attention not in layers:
-                raise ValueError(f"attention must be 'mhsa' or one of {tuple(layers)}, got {attention!r}")
-            self.attn = layers[attention](
+            self.attn = layers[one_of("attention", attention, ["mhsa", *layers])](
                 embed_dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
                 locality_strength=locality_strength, use_local_init=use_local_init,
             )
@@ -349,13 +346,29 @@ class VisionTransformer(nn.Module):
         """The positional attention modules (GPSA/PSA) of the first ``local_up_to_layer`` blocks."""
         return [block.attn for block in self.blocks[: self.config.local_up_to_layer]]
 
+    @property
+    def gated_layers(self) -> list[nn.Module]:
+        """The GPSA layers: the ``local_layers`` that have a gate (none when they are PSA)."""
+        return [layer for layer in self.local_layers if isinstance(layer, (GPSA, GPSAReference))]
+
+    @torch.no_grad()
+    def gates(self) -> Tensor:
+        """σ(λ_h) (Eq. 7) of every head of every GPSA layer, as the forward mixes with them (``gate_override``
+        included): (GPSA layers, num_heads), detached, on the model's device; (0, num_heads) without GPSA layers."""
+        layers = self.gated_layers
+        if not layers:
+            return self.cls_token.new_zeros(0, self.config.num_heads)
+        return torch.stack([layer.gate() for layer in layers])
+
     @torch.no_grad()
     def _init_weights(self) -> None:
         c = self.config
+        # the positional layers initialized themselves (init_weights: this normal init, then Eq. 5)
+        positional = {id(m) for layer in self.local_layers for m in layer.modules()}
         # DeiT's trunc_normal_(std=0.02) truncates at ±2, i.e. 100 standard deviations: it is a plain normal,
         # which normal_ samples many times faster
         for module in self.modules():
-            if isinstance(module, nn.Linear):
+            if isinstance(module, nn.Linear) and id(module) not in positional:
                 nn.init.normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
@@ -363,8 +376,6 @@ class VisionTransformer(nn.Module):
             if token is not None:
                 nn.init.normal_(token, std=0.02)
         for attn in self.local_layers:
-            if c.use_local_init:
-                local_init(attn.pos_proj, attn.v, c.locality_strength)
             if c.freeze_gating:
                 attn.gating_param.zero_()
                 attn.gating_param.requires_grad_(False)
@@ -455,8 +466,7 @@ def list_models() -> list[str]:
 
 def model_config(name: str, **overrides) -> ModelConfig:
     """The ``ModelConfig`` of zoo model ``name`` with some fields replaced (validated again)."""
-    if name not in MODEL_ZOO:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODEL_ZOO)}")
+    one_of("model", name, list_models())
     unknown = sorted(set(overrides) - set(config_fields()))
     if unknown:
         raise TypeError(f"unknown config field(s) {unknown} for {name!r}; ModelConfig fields: {config_fields()}")
@@ -525,10 +535,15 @@ def count_macs(config: ModelConfig, img_size: int | tuple[int, int] | None = Non
 # %% nbs/05_convit.py 50
 _WRAPPERS = ("model", "state_dict")
 _PREFIXES = ("module.", "_orig_mod.")
+_NOT_WEIGHTS = ("n_averaged",)  # the number of models an EMA AveragedModel has averaged
 _HEADS = ("head", "head_dist")
 
 
-def _read_state_dict(source: str | Path | Mapping) -> dict[str, Tensor]:
+def read_state_dict(source: str | Path | Mapping) -> dict[str, Tensor]:
+    """The plain state dict (parameter name -> tensor) of a checkpoint file or mapping: an official release or a
+    ``convit-edu train`` checkpoint (``{"model": ...}`` / ``{"state_dict": ...}``), a timm or our own state
+    dict, an EMA ``AveragedModel`` state dict; ``module.`` / ``_orig_mod.`` prefixes, ``n_averaged`` and
+    ``rel_indices`` removed."""
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
@@ -541,6 +556,8 @@ def _read_state_dict(source: str | Path | Mapping) -> dict[str, Tensor]:
         source = next(source[key] for key in _WRAPPERS if isinstance(source.get(key), Mapping))
     state_dict = {}
     for key, value in source.items():
+        if key in _NOT_WEIGHTS:
+            continue
         if not isinstance(value, Tensor):
             raise ValueError(f"checkpoint entry {key!r} is a {type(value).__name__}, not a tensor")
         while key.startswith(_PREFIXES):
@@ -552,7 +569,7 @@ def _read_state_dict(source: str | Path | Mapping) -> dict[str, Tensor]:
 
 def guess_architecture(state_dict: str | Path | Mapping) -> str:
     """A one-line description of the model a checkpoint belongs to, naming the zoo model it matches if any."""
-    sd = _read_state_dict(state_dict)
+    sd = read_state_dict(state_dict)
     if "patch_embed.proj.weight" not in sd or "pos_embed" not in sd:
         return f"not a ConViT/DeiT (no 'patch_embed.proj.weight' or 'pos_embed'; first keys {list(sd)[:4]})"
     embed_dim, _, patch_size, _ = sd["patch_embed.proj.weight"].shape
@@ -585,12 +602,11 @@ def load_checkpoint(
 ) -> VisionTransformer:
     """Load official ConViT / DeiT, timm ``convit_*`` / ``deit_*`` or our own weights into ``model``, in place.
 
-    Unwraps ``{"model": ...}`` / ``{"state_dict": ...}``, strips ``module.`` and ``_orig_mod.`` prefixes,
-    interpolates ``pos_embed`` bicubically to the model's grid (prefix slots untouched); with ``ignore_head``
+    Reads the weights with ``read_state_dict`` (any checkpoint it accepts, EMA weights included), interpolates ``pos_embed`` bicubically to the model's grid (prefix slots untouched); with ``ignore_head``
     the model keeps its own ``head`` (and ``head_dist``). Raises a ValueError naming every key whose shape
     differs, is missing or is unexpected, and the model the checkpoint looks like. Returns ``model``.
     """
-    sd = _read_state_dict(path_or_state_dict)
+    sd = read_state_dict(path_or_state_dict)
     own = model.state_dict()
     c = model.config
     if ignore_head:
@@ -634,7 +650,7 @@ def mask_at_test_time(
     head of the first ``num_layers`` GPSA layers (all of them if None) by a constant: 1.0 masks the content
     attention, 0.0 the positional attention (Table 6).
     """
-    layers = model.local_layers
+    layers = model.gated_layers
     if gate is None:
         if num_layers is not None:
             raise ValueError(f"num_layers={num_layers} needs a gate value (1.0 masks content, 0.0 position)")
@@ -642,7 +658,7 @@ def mask_at_test_time(
     else:
         if not 0.0 <= gate <= 1.0:
             raise ValueError(f"gate replaces σ(λ) and must be in [0, 1], got {gate}")
-        if not layers or model.config.local_attention == "psa":
+        if not layers:
             raise ValueError(
                 f"gate needs gated (GPSA) layers; this model has local_up_to_layer={model.config.local_up_to_layer}, "
                 f"local_attention={model.config.local_attention!r}"

@@ -33,9 +33,6 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 #| default_exp gpsa
 
 # %%
-import math
-import time
-
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
@@ -108,6 +105,10 @@ print("row sums before normalising: 1 to within 1e-6, so the division changes on
 # heads. `rel_indices` is a buffer that is *not* saved in checkpoints: it is rebuilt whenever the grid size,
 # device or dtype changes, so a model moved to another device or dtype after a forward pass keeps working
 # (the official code caches it for one device and one size and breaks there).
+#
+# Initialisation has one home, `init_weights`, which the constructor calls: DeiT's normal(0, 0.02) for the
+# linear maps (what the whole model gives every other linear map, chapter 05), then Eq. 5 — chapter 03's
+# `local_init` — for `pos_proj` and `v`. A model built of these layers does not initialise them again.
 
 # %%
 #| export
@@ -118,6 +119,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from convit_edu.checks import positive_int
 from convit_edu.conv_init import local_init
 from convit_edu.positional import rel_indices
 
@@ -155,16 +157,13 @@ class _PositionalAttention(nn.Module):
         use_local_init: bool = True,
     ) -> None:
         super().__init__()
-        if num_heads < 1 or embed_dim < 1 or embed_dim % num_heads:
+        if positive_int("embed_dim", embed_dim) % positive_int("num_heads", num_heads):
             raise ValueError(
-                f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}: "
-                "embed_dim = num_heads * head_dim, both positive"
+                f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}: embed_dim = num_heads * head_dim"
             )
-        if not locality_strength > 0:
-            raise ValueError(f"locality_strength (α of Eq. 5) must be > 0, got {locality_strength!r}")
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
-        self.locality_strength = locality_strength
+        self.locality_strength, self.use_local_init = locality_strength, use_local_init
         self.qk = nn.Linear(embed_dim, 2 * embed_dim, bias=qkv_bias)
         self.v = nn.Linear(embed_dim, embed_dim, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
@@ -173,8 +172,19 @@ class _PositionalAttention(nn.Module):
         self.pos_proj = nn.Linear(3, num_heads)
         self.register_buffer("rel_indices", None, persistent=False)
         self._grid_size: tuple[int, int] | None = None
-        if use_local_init:
-            local_init(self.pos_proj, self.v, locality_strength)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """The ConViT's initialisation of the layer: DeiT's normal(0, 0.02) for every linear map, biases 0; then
+        Eq. 5 (``local_init`` with α = ``locality_strength``) for ``pos_proj`` and ``v`` unless ``use_local_init``
+        is False. The constructor calls it; a model built of these layers leaves them to it."""
+        for linear in (self.qk, self.v, self.proj, self.pos_proj):
+            nn.init.normal_(linear.weight, std=0.02)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+        if self.use_local_init:
+            local_init(self.pos_proj, self.v, self.locality_strength)
 
     def _projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values, each (B, heads, L, head_dim)."""
@@ -215,6 +225,14 @@ class _PositionalAttention(nn.Module):
         return self.proj_drop(self.proj(rearrange(heads_out, "b h l d -> b l (h d)")))
 
 
+def gate_values(gating_param: Tensor, gate_override: float | None = None) -> Tensor:
+    """The gate of Eq. 7: σ(λ_h) for each head's ``gating_param`` λ_h; the constant ``gate_override`` for every
+    head instead when it is set (SM F masking at test time)."""
+    if gate_override is not None:
+        return torch.full_like(gating_param, float(gate_override))
+    return torch.sigmoid(gating_param)
+
+
 class _Gated(_PositionalAttention):
     """Adds the gate of Eq. 7: ``gating_param`` λ (one per head, initialised to 1) and a test-time override."""
 
@@ -224,10 +242,8 @@ class _Gated(_PositionalAttention):
         self.gate_override: float | None = None
 
     def gate(self) -> Tensor:
-        """σ(λ_h) per head, (heads,); replaced by ``gate_override`` when that is set (SM F masking)."""
-        if self.gate_override is not None:
-            return torch.full_like(self.gating_param, float(self.gate_override))
-        return torch.sigmoid(self.gating_param)
+        """σ(λ_h) per head, (heads,), as the forward mixes with it: ``gate_values`` of this layer's λ and override."""
+        return gate_values(self.gating_param, self.gate_override)
 
     def _mixed_attention(self, q: Tensor, k: Tensor, grid: tuple[int, int]) -> Tensor:
         content = (q @ k.transpose(-2, -1) * self.head_dim**-0.5).softmax(dim=-1)
@@ -243,7 +259,7 @@ class _Gated(_PositionalAttention):
 # no-op, kept here to stay literally faithful to Eq. 6), attention dropout on A, then A·V. This is the
 # computation of the official code and of timm but for one thing: they expand `rel_indices` to the batch and
 # so compute the positional softmax once per *image*, where it is the same for every image; here it is
-# computed once per forward (the timing section below measures what that saves). It is what to read, what to
+# computed once per forward (chapter 11 measures what that saves). It is what to read, what to
 # use for attention maps, and the yardstick the fast version is tested against.
 
 # %%
@@ -448,7 +464,7 @@ fig, axes = plt.subplots(1, 4, figsize=(9, 2.6), dpi=80)
 for h, ax in enumerate(axes):
     ax.imshow(attn[0, h, query].reshape(14, 14), cmap="viridis")
     ax.scatter([7], [7], marker="x", color="red", s=20)
-    ax.set_title(f"head {h}, σ={torch.sigmoid(layer.gating_param[h]):.2f}", fontsize=9)
+    ax.set_title(f"head {h}, σ={layer.gate()[h]:.2f}", fontsize=9)
     ax.set_xticks([]), ax.set_yticks([])
 plt.suptitle("GPSA at init: gated attention of the query marked ×", fontsize=10)
 plt.tight_layout()
@@ -471,178 +487,7 @@ for h, p in enumerate(peaks):
 print("every head peaks within half a patch of query + Δ_h")
 
 # %% [markdown]
-# ## Speed and memory at ConViT-Ti size
+# ## Speed and memory
 #
-# One layer, B = 32 images, L = 196 patches, D = 192, 4 heads, forward + backward on this CPU. Three layers
-# with the same weights are compared:
-#
-# * the **official form** (`GPSAOfficialForm`): what the official code and timm compute. It is the reference
-#   GPSA with one more redundancy — `rel_indices` is expanded to the batch, so `pos_proj` and the positional
-#   softmax run once per *image* — and the normalisation done in place, as they do. It exists to be the
-#   baseline of the speed target (here and in chapter 11's benchmark), and is checked equal to
-#   `GPSAReference` below (the tests also check it against timm's layer);
-# * our **reference** (positional softmax once per forward, every (B, H, L, L) tensor still materialised);
-# * the **fast** GPSA.
-#
-# *Time* is the median of several repetitions with the layers interleaved, and each speed-up the median of
-# the ratios of the pairs, so machine noise hits both alike; the range of those ratios is printed too.
-# *Activation memory* is what autograd saves for the backward pass — every tensor a `saved_tensors_hooks`
-# sees, counted once per storage — which is the memory a training step holds per layer between forward and
-# backward. (FAST mode times a smaller batch; memory is always measured at B = 32. The numbers below come
-# from a full run.)
-#
-# To see where the time goes, two partial layers are timed alongside, built from the fast layer's own
-# modules: the four linear maps alone (`qk`, `v`, `proj`: work every form shares), and those plus content
-# attention through SDPA. What the fast layer adds on top of the second is its positional branch. Finally,
-# the number of *minor page faults* per step is counted (on Unix): each is the operating system handing the
-# process a fresh, zeroed 4 KiB page of memory.
-
-# %%
-#| export
-class GPSAOfficialForm(GPSAReference):
-    """GPSA (Eq. 6-7) as the official code and timm compute it, kept as the baseline of the speed target.
-
-    Like ``GPSAReference``, except that ``rel_indices`` is expanded to the batch, so ``pos_proj`` and the
-    positional softmax run once per image, and the normalisation is done in place. Same parameters and
-    outputs; train with ``GPSA``, read ``GPSAReference``.
-    """
-
-    def forward(self, x: Tensor, grid_size: tuple[int, int] | None = None) -> Tensor:
-        grid = self._check_input(x, grid_size)
-        q, k, v = self._projections(x)
-        content = (q @ k.transpose(-2, -1) * self.head_dim**-0.5).softmax(dim=-1)
-        rel = self._relative_positions(grid).expand(x.shape[0], -1, -1, -1)  # one copy per image
-        scores = self.pos_proj(rel)  # (B, L, L, heads)
-        position = rearrange(scores, "b q k h -> b h q k").softmax(dim=-1).to(content.dtype)
-        sigma = self.gate().to(content.dtype).view(1, -1, 1, 1)
-        attn = (1 - sigma) * content + sigma * position
-        attn /= attn.sum(dim=-1, keepdim=True)
-        return self._output(self.attn_drop(attn) @ v)
-
-
-# %%
-def saved_activation_bytes(layer, x):
-    """Bytes of the tensors autograd saves during ``layer(x)`` (each storage once), parameters excluded."""
-    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
-    seen = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        layer(x)
-    return sum(seen.values())
-
-
-try:
-    import resource
-
-    def page_faults() -> int:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-except ImportError:  # Windows
-    def page_faults() -> int:
-        return 0
-
-
-def projections_only(x):
-    q, k, v = fast._projections(x)
-    return fast._output(q + k + v)
-
-
-def projections_and_sdpa(x):
-    q, k, v = fast._projections(x)
-    return fast._output(F.scaled_dot_product_attention(q, k, v))
-
-
-def timed_step(forward):
-    """Seconds and minor page faults of one forward + backward."""
-    faults, start = page_faults(), time.perf_counter()
-    forward(x).sum().backward()
-    return time.perf_counter() - start, page_faults() - faults
-
-
-batch, reps = (4, 3) if FAST else (32, 21)
-torch.manual_seed(0)
-official, ref, fast = GPSAOfficialForm(192, 4), GPSAReference(192, 4), GPSA(192, 4)
-ref.load_state_dict(official.state_dict()), fast.load_state_dict(official.state_dict())
-x = torch.randn(batch, 196, 192, requires_grad=True)
-with torch.no_grad():
-    torch.testing.assert_close(official(x), ref(x), rtol=1e-5, atol=1e-6)
-forwards = {"official form": official, "reference": ref, "fast": fast,
-            "projections": projections_only, "+ SDPA": projections_and_sdpa}
-for forward in forwards.values():  # warm-up
-    timed_step(forward)
-steps = {name: [] for name in forwards}
-for _ in range(reps):  # interleaved
-    for name, forward in forwards.items():
-        steps[name].append(timed_step(forward))
-
-
-def median(values):
-    return sorted(values)[len(values) // 2]
-
-
-def speedup(baseline):
-    """Median and range of the paired time ratios baseline / fast."""
-    ratios = sorted(b[0] / f[0] for b, f in zip(steps[baseline], steps["fast"]))
-    return median(ratios), ratios[0], ratios[-1]
-
-
-times = {name: median([t for t, _ in s]) for name, s in steps.items()}
-faults = {name: median([n for _, n in s]) for name, s in steps.items()}
-x32 = torch.randn(32, 196, 192, requires_grad=True)  # memory at B = 32 in every mode (one forward each)
-memory = {name: saved_activation_bytes(forwards[name], x32) for name in ("official form", "reference", "fast")}
-memory_ratio = memory["fast"] / memory["reference"]
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-print(f"B={batch}, L=196, D=192, 4 heads, forward+backward, median of {reps}, {torch.get_num_threads()} threads")
-print(f"{'':<15}{'time (ms)':>10}{'page faults':>13}{'activations (MB, B=32)':>25}")
-for name in ("official form", "reference", "fast"):
-    print(f"{name:<15}{1e3 * times[name]:>10.1f}{faults[name]:>13}{memory[name] / 2**20:>25.1f}")
-for baseline in ("official form", "reference"):
-    mid, low, high = speedup(baseline)
-    print(f"fast vs {baseline:<14} {mid:.2f}x faster (pairs {low:.2f}x to {high:.2f}x), "
-          f"{memory['fast'] / memory[baseline]:.2f}x the activation memory")
-print("targets: >= 1.5x faster, <= 0.5x memory")
-print("where the fast layer's time goes:")
-print(f"  {'linear maps (qk, v, proj)':<28}{1e3 * times['projections']:>7.1f} ms")
-print(f"  {'+ content attention (SDPA)':<28}{1e3 * (times['+ SDPA'] - times['projections']):>7.1f} ms")
-print(f"  {'+ positional branch and mix':<28}{1e3 * (times['fast'] - times['+ SDPA']):>7.1f} ms")
-print(f"no GPSA that projects and calls SDPA can beat the official form by more than "
-      f"{times['official form'] / times['+ SDPA']:.2f}x, nor the reference by more than "
-      f"{times['reference'] / times['+ SDPA']:.2f}x")
-
-# %% [markdown]
-# The memory result is structural, so it is checked in every mode: the reference keeps two softmaxes and the
-# mixed matrix for each image, O(B·H·L²), while the fast layer keeps O(B·H·L·d) activations plus one
-# (H, L, L) positional matrix for the whole batch.
-#
-# The time is printed, not asserted. Against the official form the fast layer met the 1.5× target in each of
-# the six runs made for this chapter (medians 1.65–2.03×, though single pairs went as low as 1.16×); chapter
-# 11, timing with one thread and fewer repetitions, measured 1.47–1.77×. Against our reference, which already
-# computes P once per forward, it is well short of it (1.05–1.30×). Three things in the output explain why
-# the margin is modest.
-#
-# * **The shared work dominates.** In the runs made for this chapter the four linear maps, the same in every
-#   form, took nearly half of the fast layer's time, and SDPA about a third. The last line bounds what *any*
-#   GPSA built on SDPA could gain at this size on this machine. The fast form does *more* matmul arithmetic
-#   than the others — three L × L products per head forward (Q Kᵀ and the two products with V) where they
-#   do two, and SDPA's fused backward recomputes Q Kᵀ — and on a CPU the fused kernel saves memory traffic,
-#   not arithmetic. It wins only by skipping the passes over B × H × L × L tensors.
-# * **Part of the win is memory, and it is noisy.** The materialising forms allocate fresh (B, H, L, L)
-#   buffers of 20 MB each step; whenever the C allocator has returned such memory to the operating system,
-#   every page is faulted in and zeroed again (the page-fault column), which costs tens of milliseconds. The
-#   fast layer's working memory is small enough for the allocator to keep and reuse (no faults). Whether a
-#   given step faults depends on the allocator's state, so the baselines' times — and the ratios — move by
-#   tens of percent from run to run on this shared 2-core CPU, and the median speed-up with them.
-# * **It grows with L.** Chapter 11 measures the layers across sizes and resolutions with pinned threads:
-#   the gain grows with the sequence length, and the memory ratio falls.
-
-# %%
-assert memory_ratio <= 0.5, f"fast GPSA saves {memory_ratio:.2f}x the reference's activations"
-assert memory["fast"] < memory["reference"] < memory["official form"], memory
-print("activation memory of the fast GPSA is at most half the reference's, which is less than the official form's")
+# How much faster and leaner the fast layer is than the official form and the reference is measured in
+# chapter 11, "One GPSA layer: official form, reference and fast".

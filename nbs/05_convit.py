@@ -73,7 +73,8 @@ _ = torch.manual_seed(0)
 #| export
 from dataclasses import dataclass, fields
 
-from convit_edu.checks import positive_int
+from convit_edu.checks import one_of, positive_int
+from convit_edu.conv_init import check_locality_strength
 
 LOCAL_ATTENTIONS = ("gpsa", "gpsa_reference", "psa")
 
@@ -86,7 +87,7 @@ class ModelConfig:
     is built for (the model also runs on other sizes, interpolating it); ``depth`` blocks of ``num_heads``
     heads, MLP width ``mlp_ratio * embed_dim``; ``qkv_bias`` for the query/key/value projections (DeiT: True,
     ConViT: False). The first ``local_up_to_layer`` blocks use positional attention, initialized as a
-    convolution with ``locality_strength`` α (Eq. 5); the class token joins after them.
+    convolution with ``locality_strength`` α > 0 (Eq. 5); the class token joins after them.
     ``class_token_pos_embed`` (DeiT) makes the class token join at the input with its own ``pos_embed`` slot;
     it requires ``local_up_to_layer = 0``. ``distilled`` adds DeiT's distillation token and head.
 
@@ -159,10 +160,9 @@ class ModelConfig:
                 f"class_token_pos_embed (a DeiT class token joining at the input) needs local_up_to_layer=0, "
                 f"got local_up_to_layer={self.local_up_to_layer}"
             )
-        if self.local_attention not in LOCAL_ATTENTIONS:
-            raise ValueError(f"local_attention must be one of {LOCAL_ATTENTIONS}, got {self.local_attention!r}")
-        if self.use_local_init and self.locality_strength <= 0:
-            raise ValueError(f"locality_strength must be positive, got {self.locality_strength}")
+        one_of("local_attention", self.local_attention, LOCAL_ATTENTIONS)
+        if self.use_local_init:  # α is used by the convolutional initialization only
+            check_locality_strength(self.locality_strength)
         for name in ("freeze_gating", "freeze_gpsa"):
             if getattr(self, name) and not self.local_up_to_layer:
                 raise ValueError(f"{name} needs GPSA layers, but local_up_to_layer=0")
@@ -353,6 +353,7 @@ import torch
 from torch import Tensor, nn
 
 from convit_edu.attention import MHSA
+from convit_edu.checks import one_of
 from convit_edu.gpsa import GPSA, PSA, GPSAReference
 
 
@@ -383,9 +384,7 @@ class Block(nn.Module):
             self.attn = MHSA(embed_dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop)
         else:
             layers = {"gpsa": GPSA, "gpsa_reference": GPSAReference, "psa": PSA}
-            if attention not in layers:
-                raise ValueError(f"attention must be 'mhsa' or one of {tuple(layers)}, got {attention!r}")
-            self.attn = layers[attention](
+            self.attn = layers[one_of("attention", attention, ["mhsa", *layers])](
                 embed_dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
                 locality_strength=locality_strength, use_local_init=use_local_init,
             )
@@ -485,8 +484,11 @@ assert torch.all(new_rows.diff(dim=0) >= 0) and torch.allclose(new_rows, new_row
 # * names follow the official checkpoints: `patch_embed.proj`, `pos_embed`, `cls_token` (and `dist_token`),
 #   `blocks.i.{norm1, attn, norm2, mlp.fc1, mlp.fc2}`, `norm`, `head` (and `head_dist`);
 # * initialization is DeiT's: normal with std 0.02 for every linear layer, `pos_embed` and the tokens (DeiT
-#   truncates it at ±2, a hundred standard deviations away, which never happens), zero biases; then the positional layers get their convolutional initialization again (Eq. 5,
-#   chapter 03) — the official ConViT does the same, because the global re-initialization overwrites it;
+#   truncates it at ±2, a hundred standard deviations away, which never happens), zero biases. The positional
+#   layers initialize themselves (their `init_weights`, chapter 04: the same normal init, then Eq. 5), so the
+#   model leaves them alone: Eq. 5 is applied once per layer, in one place. (The official ConViT applies it
+#   in the layer, overwrites it with the global init, and applies it again.);
+# * `gates()` returns σ(λ) of every head of every GPSA layer, (layers, heads), as the forward uses them;
 # * `forward_features(x)` returns the normalized tokens; with `return_attention` / `return_block_inputs` it
 #   returns a `ForwardRecord` with every block's attention weights and input, for chapter 09, from the same
 #   forward pass;
@@ -502,7 +504,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from convit_edu.conv_init import local_init
+from convit_edu.gpsa import GPSA, GPSAReference
 
 
 @dataclass
@@ -564,13 +566,29 @@ class VisionTransformer(nn.Module):
         """The positional attention modules (GPSA/PSA) of the first ``local_up_to_layer`` blocks."""
         return [block.attn for block in self.blocks[: self.config.local_up_to_layer]]
 
+    @property
+    def gated_layers(self) -> list[nn.Module]:
+        """The GPSA layers: the ``local_layers`` that have a gate (none when they are PSA)."""
+        return [layer for layer in self.local_layers if isinstance(layer, (GPSA, GPSAReference))]
+
+    @torch.no_grad()
+    def gates(self) -> Tensor:
+        """σ(λ_h) (Eq. 7) of every head of every GPSA layer, as the forward mixes with them (``gate_override``
+        included): (GPSA layers, num_heads), detached, on the model's device; (0, num_heads) without GPSA layers."""
+        layers = self.gated_layers
+        if not layers:
+            return self.cls_token.new_zeros(0, self.config.num_heads)
+        return torch.stack([layer.gate() for layer in layers])
+
     @torch.no_grad()
     def _init_weights(self) -> None:
         c = self.config
+        # the positional layers initialized themselves (init_weights: this normal init, then Eq. 5)
+        positional = {id(m) for layer in self.local_layers for m in layer.modules()}
         # DeiT's trunc_normal_(std=0.02) truncates at ±2, i.e. 100 standard deviations: it is a plain normal,
         # which normal_ samples many times faster
         for module in self.modules():
-            if isinstance(module, nn.Linear):
+            if isinstance(module, nn.Linear) and id(module) not in positional:
                 nn.init.normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
@@ -578,8 +596,6 @@ class VisionTransformer(nn.Module):
             if token is not None:
                 nn.init.normal_(token, std=0.02)
         for attn in self.local_layers:
-            if c.use_local_init:
-                local_init(attn.pos_proj, attn.v, c.locality_strength)
             if c.freeze_gating:
                 attn.gating_param.zero_()
                 attn.gating_param.requires_grad_(False)
@@ -656,6 +672,8 @@ class VisionTransformer(nn.Module):
 #| export
 from dataclasses import replace
 
+from convit_edu.checks import one_of
+
 _CONVIT = dict(local_up_to_layer=10, locality_strength=1.0, qkv_bias=False)
 _DEIT = dict(local_up_to_layer=0, qkv_bias=True, class_token_pos_embed=True)
 
@@ -682,8 +700,7 @@ def list_models() -> list[str]:
 
 def model_config(name: str, **overrides) -> ModelConfig:
     """The ``ModelConfig`` of zoo model ``name`` with some fields replaced (validated again)."""
-    if name not in MODEL_ZOO:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODEL_ZOO)}")
+    one_of("model", name, list_models())
     unknown = sorted(set(overrides) - set(config_fields()))
     if unknown:
         raise TypeError(f"unknown config field(s) {unknown} for {name!r}; ModelConfig fields: {config_fields()}")
@@ -760,6 +777,9 @@ for h, (dx, dy) in enumerate(head_centres(4).tolist()):
     square = sorted((int(7 + dy + a), int(7 + dx + b)) for a in (-0.5, 0.5) for b in (-0.5, 0.5))
     print(f"head {h}: centre Δ = ({dx:+.1f}, {dy:+.1f}), its 4 strongest keys (row, col) {top4}")
     assert top4 == square
+gates = convit_ti.gates()
+assert torch.equal(gates, torch.full((10, 4), torch.sigmoid(torch.tensor(1.0)).item()))
+print(f"gates(): σ(λ) of {gates.shape[0]} GPSA layers x {gates.shape[1]} heads, all σ(1) = {gates[0, 0]:.4f}")
 
 
 # %% [markdown]
@@ -1004,9 +1024,10 @@ for bad in [torch.randn(1, 3, 225, 224), torch.randn(1, 1, 224, 224)]:
 # The official ConViT release and timm's `convit_*` and `deit_*` models store their weights under the names
 # our modules have, so loading is mostly `load_state_dict`. `load_checkpoint` adds what real files need:
 #
-# * it reads a path or takes a state dict; it unwraps the `{"model": ...}` (or `"state_dict"`) of the official
-#   releases and of training checkpoints, and strips the `module.` / `_orig_mod.` prefixes that DDP and
-#   `torch.compile` add; it ignores `rel_indices` (derived from the grid, rebuilt on demand);
+# * `read_state_dict` turns every source into a plain state dict: it reads a path or takes a mapping; it unwraps
+#   the `{"model": ...}` (or `"state_dict"`) of the official releases and of our training checkpoints, strips
+#   the `module.` / `_orig_mod.` prefixes that DDP, `torch.compile` and an EMA `AveragedModel` add, drops the
+#   EMA's `n_averaged` counter, and ignores `rel_indices` (derived from the grid, rebuilt on demand);
 # * a checkpoint for another image size has its `pos_embed` interpolated to the model's grid (DeiT's class
 #   and distillation slots are kept as they are) — fine-tuning at 288 px from a 224 px checkpoint;
 # * `ignore_head=True` leaves the model's own head(s), to fine-tune on another number of classes;
@@ -1028,10 +1049,15 @@ from torch import Tensor
 
 _WRAPPERS = ("model", "state_dict")
 _PREFIXES = ("module.", "_orig_mod.")
+_NOT_WEIGHTS = ("n_averaged",)  # the number of models an EMA AveragedModel has averaged
 _HEADS = ("head", "head_dist")
 
 
-def _read_state_dict(source: str | Path | Mapping) -> dict[str, Tensor]:
+def read_state_dict(source: str | Path | Mapping) -> dict[str, Tensor]:
+    """The plain state dict (parameter name -> tensor) of a checkpoint file or mapping: an official release or a
+    ``convit-edu train`` checkpoint (``{"model": ...}`` / ``{"state_dict": ...}``), a timm or our own state
+    dict, an EMA ``AveragedModel`` state dict; ``module.`` / ``_orig_mod.`` prefixes, ``n_averaged`` and
+    ``rel_indices`` removed."""
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
@@ -1044,6 +1070,8 @@ def _read_state_dict(source: str | Path | Mapping) -> dict[str, Tensor]:
         source = next(source[key] for key in _WRAPPERS if isinstance(source.get(key), Mapping))
     state_dict = {}
     for key, value in source.items():
+        if key in _NOT_WEIGHTS:
+            continue
         if not isinstance(value, Tensor):
             raise ValueError(f"checkpoint entry {key!r} is a {type(value).__name__}, not a tensor")
         while key.startswith(_PREFIXES):
@@ -1055,7 +1083,7 @@ def _read_state_dict(source: str | Path | Mapping) -> dict[str, Tensor]:
 
 def guess_architecture(state_dict: str | Path | Mapping) -> str:
     """A one-line description of the model a checkpoint belongs to, naming the zoo model it matches if any."""
-    sd = _read_state_dict(state_dict)
+    sd = read_state_dict(state_dict)
     if "patch_embed.proj.weight" not in sd or "pos_embed" not in sd:
         return f"not a ConViT/DeiT (no 'patch_embed.proj.weight' or 'pos_embed'; first keys {list(sd)[:4]})"
     embed_dim, _, patch_size, _ = sd["patch_embed.proj.weight"].shape
@@ -1088,12 +1116,11 @@ def load_checkpoint(
 ) -> VisionTransformer:
     """Load official ConViT / DeiT, timm ``convit_*`` / ``deit_*`` or our own weights into ``model``, in place.
 
-    Unwraps ``{"model": ...}`` / ``{"state_dict": ...}``, strips ``module.`` and ``_orig_mod.`` prefixes,
-    interpolates ``pos_embed`` bicubically to the model's grid (prefix slots untouched); with ``ignore_head``
+    Reads the weights with ``read_state_dict`` (any checkpoint it accepts, EMA weights included), interpolates ``pos_embed`` bicubically to the model's grid (prefix slots untouched); with ``ignore_head``
     the model keeps its own ``head`` (and ``head_dist``). Raises a ValueError naming every key whose shape
     differs, is missing or is unexpected, and the model the checkpoint looks like. Returns ``model``.
     """
-    sd = _read_state_dict(path_or_state_dict)
+    sd = read_state_dict(path_or_state_dict)
     own = model.state_dict()
     c = model.config
     if ignore_head:
@@ -1129,10 +1156,14 @@ def load_checkpoint(
 # %% [markdown]
 # A round trip through a file, in the format of the official releases, then the same weights loaded into a
 # model built for 288 px: its interpolated `pos_embed` is exactly what the 224 px model computes on the fly for
-# a 288 px image, so the two agree. (The tests load timm's models with random weights and compare logits.)
+# a 288 px image, so the two agree. (The tests load timm's models with random weights and compare logits.) Last,
+# the weights of an EMA `AveragedModel` as a training checkpoint stores them: `read_state_dict` gives the model's
+# own keys.
 
 # %%
 import tempfile
+
+from torch.optim.swa_utils import AveragedModel
 
 torch.manual_seed(0)
 with tempfile.TemporaryDirectory() as folder:
@@ -1146,6 +1177,10 @@ with torch.no_grad():
     torch.testing.assert_close(big(x288), convit_ti(x288))
 print("pos_embed", tuple(convit_ti.pos_embed.shape), "-> 288 px model", tuple(big.pos_embed.shape))
 print("checkpoint looks like:", guess_architecture(convit_ti.state_dict()))
+
+ema_weights = AveragedModel(convit_ti).state_dict()  # what training keeps for EMA (chapter 07)
+print("EMA state dict:", list(ema_weights)[:2], "... and", list(ema_weights)[-1])
+assert read_state_dict(ema_weights).keys() == convit_ti.state_dict().keys()
 
 # %% [markdown]
 # And the error for a checkpoint of another model: the weights of a ConViT-S loaded into a ConViT-Ti.
@@ -1209,7 +1244,7 @@ def mask_at_test_time(
     head of the first ``num_layers`` GPSA layers (all of them if None) by a constant: 1.0 masks the content
     attention, 0.0 the positional attention (Table 6).
     """
-    layers = model.local_layers
+    layers = model.gated_layers
     if gate is None:
         if num_layers is not None:
             raise ValueError(f"num_layers={num_layers} needs a gate value (1.0 masks content, 0.0 position)")
@@ -1217,7 +1252,7 @@ def mask_at_test_time(
     else:
         if not 0.0 <= gate <= 1.0:
             raise ValueError(f"gate replaces σ(λ) and must be in [0, 1], got {gate}")
-        if not layers or model.config.local_attention == "psa":
+        if not layers:
             raise ValueError(
                 f"gate needs gated (GPSA) layers; this model has local_up_to_layer={model.config.local_up_to_layer}, "
                 f"local_attention={model.config.local_attention!r}"
@@ -1251,6 +1286,7 @@ def trainable(model: torch.nn.Module) -> int:
 torch.manual_seed(0)
 frozen_gates = create_model("convit_tiny", freeze_gating=True)
 assert all(not a.gating_param.requires_grad and a.gating_param.abs().sum() == 0 for a in frozen_gates.local_layers)
+assert torch.equal(frozen_gates.gates(), torch.full((10, 4), 0.5))
 assert trainable(convit_ti) - trainable(frozen_gates) == 10 * 4
 
 no_init = create_model("convit_tiny", use_local_init=False)
@@ -1267,7 +1303,7 @@ record = no_gpsa.forward_features(torch.randn(1, 3, 64, 64), return_block_inputs
 assert record.num_prefix_tokens == [1] * 12 and no_gpsa.pos_embed.shape == (1, 196, 192)
 
 psa = create_model("convit_tiny", local_attention="psa")
-assert not any(hasattr(a, "gating_param") for a in psa.local_layers)
+assert not any(hasattr(a, "gating_param") for a in psa.local_layers) and psa.gates().shape == (0, 4)
 print("trainable parameters: ConViT-Ti", f"{trainable(convit_ti):,}", "| frozen gates", f"{trainable(frozen_gates):,}",
       "| frozen GPSA", f"{trainable(frozen):,}", "| PSA", f"{trainable(psa):,}")
 
@@ -1294,6 +1330,7 @@ with torch.no_grad():
     torch.testing.assert_close(reference(images), base, atol=1e-5, rtol=1e-5)
     with mask_at_test_time(convit_ti, gate=1.0, num_layers=3):
         torch.testing.assert_close(convit_ti(images), positional_only(images), atol=1e-5, rtol=1e-5)
+        assert (convit_ti.gates()[:3] == 1).all() and (convit_ti.gates()[3:] < 1).all()
     with mask_at_test_time(convit_ti, mask_pos_embed=True):
         masked = convit_ti(images)
     torch.testing.assert_close(masked, no_pos_embed(images), atol=1e-5, rtol=1e-5)

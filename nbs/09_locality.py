@@ -174,15 +174,9 @@ print(expect_error(lambda: nonlocality(maps, (4, 4))))
 #| export
 from torch import Tensor, nn
 
+from convit_edu.checks import one_of
+
 NONLOCALITY_INPUTS = ("block", "embeddings")
-
-
-def _attention_of(block: nn.Module, tokens: Tensor, grid_size: tuple[int, int]) -> Tensor:
-    """The attention weights (B, H, T, T) that ``block`` computes on ``tokens``."""
-    h = block.norm1(tokens)
-    if block.is_positional:
-        return block.attn(h, grid_size=grid_size, return_attention=True)[1]
-    return block.attn(h, return_attention=True)[1]
 
 
 @torch.no_grad()
@@ -193,8 +187,7 @@ def model_nonlocality(model: nn.Module, images: Tensor, inputs: str = "block") -
     ``inputs="embeddings"``: each block's attention on the embedded patches (the first block's input), as the
     official ConViT's logging computed it, a bug kept here to show the difference.
     """
-    if inputs not in NONLOCALITY_INPUTS:
-        raise ValueError(f"inputs must be one of {NONLOCALITY_INPUTS}, got {inputs!r}")
+    one_of("inputs", inputs, NONLOCALITY_INPUTS)
     was_training = model.training
     model.eval()
     try:
@@ -204,7 +197,7 @@ def model_nonlocality(model: nn.Module, images: Tensor, inputs: str = "block") -
             maps, prefixes = record.attentions, record.num_prefix_tokens
         else:
             first = record.block_inputs[0]
-            maps = [_attention_of(block, first, record.grid_size) for block in model.blocks]
+            maps = [block(first, record.grid_size, return_attention=True)[1] for block in model.blocks]
             prefixes = [record.num_prefix_tokens[0]] * len(maps)
     finally:
         model.train(was_training)
@@ -243,37 +236,31 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-_WRAPPERS = ("model", "state_dict")
+from convit_edu.gpsa import gate_values
+from convit_edu.models import VisionTransformer, read_state_dict
 
 
 def _block_order(key: str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\.(\d+)\.", f".{key}."))
 
 
-def gates(source: nn.Module | Mapping | str | Path) -> Tensor:
-    """σ(λ_h) (Eq. 6) of every gated layer, in block order: (num_gated_layers, num_heads).
+def gates(source: VisionTransformer | Mapping | str | Path) -> Tensor:
+    """σ(λ_h) (Eq. 7) of every GPSA layer, in block order, on the CPU: (num_gpsa_layers, num_heads).
 
-    ``source`` is a model, a state dict, or a checkpoint file (``{"model": ...}`` as written by
-    ``convit-edu train`` and the official code, or a bare state dict as timm's).
+    ``source`` is a model (its ``gates()``), or any checkpoint ``models.read_state_dict`` reads: a state dict,
+    a ``convit-edu train`` or official checkpoint file, EMA weights.
     """
-    if isinstance(source, nn.Module):
-        params = [m.gating_param for m in source.modules() if isinstance(getattr(m, "gating_param", None), Tensor)]
+    if isinstance(source, VisionTransformer):
+        values = source.gates()
     else:
-        if isinstance(source, (str, Path)):
-            if not Path(source).is_file():
-                raise FileNotFoundError(f"no checkpoint file at {source}")
-            source = torch.load(source, map_location="cpu", weights_only=True)
-        if not isinstance(source, Mapping):
-            raise TypeError(f"gates reads a model, a state dict or a checkpoint path, got {type(source).__name__}")
-        while any(isinstance(source.get(k), Mapping) for k in _WRAPPERS):
-            source = next(source[k] for k in _WRAPPERS if isinstance(source.get(k), Mapping))
-        keys = sorted((k for k in source if k.endswith("gating_param")), key=_block_order)
-        params = [source[k] for k in keys]
-    if not params:
+        weights = read_state_dict(source)
+        keys = sorted((k for k in weights if k.endswith("gating_param")), key=_block_order)
+        values = torch.stack([gate_values(weights[k]) for k in keys]) if keys else torch.empty(0)
+    if not len(values):
         raise ValueError("no gating_param found: a DeiT, or a ConViT whose positional layers are PSA, has no gates")
-    return torch.sigmoid(torch.stack([p.detach().float().cpu() for p in params]))
+    return values.float().cpu()
 
 
 # %% [markdown]
@@ -301,21 +288,22 @@ import json
 from pathlib import Path
 
 import torch
+from matplotlib import colormaps
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from convit_edu.checks import positive_int
 from convit_edu.training import Callback, TrainState
 
 
 class LocalityRecorder(Callback):
-    """Record σ(λ) per head of every gated layer (``gates``) and the nonlocality per head of every block
+    """Record σ(λ) per head of every GPSA layer (the model's ``gates()``) and the nonlocality per head of every block
     (``model_nonlocality`` on the true inputs) on a fixed batch ``images``: before training, every ``every``
     optimiser steps and at the end. ``records`` holds one dict per point (step, epoch, gates, nonlocality);
     with ``path`` they are written there as JSON when training ends."""
 
     def __init__(self, images: Tensor, every: int, path: str | Path | None = None) -> None:
-        if every < 1:
-            raise ValueError(f"every must be a positive number of optimiser steps, got {every}")
+        positive_int("every", every)  # optimiser steps
         self.images, self.every, self.path = images, every, Path(path) if path is not None else None
         self.records: list[dict] = []
 
@@ -324,11 +312,10 @@ class LocalityRecorder(Callback):
             return
         model = state.model
         images = self.images.to(next(model.parameters()).device)
-        has_gates = any(isinstance(getattr(m, "gating_param", None), Tensor) for m in model.modules())
         self.records.append({
             "step": state.global_step,
             "epoch": state.global_step / state.steps_per_epoch,
-            "gates": gates(model).tolist() if has_gates else [],
+            "gates": model.gates().tolist(),
             "nonlocality": model_nonlocality(model, images).tolist(),
         })
 
@@ -353,8 +340,6 @@ def read_locality(path: str | Path) -> list[dict]:
 
 def _layer_colours(n: int) -> list:
     """``n`` colours from dark to light (viridis), one per layer, as the paper colours its layers."""
-    from matplotlib import colormaps
-
     return [colormaps["viridis"](i / max(n - 1, 1)) for i in range(n)]
 
 
@@ -454,14 +439,6 @@ def attention_maps(model: nn.Module, images: Tensor, layers: list[int], query: t
     return torch.stack(out)
 
 
-def _gate_of(model: nn.Module, layer: int) -> Tensor | None:
-    attn = model.blocks[layer].attn
-    if getattr(attn, "gate_override", None) is not None:
-        return torch.full(attn.gating_param.shape, float(attn.gate_override))
-    param = getattr(attn, "gating_param", None)
-    return torch.sigmoid(param.detach().float()) if isinstance(param, Tensor) else None
-
-
 def plot_attention_maps(models: dict[str, nn.Module], images: Tensor, layers: list[int],
                         query: tuple[int, int] | None = None, show_image: Tensor | None = None) -> Figure:
     """Fig. 7: for each model (side by side) and each block of ``layers`` (one row each), the attention map of
@@ -485,8 +462,9 @@ def plot_attention_maps(models: dict[str, nn.Module], images: Tensor, layers: li
         first = 1
     for name, model in models.items():
         m = maps[name]
+        gates = model.gates().cpu()  # one row per GPSA layer: the first blocks
         for i, layer in enumerate(layers):
-            gate = _gate_of(model, layer)
+            gate = gates[layer] if layer < len(gates) else None
             for h in range(heads[name]):
                 ax = axes[i, first + h]
                 ax.imshow(m[i, h].clamp_min(1e-6), norm=LogNorm(vmin=1e-4, vmax=1.0), cmap="viridis")

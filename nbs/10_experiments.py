@@ -140,35 +140,56 @@ assert (args.model, args.classes, vars(args)["model.use_local_init"], args.ema_d
 # What the runs of one experiment share is a **scale**: the ConViT and the DeiT compared, the architecture
 # overrides, the flags common to every run, and the training length at f = 1. Table 2 then varies the fraction
 # f, multiplying epochs (and the warm-up, so that the schedule has the same shape in steps) by 1/f:
-# `data.scaled_epochs`. Table 3 and Appendix A vary the ConViT's switches at one fraction:
+# `data.scaled_epochs`. Table 3 and Appendix A vary the ConViT's switches at one fraction. Each ablation has
+# a name that says what it changes (the runs' folders are named after it); the paper's row letter is kept
+# as a label:
 #
-# | ref | Table 3 | train gating | conv init | train GPSA | use GPSA | `ModelConfig` switches |
+# | name | Table 3 | train gating | conv init | train GPSA | use GPSA | model and `ModelConfig` switches |
 # |---|---|---|---|---|---|---|
-# | a | ConViT | ✓ | ✓ | ✓ | ✓ | — |
-# | b | | ✗ | ✓ | ✓ | ✓ | `freeze_gating` (λ = 0, σ = ½) |
-# | c | | ✓ | ✗ | ✓ | ✓ | `use_local_init=False` |
-# | d | | ✗ | ✗ | ✓ | ✓ | both |
-# | e | DeiT | ✗ | ✗ | ✗ | ✗ | the DeiT of the same size |
-# | f | | ✗ | ✓ | ✗ | ✓ | `freeze_gpsa` |
-# | g | | ✗ | ✗ | ✗ | ✓ | `freeze_gpsa`, `use_local_init=False` |
-# | App. A | PSA | — | ✓ | ✓ | ✓ | `local_attention="psa"` (Eq. 4, no gate) |
+# | `convit` | a | ✓ | ✓ | ✓ | ✓ | the ConViT |
+# | `frozen_gate` | b | ✗ | ✓ | ✓ | ✓ | `freeze_gating` (λ = 0, σ = ½) |
+# | `no_conv_init` | c | ✓ | ✗ | ✓ | ✓ | `use_local_init=False` |
+# | `frozen_gate_no_conv_init` | d | ✗ | ✗ | ✓ | ✓ | both |
+# | `deit` | e | ✗ | ✗ | ✗ | ✗ | the DeiT of the same size |
+# | `frozen_gpsa` | f | ✗ | ✓ | ✗ | ✓ | `freeze_gpsa` |
+# | `frozen_gpsa_no_conv_init` | g | ✗ | ✗ | ✗ | ✓ | `freeze_gpsa`, `use_local_init=False` |
+# | `psa` | App. A | — | ✓ | ✓ | ✓ | `local_attention="psa"` (Eq. 4, no gate) |
 
 # %%
 #| export
 from dataclasses import dataclass, field
 from typing import Any
 
+from convit_edu.checks import one_of
 from convit_edu.data import check_fraction, scaled_epochs
 
-ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {  # Table 3 rows and App. A: (label, ModelConfig switches)
-    "a": ("ConViT", {}),
-    "b": ("frozen gate", {"freeze_gating": True}),
-    "c": ("no conv init", {"use_local_init": False}),
-    "d": ("frozen gate, no conv init", {"freeze_gating": True, "use_local_init": False}),
-    "e": ("DeiT", {}),
-    "f": ("frozen GPSA", {"freeze_gpsa": True}),
-    "g": ("frozen GPSA, no conv init", {"freeze_gpsa": True, "use_local_init": False}),
-    "psa": ("PSA (App. A)", {"local_attention": "psa"}),
+
+@dataclass(frozen=True)
+class Ablation:
+    """One run of Table 3 or App. A: ``table_ref``, its row in the paper ("a".."g", "App. A"), a ``label`` for
+    tables and legends, the ``model`` of a ``Scale`` it trains ("convit" or "deit") and the ``ModelConfig``
+    ``switches`` set on top of it."""
+
+    table_ref: str
+    label: str
+    model: str = "convit"
+    switches: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        one_of("ablation model", self.model, ("convit", "deit"))
+
+
+ABLATIONS: dict[str, Ablation] = {  # Table 3 and App. A, by name
+    "convit": Ablation("a", "ConViT"),
+    "frozen_gate": Ablation("b", "frozen gate", switches={"freeze_gating": True}),
+    "no_conv_init": Ablation("c", "no conv init", switches={"use_local_init": False}),
+    "frozen_gate_no_conv_init": Ablation("d", "frozen gate, no conv init",
+                                         switches={"freeze_gating": True, "use_local_init": False}),
+    "deit": Ablation("e", "DeiT", model="deit"),
+    "frozen_gpsa": Ablation("f", "frozen GPSA", switches={"freeze_gpsa": True}),
+    "frozen_gpsa_no_conv_init": Ablation("g", "frozen GPSA, no conv init",
+                                         switches={"freeze_gpsa": True, "use_local_init": False}),
+    "psa": Ablation("App. A", "PSA", switches={"local_attention": "psa"}),
 }
 
 
@@ -186,28 +207,26 @@ class Scale:
     convit_args: dict[str, Any] = field(default_factory=dict)
     common: dict[str, Any] = field(default_factory=dict)
 
-    def run(self, ref: str, fraction: float) -> RunSpec:
-        """The run of Table 3 row ``ref`` ("a" is the ConViT, "e" the DeiT) on a fraction of the data."""
-        if ref not in ABLATIONS:
-            raise ValueError(f"unknown ablation {ref!r}: choose one of {', '.join(ABLATIONS)}")
+    def run(self, ablation: str, fraction: float) -> RunSpec:
+        """The run of ``ABLATIONS[ablation]`` on a fraction of the data, in the folder ``{ablation}_f{fraction}``."""
+        a = ABLATIONS[one_of("ablation", ablation, ABLATIONS)]
         check_fraction(fraction)
-        label, switches = ABLATIONS[ref]
-        model = self.deit if ref == "e" else self.convit
-        arch = {} if ref == "e" else {**self.convit_args, **switches}
-        name = ("deit" if ref == "e" else "convit" if ref == "a" else f"convit-{ref}") + f"_f{fraction:g}"
-        flags = {**self.common, "model": model, **self.model_args, **arch, "fraction": fraction,
+        model, own_args = (self.convit, self.convit_args) if a.model == "convit" else (self.deit, {})
+        flags = {**self.common, "model": model, **self.model_args, **own_args, **a.switches, "fraction": fraction,
                  "epochs": scaled_epochs(self.epochs, fraction), "warmup_epochs": self.warmup_epochs / fraction}
-        return RunSpec(name, label, flags)
+        return RunSpec(f"{ablation}_f{fraction:g}", a.label, flags)
 
 
 def sample_efficiency_grid(scale: Scale, fractions: list[float]) -> list[RunSpec]:
     """Table 2: the DeiT and the ConViT of ``scale`` on each fraction f, for epochs/f epochs."""
-    return [scale.run(ref, f) for f in fractions for ref in ("e", "a")]
+    return [scale.run(name, f) for f in fractions for name in ("deit", "convit")]
 
 
-def ablation_grid(scale: Scale, fraction: float, refs: list[str] = ("a", "b", "c", "f", "psa", "e")) -> list[RunSpec]:
-    """Table 3 rows (and App. A's PSA) on one fraction of the data."""
-    return [scale.run(ref, fraction) for ref in refs]
+def ablation_grid(scale: Scale, fraction: float,
+                  names: list[str] = ("convit", "frozen_gate", "no_conv_init", "frozen_gpsa", "psa", "deit"),
+                  ) -> list[RunSpec]:
+    """The ablations ``names`` (Table 3 rows and App. A's PSA) on one fraction of the data."""
+    return [scale.run(name, fraction) for name in names]
 
 
 def unique_runs(*grids: list[RunSpec]) -> list[RunSpec]:
@@ -233,7 +252,7 @@ PAPER_TABLE_2 = Scale(convit="convit_small", deit="deit_small", epochs=300, warm
 PAPER_TABLE_3 = Scale(convit="convit_small_plus", deit="deit_small_plus", epochs=300, warmup_epochs=5,
                       common={"preset": "imagenet", "data_root": "data/imagenet", "global_batch": 512, "lr": 4e-4})
 paper_runs = unique_runs(sample_efficiency_grid(PAPER_TABLE_2, [0.05, 0.1, 0.3, 0.5, 1.0]))
-paper_ablations = ablation_grid(PAPER_TABLE_3, 0.1, refs=list(ABLATIONS))
+paper_ablations = ablation_grid(PAPER_TABLE_3, 0.1, names=list(ABLATIONS))
 torchrun = "torchrun --nproc_per_node=8 -m convit_edu.cli"
 for spec in paper_runs[:2] + paper_ablations[1:2]:
     print(train_command(spec, "runs/paper", launcher=torchrun))
@@ -408,7 +427,7 @@ def sample_efficiency_table(results: dict[str, RunResult], scale: Scale, fractio
     """Table 2's rows: for each fraction f with both runs finished, top-1/top-5 of DeiT and ConViT and the gaps."""
     rows = []
     for f in fractions:
-        deit, convit = (results.get(scale.run(ref, f).name) for ref in ("e", "a"))
+        deit, convit = (results.get(scale.run(name, f).name) for name in ("deit", "convit"))
         if deit is None or convit is None or not (deit.finished and convit.finished):
             continue
         rows.append({"fraction": f, "deit_top1": deit.top1, "convit_top1": convit.top1,
@@ -439,6 +458,8 @@ def format_sample_efficiency(rows: list[dict]) -> str:
 #| export
 from matplotlib.figure import Figure
 
+from convit_edu.models import MODEL_ZOO
+
 
 def plot_sample_efficiency(results: dict[str, RunResult], scale: Scale, fractions: list[float],
                            paper_gaps: dict[float, float] | None = None) -> Figure:
@@ -448,13 +469,13 @@ def plot_sample_efficiency(results: dict[str, RunResult], scale: Scale, fraction
     curves, gains = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.6, 1]})
     colours = [f"C{i}" for i in range(len(fractions))]
     for f, colour in zip(fractions, colours):
-        for ref, style in (("e", "--"), ("a", "-")):
-            run = results.get(scale.run(ref, f).name)
+        for name, style in (("deit", "--"), ("convit", "-")):
+            run = results.get(scale.run(name, f).name)
             if run is None:
                 continue
             x = [row["epoch"] * f for row in run.history]
             curves.plot(x, [row["val_top1"] for row in run.history], style, color=colour,
-                        label=f"{'DeiT' if ref == 'e' else 'ConViT'}, f = {f:.0%}")
+                        label=f"{ABLATIONS[name].label}, f = {f:.0%}")
     curves.set(xlabel="epochs × f", ylabel="top-1 (%)", title="top-1 during training")
     curves.legend(fontsize=7, ncol=2)
     rows = sample_efficiency_table(results, scale, fractions)
@@ -472,15 +493,17 @@ def plot_sample_efficiency(results: dict[str, RunResult], scale: Scale, fraction
 
 
 def plot_ablation(results: dict[str, RunResult], runs: list[RunSpec]) -> Figure:
-    """Top-1 against epochs for each run of ``runs`` (Fig. 12, right), final top-1 in the legend."""
+    """Top-1 against epochs for each run of ``runs`` (Fig. 12, right), final top-1 in the legend; dashed for a
+    model without GPSA layers (the DeiT)."""
     fig = Figure(figsize=(6.5, 3.4), dpi=80)
     ax = fig.subplots()
     for i, spec in enumerate(runs):
         run = results.get(spec.name)
         if run is None:
             continue
+        gpsa_layers = spec.flags.get("local_up_to_layer", MODEL_ZOO[spec.flags["model"]].local_up_to_layer)
         ax.plot([row["epoch"] for row in run.history], [row["val_top1"] for row in run.history],
-                "--" if spec.label == "DeiT" else "-", color=f"C{i}", label=f"{spec.label}: {run.top1:.1f}")
+                "-" if gpsa_layers else "--", color=f"C{i}", label=f"{spec.label}: {run.top1:.1f}")
     ax.set(xlabel="epoch", ylabel="top-1 (%)", title="ablations (final top-1 in the legend)")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -503,7 +526,7 @@ TINY = Scale(convit="convit_tiny", deit="deit_tiny", epochs=1, warmup_epochs=0,
              common={"data": "fake", "data_args": {"num_train": 200, "num_val": 50, "num_classes": 5, "image_size": 16},
                      "img_size": 16, "aug": "cifar100-32", "batch_size": 50, "num_workers": 0, "precision": "fp32",
                      "progress": "lines", "log_every": 1})
-tiny_runs = [TINY.run("a", 1.0)]
+tiny_runs = [TINY.run("convit", 1.0)]
 tiny_results = Path("runs/10_pipeline")  # nbs/runs/ is not committed
 shutil.rmtree(tiny_results, ignore_errors=True)
 command = train_command(tiny_runs[0], tiny_results, launcher=f"{sys.executable} -m convit_edu.cli")
@@ -548,15 +571,16 @@ plot_sample_efficiency(results, CPU, FRACTIONS,
 # paper's numbers beside ours.
 
 # %%
-PAPER_TABLE_3_10PCT = {"a": 59.7, "b": 57.4, "c": 56.9, "d": 54.6, "e": 47.8, "f": 54.3, "g": 44.8}
-ABLATION_REFS = ["a", "b", "c", "f", "psa", "e"]
-ablations = ablation_grid(CPU, ABLATION_FRACTION, refs=ABLATION_REFS)
-print(f"{'ref':<5}{'run':<28}{'top-1 here':>11}{'paper (10 %)':>14}")
-for ref, spec in zip(ABLATION_REFS, ablations):
-    paper = PAPER_TABLE_3_10PCT.get(ref, "-")
+PAPER_TABLE_3_10PCT = {"convit": 59.7, "frozen_gate": 57.4, "no_conv_init": 56.9, "frozen_gate_no_conv_init": 54.6,
+                       "deit": 47.8, "frozen_gpsa": 54.3, "frozen_gpsa_no_conv_init": 44.8}
+ABLATION_NAMES = ["convit", "frozen_gate", "no_conv_init", "frozen_gpsa", "psa", "deit"]
+ablations = ablation_grid(CPU, ABLATION_FRACTION, names=ABLATION_NAMES)
+print(f"{'ref':<8}{'run':<20}{'top-1 here':>11}{'paper (10 %)':>14}")
+for name, spec in zip(ABLATION_NAMES, ablations):
+    paper = PAPER_TABLE_3_10PCT.get(name, "-")
     done = spec.name in results and results[spec.name].finished
     ours = f"{results[spec.name].top1:.1f}" if done else "not run"
-    print(f"{ref:<5}{spec.label:<28}{ours:>11}{paper:>14}")
+    print(f"{ABLATIONS[name].table_ref:<8}{spec.label:<20}{ours:>11}{paper:>14}")
 plot_ablation(results, ablations)
 
 # %% [markdown]
@@ -599,15 +623,15 @@ print("top-1:", {k: round(v, 1) for k, v in sorted(top1.items())})
 assert all(r["gap_top1"] < 0 for r in rows), "the ConViT is below the DeiT at every fraction"
 assert abs(top1["deit_f0.1"] - top1["deit_f1"]) < standard_error  # the fraction barely matters here
 assert all(0 < r["deit_top1"] - r["convit_top1"] < 2.5 * standard_error for r in rows)
-convit_variants = [top1[s.name] for s in ablations if s.label != "DeiT"]
+convit_variants = [top1[s.name] for name, s in zip(ABLATION_NAMES, ablations) if ABLATIONS[name].model == "convit"]
 assert max(convit_variants) - min(convit_variants) < min(1.5, standard_error)
-assert max(convit_variants) < top1[CPU.run("e", ABLATION_FRACTION).name]
+assert max(convit_variants) < top1[CPU.run("deit", ABLATION_FRACTION).name]
 for name in ("deit_f0.1", "convit_f0.1"):  # still improving: the last epoch has the lowest validation loss
     losses = [row["val_loss"] for row in results[name].history]
     assert losses[-1] == min(losses), name
 for name in ("convit_f0.1", "convit_f1"):
     final_gates = torch.tensor(results[name].history[-1]["gates"])
     assert ((final_gates - torch.sigmoid(torch.tensor(1.0))).abs() < 0.02).all(), name
-first_epoch = {ref: results[CPU.run(ref, 1.0).name].history[0]["val_top1"] for ref in ("a", "e")}
-print(f"after the first epoch at f = 100 %: ConViT {first_epoch['a']:.1f}, DeiT {first_epoch['e']:.1f}")
-assert first_epoch["a"] > first_epoch["e"]
+first_epoch = {name: results[CPU.run(name, 1.0).name].history[0]["val_top1"] for name in ("convit", "deit")}
+print(f"after the first epoch at f = 100 %: ConViT {first_epoch['convit']:.1f}, DeiT {first_epoch['deit']:.1f}")
+assert first_epoch["convit"] > first_epoch["deit"]

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from torch.optim.swa_utils import AveragedModel
 
 from convit_edu.analysis import (
     LocalityRecorder,
@@ -130,7 +131,7 @@ def test_model_nonlocality_keeps_training_mode_and_rejects_unknown_inputs():
     model = convit().train()
     model_nonlocality(model, images())
     assert model.training
-    with pytest.raises(ValueError, match="inputs must be one of"):
+    with pytest.raises(ValueError, match="unknown inputs 'patches': choose one of block, embeddings"):
         model_nonlocality(model, images(), inputs="patches")
 
 
@@ -159,6 +160,9 @@ def test_gates_read_sigma_lambda_per_head_from_model_state_dict_and_file(tmp_pat
     path = tmp_path / "ckpt.pt"
     torch.save({"model": {f"module.{k}": v for k, v in model.state_dict().items()}}, path)
     torch.testing.assert_close(gates(path), expected)
+    torch.testing.assert_close(gates(AveragedModel(model).state_dict()), expected)  # EMA weights
+    model.local_layers[0].gate_override = 0.0  # masked at test time: the gate the forward uses
+    torch.testing.assert_close(gates(model), torch.stack([torch.zeros(4), expected[1]]))
 
 
 def test_gates_are_in_block_order_beyond_ten_blocks():
@@ -202,7 +206,7 @@ def _to_tensor(image):
 
 
 def test_locality_recorder_rejects_a_bad_period():
-    with pytest.raises(ValueError, match="every must be a positive"):
+    with pytest.raises(ValueError, match="every must be at least 1, got 0"):
         LocalityRecorder(images(1), every=0)
 
 

@@ -1,5 +1,6 @@
-"""Tests of convit_edu.bench: interleaving and medians (with fake timers), activation memory, tables, JSON, the
-benchmark functions on tiny sizes and the H100 estimate. No timing is asserted."""
+"""Tests of convit_edu.bench: the official GPSA form (timm's computation), interleaving and medians (with fake
+timers), activation memory, tables, JSON, the benchmark functions on tiny sizes and the H100 estimate. No timing
+is asserted."""
 
 import itertools
 import json
@@ -12,6 +13,7 @@ from convit_edu import bench
 from convit_edu.bench import (
     H100_BF16_DENSE_FLOPS,
     BenchSizes,
+    GPSAOfficialForm,
     compiled_throughput,
     format_table,
     gpsa_layer_bench,
@@ -31,6 +33,28 @@ from convit_edu.models import count_macs, model_config
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach() - b.detach()).norm() / b.detach().norm())
+
+
+def perturb(layer, scale=0.05, gates=None):
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(torch.randn_like(p) * scale)
+        if gates is not None:
+            layer.gating_param.copy_(torch.tensor(gates, dtype=layer.gating_param.dtype))
+
+
+def grads(layer, x, grid):
+    y = layer(x, grid_size=grid)
+    names = ["x", *dict(layer.named_parameters())]
+    g = torch.autograd.grad((y * torch.linspace(-1, 1, y.shape[-1], dtype=y.dtype)).square().sum(),
+                            [x, *layer.parameters()])
+    out = dict(zip(names, g))
+    out.pop("pos_proj.bias")  # zero in exact arithmetic: a per-head shift of all scores leaves softmax unchanged
+    return y, out
 
 
 class FakeClock:
@@ -66,9 +90,10 @@ def test_median_and_spread():
         median([])
 
 
-@pytest.mark.parametrize("reps, warmup", [(0, 1), (2, -1)])
-def test_interleaved_times_rejects_bad_counts(reps, warmup):
-    with pytest.raises(ValueError, match=f"reps={reps}, warmup={warmup}"):
+@pytest.mark.parametrize("reps, warmup, message", [(0, 1, "reps must be at least 1, got 0"),
+                                                   (2, -1, "warmup must be at least 0, got -1")])
+def test_interleaved_times_rejects_bad_counts(reps, warmup, message):
+    with pytest.raises(ValueError, match=message):
         interleaved_times({"a": lambda: None}, reps, warmup)
 
 
@@ -89,6 +114,33 @@ def test_fast_gpsa_saves_at_most_half_the_reference_activations_at_convit_tiny_s
     m_ref = saved_activation_bytes(lambda: ref(x), ref.parameters())
     m_fast = saved_activation_bytes(lambda: fast(x), fast.parameters())
     assert m_fast <= 0.5 * m_ref
+
+
+def test_official_form_is_timms_gpsa_and_equals_the_reference():
+    """The speed target's baseline computes what timm's GPSA computes, outputs and gradients."""
+    timm_convit = pytest.importorskip("timm.models.convit")
+    torch.manual_seed(0)
+    theirs = timm_convit.GPSA(48, num_heads=4, locality_strength=1.0)
+    ours = GPSAOfficialForm(48, 4)
+    missing, unexpected = ours.load_state_dict(theirs.state_dict(), strict=False)
+    assert not unexpected and not missing, (missing, unexpected)
+    perturb(theirs, gates=[-2.0, 0.0, 1.0, 3.0])
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(3, 36, 48, requires_grad=True)
+    y_ours, g_ours = grads(ours, x, None)
+    y_theirs = theirs(x)
+    g_theirs = torch.autograd.grad(
+        (y_theirs * torch.linspace(-1, 1, 48)).square().sum(), [x, *theirs.parameters()])
+    g_theirs = dict(zip(["x", *dict(theirs.named_parameters())], g_theirs))
+    assert rel_err(y_ours, y_theirs) < 1e-6
+    assert set(g_ours) == {"x", "qk.weight", "v.weight", "proj.weight", "proj.bias", "pos_proj.weight",
+                           "gating_param"}
+    for name, g in g_ours.items():
+        assert rel_err(g, g_theirs[name]) < 1e-5, name
+    ref = GPSAReference(48, 4)
+    ref.load_state_dict(ours.state_dict())
+    for grid in [(6, 6), (4, 9)]:
+        torch.testing.assert_close(ours(x, grid_size=grid), ref(x, grid_size=grid), rtol=1e-5, atol=1e-6)
 
 
 def test_format_table_aligns_columns_and_formats_floats():
@@ -179,7 +231,8 @@ def test_compiled_throughput_gives_the_child_a_fresh_inductor_cache(monkeypatch)
 
 def test_run_benchmarks_prints_tables_and_writes_json(tmp_path):
     printed = []
-    sizes = BenchSizes(1, 1, (16,), 1, 1, 32, 1, 1, 1, 32, 32, 1)
+    sizes = BenchSizes(layer_batch=1, layer_reps=1, lengths=(16,), sweep_batch=1, sweep_reps=1, img_size=32,
+                       tiny_batch=1, small_batch=1, model_reps=1, bf16_img_size=32, matmul_n=32, matmul_reps=1)
     results = run_benchmarks(sizes, json_path=tmp_path / "out" / "bench.json", print_fn=printed.append)
     saved = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert set(saved) == {"meta", *results} and saved["meta"]["threads"] == torch.get_num_threads()

@@ -70,20 +70,32 @@ def test_sample_efficiency_grid_scales_epochs_and_warmup_by_one_over_f():
 
 
 def test_ablation_grid_sets_the_table_3_switches():
-    runs = {r.name: r for r in ablation_grid(SCALE, 0.1, refs=list(ABLATIONS))}
-    assert runs["convit-b_f0.1"].flags["freeze_gating"] is True
-    assert runs["convit-c_f0.1"].flags["use_local_init"] is False
-    assert runs["convit-g_f0.1"].flags["freeze_gpsa"] and not runs["convit-g_f0.1"].flags["use_local_init"]
-    assert runs["convit-psa_f0.1"].flags["local_attention"] == "psa"
+    runs = {r.name: r for r in ablation_grid(SCALE, 0.1, names=list(ABLATIONS))}
+    assert runs["frozen_gate_f0.1"].flags["freeze_gating"] is True
+    assert runs["no_conv_init_f0.1"].flags["use_local_init"] is False
+    frozen_no_init = runs["frozen_gpsa_no_conv_init_f0.1"].flags
+    assert frozen_no_init["freeze_gpsa"] and not frozen_no_init["use_local_init"]
+    assert runs["psa_f0.1"].flags["local_attention"] == "psa"
     for name, spec in runs.items():  # every run is a valid CLI invocation
         parse(train_command(spec, "res"))
-    with pytest.raises(ValueError, match="unknown ablation 'z'"):
-        SCALE.run("z", 0.1)
+    with pytest.raises(ValueError, match="unknown ablation 'e': choose one of convit, frozen_gate"):
+        SCALE.run("e", 0.1)
+
+
+def test_the_deit_row_is_the_ablation_that_builds_the_deit():
+    assert [name for name, a in ABLATIONS.items() if a.model == "deit"] == ["deit"]
+    assert [a.table_ref for a in ABLATIONS.values()] == ["a", "b", "c", "d", "e", "f", "g", "App. A"]
+    deit, convit = SCALE.run("deit", 1.0).flags, SCALE.run("convit", 1.0).flags
+    assert deit["model"] == "deit_tiny" and "local_up_to_layer" not in deit  # the ConViT's own args stay off
+    assert convit["model"] == "convit_tiny" and convit["local_up_to_layer"] == 4
+    assert {k: v for k, v in deit.items() if k != "model"} == {
+        k: v for k, v in convit.items() if k not in ("model", "local_up_to_layer")}
 
 
 def test_unique_runs_merges_the_shared_runs_and_rejects_clashes():
-    merged = unique_runs(sample_efficiency_grid(SCALE, [0.1]), ablation_grid(SCALE, 0.1, refs=["a", "b", "e"]))
-    assert [r.name for r in merged] == ["deit_f0.1", "convit_f0.1", "convit-b_f0.1"]
+    merged = unique_runs(sample_efficiency_grid(SCALE, [0.1]),
+                         ablation_grid(SCALE, 0.1, names=["convit", "frozen_gate", "deit"]))
+    assert [r.name for r in merged] == ["deit_f0.1", "convit_f0.1", "frozen_gate_f0.1"]
     with pytest.raises(ValueError, match="both named 'x'"):
         unique_runs([RunSpec("x", "1", {"lr": 1})], [RunSpec("x", "2", {"lr": 2})])
 
@@ -119,7 +131,7 @@ def test_collect_reads_logs_and_warns_about_missing_and_unfinished_runs(tmp_path
 def test_read_run_refuses_a_folder_holding_another_run(tmp_path):
     write_run(tmp_path / "deit_f1", "convit_tiny", 1.0, 1, [1.0])
     with pytest.raises(ValueError, match="holds a convit_tiny on fraction 1.0, not run 'deit_f1'"):
-        read_run(tmp_path / "deit_f1", SCALE.run("e", 1.0))
+        read_run(tmp_path / "deit_f1", SCALE.run("deit", 1.0))
 
 
 def test_sample_efficiency_table_gap_is_the_papers_relative_improvement(tmp_path):

@@ -7,6 +7,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from torch.optim.swa_utils import AveragedModel
+
+from convit_edu import gpsa
 from convit_edu.conv_init import head_centres, v_pos
 from convit_edu.models import (
     MODEL_ZOO,
@@ -20,6 +23,7 @@ from convit_edu.models import (
     list_models,
     load_checkpoint,
     mask_at_test_time,
+    read_state_dict,
     resize_pos_embed,
 )
 
@@ -106,11 +110,12 @@ def test_unknown_override_names_the_field():
         (dict(embed_dim=200, num_heads=3), "embed_dim 200 is not divisible by num_heads 3"),
         (dict(local_up_to_layer=13), "local_up_to_layer 13 must be in \\[0, depth\\) = \\[0, 12\\)"),
         (dict(local_up_to_layer=12), "local_up_to_layer 12 must be in"),
-        (dict(local_attention="sa"), "local_attention must be one of .* got 'sa'"),
+        (dict(local_attention="sa"), "unknown local_attention 'sa': choose one of gpsa, gpsa_reference, psa"),
         (dict(class_token_pos_embed=True), "needs local_up_to_layer=0, got local_up_to_layer=10"),
         (dict(freeze_gating=True, local_attention="psa"), "freeze_gating needs gated layers"),
         (dict(freeze_gpsa=True, local_up_to_layer=0), "freeze_gpsa needs GPSA layers"),
-        (dict(locality_strength=0.0), "locality_strength must be positive, got 0.0"),
+        (dict(locality_strength=0.0), "locality_strength \\(α\\) must be > 0, got 0.0"),
+        (dict(locality_strength=float("nan")), "locality_strength \\(α\\) must be > 0, got nan"),
         (dict(drop_path_rate=1.0), "drop_path_rate must be in \\[0, 1\\), got 1.0"),
         (dict(patch_size=0), "patch_size must be at least 1, got 0"),
     ],
@@ -118,6 +123,16 @@ def test_unknown_override_names_the_field():
 def test_bad_config_values_are_refused_naming_the_value(overrides, message):
     with pytest.raises(ValueError, match=message):
         create_model("convit_tiny", **overrides)
+
+
+def test_locality_strength_is_checked_only_where_eq5_uses_it_and_the_same_way_everywhere():
+    model = create_model("convit_tiny", img_size=32, use_local_init=False, locality_strength=0.0)
+    assert model.local_layers[0].locality_strength == 0.0  # unused without the convolutional init
+    with pytest.raises(ValueError) as in_config:
+        ModelConfig(locality_strength=-1.0)
+    with pytest.raises(ValueError) as in_layer:
+        gpsa.GPSA(48, 4, locality_strength=-1.0)
+    assert str(in_config.value) == str(in_layer.value) == "locality_strength (α) must be > 0, got -1.0"
 
 
 def test_bad_images_are_refused_naming_the_value():
@@ -202,6 +217,20 @@ def test_timm_distilled_deit_gives_timm_logits_and_trains_with_two_heads():
         torch.testing.assert_close(ours.eval()(x), reference(x), atol=1e-5, rtol=0)
         class_logits, dist_logits = ours.train()(x)
     torch.testing.assert_close((class_logits + dist_logits) / 2, reference(x), atol=1e-5, rtol=0)
+
+
+def test_read_state_dict_unwraps_training_checkpoints_ddp_and_ema_weights(tmp_path):
+    model = seeded("convit_tiny", img_size=32, num_classes=10)
+    own = model.state_dict()
+    ema = AveragedModel(model).state_dict()
+    assert "n_averaged" in ema and all(k.startswith("module.") for k in ema if k != "n_averaged")
+    torch.save({"model": own, "ema": ema, "epoch": 3}, tmp_path / "checkpoint.pt")
+    sources = [own, {"model": own}, {f"module.{k}": v for k, v in own.items()}, ema, tmp_path / "checkpoint.pt"]
+    for source in sources:
+        weights = read_state_dict(source)
+        assert list(weights) == list(own) and all(torch.equal(weights[k], own[k]) for k in own)
+    fresh = load_checkpoint(seeded("convit_tiny", seed=1, img_size=32, num_classes=10), ema)
+    assert torch.equal(fresh.blocks[0].attn.qk.weight, model.blocks[0].attn.qk.weight)
 
 
 def test_official_checkpoint_files_load_wrapped_and_prefixed(tmp_path):
@@ -358,6 +387,43 @@ def test_gpsa_layers_are_discoverable_by_their_gating_param():
     model = create_model("convit_tiny")
     gated = [name for name, module in model.named_modules() if hasattr(module, "gating_param")]
     assert gated == [f"blocks.{i}.attn" for i in range(10)]
+    assert model.gated_layers == [model.blocks[i].attn for i in range(10)]
+
+
+def test_gates_are_sigma_lambda_per_gpsa_layer_and_head_as_the_forward_uses_them():
+    model = seeded("convit_tiny", img_size=32, local_up_to_layer=3)
+    with torch.no_grad():
+        model.blocks[1].attn.gating_param.copy_(torch.tensor([-2.0, 0.0, 2.0, 4.0]))
+    gates = model.gates()
+    assert gates.shape == (3, 4) and not gates.requires_grad
+    torch.testing.assert_close(gates[1], torch.sigmoid(torch.tensor([-2.0, 0.0, 2.0, 4.0])))
+    torch.testing.assert_close(gates[0], torch.full((4,), torch.sigmoid(torch.tensor(1.0)).item()))
+    with mask_at_test_time(model, gate=0.0, num_layers=2):
+        assert torch.equal(model.gates()[:2], torch.zeros(2, 4)) and torch.equal(model.gates()[2], gates[2])
+    for no_gates in (create_model("deit_tiny", img_size=32), create_model("convit_tiny", local_attention="psa")):
+        assert no_gates.gates().shape == (0, no_gates.config.num_heads)
+
+
+def test_a_fresh_convit_holds_the_eq5_weights_applied_once_per_layer(monkeypatch):
+    calls = []
+
+    def counting_local_init(pos_proj, v, locality_strength):
+        calls.append((pos_proj, locality_strength))
+        return local_init(pos_proj, v, locality_strength)
+
+    local_init = gpsa.local_init
+    monkeypatch.setattr(gpsa, "local_init", counting_local_init)
+    model = seeded("convit_tiny", img_size=32, locality_strength=2.0)
+    assert [pos_proj for pos_proj, _ in calls] == [layer.pos_proj for layer in model.local_layers]
+    assert {alpha for _, alpha in calls} == {2.0}
+    centres = head_centres(4)
+    rows = 2.0 * torch.cat([2 * centres, -torch.ones(4, 1)], dim=1)  # α·[2Δx, 2Δy, −1]
+    for layer in model.local_layers:
+        assert torch.equal(layer.pos_proj.weight, rows) and torch.equal(layer.pos_proj.bias, torch.zeros(4))
+        assert torch.equal(layer.v.weight, torch.eye(192)) and layer.v.bias is None  # ConViT: no qkv bias
+    calls.clear()
+    seeded("convit_tiny", img_size=32, use_local_init=False)
+    assert calls == []
 
 
 def test_initialization_is_deit_normal_then_convolutional():
