@@ -12,11 +12,14 @@ The authoring loop is: edit ``nbs/NN_x.py`` -> ``sync`` -> ``export`` -> ``run``
 
 Export reads nbdev-style markers from the ``.py`` (the reviewable source): ``#| default_exp NAME`` once per
 notebook, ``#| export`` on cells whose code goes into ``convit_edu/NAME.py`` and whose public names go into
-``__all__``, ``#| exporti`` on cells exported without joining ``__all__``.
+``__all__``, ``#| exporti`` on cells exported without joining ``__all__``. The module's docstring is the
+comment below ``#| default_exp`` when there is one, else the notebook's title.
 The top-level imports of the exported cells move to one block above ``__all__``, merged, deduplicated and
 grouped as isort would (``__future__``, standard library, third-party, ``convit_edu``); nested imports stay.
 
-This module imports jupytext, nbformat and nbclient lazily: ``import convit_edu`` never pulls them in.
+This module imports jupytext, nbformat and nbclient lazily: ``import convit_edu`` never pulls them in. It is
+longer than the package's other modules because each of its four commands has its own checks and messages, and
+splitting it would only spread one tool over several files.
 """
 
 from __future__ import annotations
@@ -340,12 +343,12 @@ def import_block(imports: set[Imported]) -> str:
     return "\n\n".join("\n".join(section_lines(s)) for s in sections if s)
 
 
-def module_text(title: str, source: str, names: list[str], imports: set[Imported], chunks: list[str]) -> str:
+def module_text(doc: str, source: str, names: list[str], imports: set[Imported], chunks: list[str]) -> str:
     """A generated module: docstring, the generated-file note, imports, ``__all__``, then the cells."""
     block = import_block(imports)
     listed = ", ".join(repr(n) for n in dict.fromkeys(names))
     header = (
-        f'"""{title}."""\n\n'
+        f'"""{doc}"""\n\n'
         f"{GENERATED_MARK} {source}: edit the notebook, not this file\n"
         f"# (then run `{CMD} export`).\n\n"
         + (f"{block}\n\n" if block else "")
@@ -358,7 +361,7 @@ def export_text(py: Path, root: Path) -> tuple[str, str] | None:
     """The module a notebook exports, as ``(module name, source text)``; None without ``default_exp``."""
     nb = read_py(py)
     starts = cell_lines(py)
-    module, title, chunks, all_names, found, defined = None, "", [], [], [], {}
+    module, title, doc, chunks, all_names, found, defined = None, "", "", [], [], [], {}
     for n, cell in enumerate(nb.cells, 1):
         if cell.cell_type == "markdown" and not title:
             title = cell.source.strip().splitlines()[0].lstrip("# ").strip()
@@ -368,7 +371,7 @@ def export_text(py: Path, root: Path) -> tuple[str, str] | None:
         if "default_exp" in marks:
             if module:
                 raise NbToolsError(f"{rel(py, root)}: `#| default_exp` given twice (cell {n})")
-            module = marks["default_exp"]
+            module, doc = marks["default_exp"], module_doc(code)
             if not re.fullmatch(r"[a-z_][a-z0-9_]*", module):
                 raise NbToolsError(f"{rel(py, root)}, cell {n}: bad module name {module!r}")
         if "export" not in marks and "exporti" not in marks:
@@ -390,7 +393,15 @@ def export_text(py: Path, root: Path) -> tuple[str, str] | None:
             raise NbToolsError(f"{rel(py, root)}: cells marked for export but no `#| default_exp NAME`")
         return None
     imports = merge_imports(found, defined)
-    return module, module_text(title or module, rel(py, root), all_names, imports, chunks)
+    return module, module_text(doc or f"{title or module}.", rel(py, root), all_names, imports, chunks)
+
+
+def module_doc(code: str) -> str:
+    """The module docstring a ``default_exp`` cell gives in the comment lines after its directive (none: "")."""
+    lines = code.splitlines()
+    if not lines or not all(line.startswith("#") for line in lines):
+        return ""
+    return "\n".join(line[2:] if line.startswith("# ") else line[1:] for line in lines).strip()
 
 
 def export(stem: Path, root: Path) -> Path | None:

@@ -7,20 +7,24 @@ import argparse
 import ast
 import json
 import os
-import resource
 import sys
-import time
 import typing
 from dataclasses import MISSING, Field, asdict, fields
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from convit_edu.checks import one_of, positive_int
 from convit_edu.data import AugConfig, augmentation, benchmark_loader, build_datasets, build_mixup, build_transforms
-from convit_edu.models import ModelConfig, VisionTransformer, create_model, list_models, mask_at_test_time
+from convit_edu.models import (
+    ModelConfig,
+    VisionTransformer,
+    create_model,
+    list_models,
+    mask_at_test_time,
+    read_state_dict,
+)
 from convit_edu.training import (
     PRECISIONS,
     RECIPES,
@@ -34,7 +38,7 @@ from convit_edu.training import (
     train,
 )
 
-__all__ = ['run_train', 'run_eval', 'measure_model', 'run_bench', 'build_parser', 'main']
+__all__ = ['run_train', 'run_eval', 'run_bench', 'build_parser', 'main']
 
 
 # %% nbs/08_command_line.py 8
@@ -145,7 +149,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.ema:
         if ckpt["ema"] is None:
             raise ValueError(f"checkpoint {args.checkpoint} has no EMA (it was trained without --ema-decay)")
-        weights = {k.removeprefix("module."): v for k, v in ckpt["ema"].items() if k != "n_averaged"}
+        weights = read_state_dict(ckpt["ema"])
     else:
         weights = ckpt["model"]
     model.load_state_dict(weights)
@@ -168,53 +172,6 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure_model(model: nn.Module, batch_size: int, img_size: int, *, steps: int = 10,
-                  device: str | torch.device = "cpu", precision: str = "fp32") -> dict[str, float]:
-    """Training (forward, backward, AdamW step) and inference images/s on random images, and peak memory:
-    CUDA's peak allocation on a GPU, the process's peak resident size on a CPU (both in MiB)."""
-    device = torch.device(device)
-    precision = resolve_precision(precision, device)
-    model = model.to(device)
-    x = torch.randn(batch_size, 3, img_size, img_size, device=device)
-    y = torch.randint(0, 2, (batch_size,), device=device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def train_step():
-        with autocast(device, precision):
-            out = model(x)
-            loss = nn.functional.cross_entropy(out[0] if isinstance(out, tuple) else out, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    @torch.no_grad()
-    def infer_step():
-        with autocast(device, precision):
-            model(x)
-
-    def rate(step, train_mode: bool) -> float:
-        model.train(train_mode)
-        step()  # warm-up: allocations, kernel selection, compilation
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return steps * batch_size / (time.perf_counter() - t0)
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    result = {"train_images_per_s": rate(train_step, True), "infer_images_per_s": rate(infer_step, False)}
-    if device.type == "cuda":
-        result["peak_memory_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
-    else:
-        scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is in bytes on macOS, KiB on Linux
-        result["peak_memory_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
-    return result
-
-
 def run_bench(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(positive_int("--threads", args.threads))
@@ -234,8 +191,10 @@ def run_bench(args: argparse.Namespace) -> int:
         model = torch.compile(model)
     print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, "
           f"{resolve_precision(args.precision, device)} on {device}:")
+    from convit_edu.bench import measure_model  # chapter 11 comes after this one: import on use
+
     measured = measure_model(model, args.batch_size, args.img_size, steps=args.steps, device=device,
-                             precision=args.precision)
+                             precision=args.precision, num_classes=args.num_classes)
     for key, value in measured.items():
         print(f"  {key:<22}{value:>10.1f}")
     aug = augmentation(args.aug, args.img_size)

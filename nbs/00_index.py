@@ -242,6 +242,8 @@ print("this run is in", "FAST" if FAST else "full", "mode")
 
 # %%
 #| default_exp checks
+# The checks every chapter shares: refuse bad input early, naming the value (``positive_int``, ``number``,
+# ``one_of``), and show that a chapter's bad-input example really fails (``expect_error``).
 
 # %%
 #| export

@@ -31,6 +31,11 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp models
+# The ConViT and DeiT models: zoo, Table 1, checkpoints, other resolutions.
+#
+# One module for the whole model family, as timm keeps one file per family: the config, the layers, the zoo, the
+# analytic counts and the checkpoint loading are read together, and chapter 05 builds them in that order (the
+# course reorganisation splits the chapter, and this module with it, by topic).
 
 # %%
 import matplotlib.pyplot as plt

@@ -36,6 +36,10 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp data
+# Data: CIFAR-100 to ImageNet, subsampling, the DeiT augmentation, samplers and loaders.
+#
+# Longer than the other modules because chapter 06 exports the whole input pipeline, from reading one image to
+# a seeded loader per process; the course reorganisation splits the chapter, and this module with it, by topic.
 
 # %%
 import warnings

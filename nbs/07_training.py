@@ -31,6 +31,11 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp training
+# Training: one loop from a laptop CPU to many GPUs, with exact resume.
+#
+# Longer than the other modules because chapter 07 teaches the loop together with its machinery (the config,
+# randomness, checkpoints, processes, evaluation, progress), each piece next to its prose; the course
+# reorganisation splits the chapter, and this module with it, into the loop and its machinery.
 
 # %%
 import json
@@ -106,6 +111,7 @@ import convit_edu
 from convit_edu.checks import number, one_of, positive_int
 from convit_edu.data import (AUGMENTATION_RENAMES, AUGMENTATIONS, DATASETS, AugConfig, DataLoaders, augmentation,
                              build_datasets, build_loaders, build_mixup, build_transforms, check_fraction, seed_from)
+from convit_edu.gpsa import gate_values
 from convit_edu.models import ModelConfig, VisionTransformer, create_model, list_models, load_checkpoint, model_config
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -673,7 +679,7 @@ class TrainResult:
 
 def gate_means(model: nn.Module) -> list[float]:
     """Mean σ(λ) over the heads of each layer that has a `gating_param` (Eq. 6), in layer order."""
-    return [torch.sigmoid(m.gating_param.detach().float()).mean().item()
+    return [gate_values(m.gating_param.detach().float(), getattr(m, "gate_override", None)).mean().item()
             for m in model.modules() if isinstance(getattr(m, "gating_param", None), torch.Tensor)]
 
 

@@ -549,7 +549,7 @@ def format_masking(tables: dict[str, dict[str, float]]) -> str:
 from dataclasses import replace
 
 from convit_edu.data import build_transforms, build_datasets, extract_subset
-from convit_edu.training import TrainConfig, aug_config, evaluate, train
+from convit_edu.training import TrainConfig, evaluate, train
 
 torch.set_num_threads(1)
 ARCHIVE = Path("../../shared/data/tiny-imagenet-100.tar.gz")
@@ -565,7 +565,7 @@ base = TrainConfig(model="deit_tiny", model_args=size, img_size=64, **data, epoc
 configs = {"DeiT": base,
            "ConViT": replace(base, model="convit_tiny", model_args={**size, "local_up_to_layer": 4},
                              output="runs/09_convit")}
-_, val_tf = build_transforms(aug_config(base))
+_, val_tf = build_transforms(base.aug_config())
 _, val_set, classes = build_datasets(base.data, base.data_root, val_transform=val_tf, max_classes=None,
                                      download=False, **base.data_args)
 probe = torch.stack([val_set[i][0] for i in range(0, len(val_set), len(val_set) // 64)][:64])  # 64 val images

@@ -294,7 +294,7 @@ CPU = Scale(
     convit="convit_tiny", deit="deit_tiny", epochs=6, warmup_epochs=1,
     model_args={"patch_size": 8, "embed_dim": 48, "num_heads": 4, "depth": 6},
     convit_args={"local_up_to_layer": 4},
-    common={"data": "imagefolder", "data_root": DATA_ROOT, "img_size": 64, "aug": "imagenet", "batch_size": 64,
+    common={"data": "imagefolder", "data_root": DATA_ROOT, "img_size": 64, "aug": "deit", "batch_size": 64,
             "lr": 8e-3, "precision": "fp32", "num_workers": 1, "seed": 0, "progress": "lines", "log_every": 100000},
 )
 FRACTIONS = [0.1, 0.3, 1.0]

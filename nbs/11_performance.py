@@ -90,6 +90,7 @@ torch.set_num_threads(1)  # see "Measuring honestly" below
 import json
 import os
 import platform
+import resource
 import signal
 import statistics
 import subprocess
@@ -109,6 +110,7 @@ from convit_edu.attention import MHSA
 from convit_edu.checks import one_of, positive_int
 from convit_edu.gpsa import GPSA, GPSAReference
 from convit_edu.models import count_macs, create_model, model_config
+from convit_edu.training import autocast, resolve_precision
 
 
 def interleaved_times(
@@ -405,24 +407,63 @@ print("the fast layer's activation-memory ratio falls as L grows")
 #
 # `model_throughput` times full training steps (forward, cross-entropy, backward, AdamW step) of two models at
 # the same batch and image size, interleaved, and reports images/s and the ratio to the first model's
-# partner. `precision="bf16"` runs the forward under `torch.autocast(dtype=torch.bfloat16)`.
+# partner. `precision="bf16"` runs the forward under `torch.autocast(dtype=torch.bfloat16)`. The same step
+# closure serves `measure_model`, which `convit-edu bench` calls for one model on any device: training and
+# inference images/s and peak memory.
 
 # %%
 #| export
-def _train_step(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str) -> Callable[[], None]:
-    x = torch.randn(batch, 3, img_size, img_size)
-    y = torch.randint(0, num_classes, (batch,))
+def _train_step(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str,
+                device: torch.device = torch.device("cpu")) -> Callable[[], None]:
+    """One training step (forward under the precision's autocast, cross-entropy, backward, AdamW) on fixed random
+    images, as a closure to time. A distilled model's class head takes the loss."""
+    x = torch.randn(batch, 3, img_size, img_size, device=device)
+    y = torch.randint(0, num_classes, (batch,), device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    model.train()
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss = F.cross_entropy(model(x), y)
+        model.train()
+        with autocast(device, precision):
+            out = model(x)
+            loss = F.cross_entropy(out[0] if isinstance(out, tuple) else out, y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     return step
+
+
+def measure_model(model: nn.Module, batch_size: int, img_size: int, *, steps: int = 10, num_classes: int = 1000,
+                  device: str | torch.device = "cpu", precision: str = "fp32") -> dict[str, float]:
+    """Training and inference images/s of one model (median of ``steps`` interleaved steps after one warm-up) and
+    its peak memory: CUDA's peak allocation on a GPU, the process's peak resident size on a CPU (MiB)."""
+    device = torch.device(device)
+    precision = resolve_precision(precision, device)
+    model = model.to(device)
+    x = torch.randn(batch_size, 3, img_size, img_size, device=device)
+
+    @torch.no_grad()
+    def infer() -> None:
+        model.eval()
+        with autocast(device, precision):
+            model(x)
+
+    def timer() -> float:  # GPU work is asynchronous: wait for it before reading the clock
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    fns = {"train": _train_step(model, batch_size, img_size, num_classes, precision, device), "infer": infer}
+    times = interleaved_times(fns, positive_int("steps", steps), warmup=1, timer=timer)
+    result = {f"{k}_images_per_s": batch_size / median(t) for k, t in times.items()}
+    if device.type == "cuda":
+        result["peak_memory_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is in bytes on macOS, KiB on Linux
+        result["peak_memory_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+    return result
 
 
 def model_throughput(

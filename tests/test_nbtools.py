@@ -378,3 +378,8 @@ def test_export_refuses_imports_that_would_change_meaning_at_the_top(tmp_path, c
     with pytest.raises(nbt.NbToolsError) as e:
         nbt.export(root / "nbs" / "01_toy", root)
     assert "nbs/01_toy.py, cell 5" in str(e.value) and clash in str(e.value)
+
+
+def test_the_comment_below_default_exp_is_the_module_docstring():
+    assert nbt.module_doc("# One line.\n#\n# A second paragraph.") == "One line.\n\nA second paragraph."
+    assert nbt.module_doc("") == "" and nbt.module_doc("x = 1  # not a docstring") == ""
