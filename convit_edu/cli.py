@@ -15,22 +15,14 @@ from typing import Any
 
 import torch
 
-from convit_edu.checks import one_of, positive_int
+from convit_edu.checks import positive_int
 from convit_edu.data import AugConfig, augmentation, benchmark_loader, build_datasets, build_mixup, build_transforms
-from convit_edu.models import (
-    ModelConfig,
-    VisionTransformer,
-    create_model,
-    list_models,
-    mask_at_test_time,
-    read_state_dict,
-)
+from convit_edu.models import ModelConfig, VisionTransformer, create_model, mask_at_test_time, read_state_dict
 from convit_edu.training import (
     PRECISIONS,
     RECIPES,
     RUN_OWNED,
     TrainConfig,
-    autocast,
     evaluate,
     read_checkpoint,
     recipe,
@@ -181,7 +173,6 @@ def run_bench(args: argparse.Namespace) -> int:
         run_benchmarks(BenchSizes.fast() if args.suite == "fast" else BenchSizes.full(),
                        compile_timeout_s=args.compile_timeout if args.compile else None, json_path=args.json)
         return 0
-    one_of("model", args.model, list_models())
     positive_int("--batch-size", args.batch_size)
     positive_int("--steps", args.steps)
     device = _device(args.device)

@@ -91,7 +91,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -202,7 +202,7 @@ class TrainConfig:
     def model_config(self, num_classes: int, distilled: bool) -> ModelConfig:
         """The model this run trains: zoo `model` with `model_args`, at the run's image size and drop path."""
         _refuse_run_owned("model_args", self.model_args)
-        return model_config(one_of("model", self.model, list_models()), **self.model_args, img_size=self.img_size,
+        return model_config(self.model, **self.model_args, img_size=self.img_size,
                             num_classes=num_classes, distilled=distilled, drop_path_rate=self.drop_path_rate)
 
     def aug_config(self) -> AugConfig | None:
@@ -1336,6 +1336,8 @@ plot_history(rows)
 # CPU and `num_workers=0`, C ends with weights *bit-identical* to A's: `torch.equal`, not `allclose`.
 
 # %%
+from dataclasses import replace
+
 from convit_edu.training import Callback, read_checkpoint
 
 

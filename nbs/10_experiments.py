@@ -524,7 +524,7 @@ TINY = Scale(convit="convit_tiny", deit="deit_tiny", epochs=1, warmup_epochs=0,
              model_args={"patch_size": 4, "embed_dim": 32, "num_heads": 4, "depth": 2},
              convit_args={"local_up_to_layer": 1},
              common={"data": "fake", "data_args": {"num_train": 200, "num_val": 50, "num_classes": 5, "image_size": 16},
-                     "img_size": 16, "aug": "cifar100-32", "batch_size": 50, "num_workers": 0, "precision": "fp32",
+                     "img_size": 16, "aug": "pad-crop-flip", "batch_size": 50, "num_workers": 0, "precision": "fp32",
                      "progress": "lines", "log_every": 1})
 tiny_runs = [TINY.run("convit", 1.0)]
 tiny_results = Path("runs/10_pipeline")  # nbs/runs/ is not committed

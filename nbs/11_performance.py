@@ -805,42 +805,44 @@ for label, value, target in targets:
 
 # %% [markdown]
 # **Findings.** Timings on this shared 2-core AVX2 CPU (one thread) move by tens of percent between runs, so
-# each finding gives the value of the run shown above and, in brackets, the range over the six full runs
-# made while writing this chapter (the first timed the layers at B = 8; only the last three timed the
-# official form).
+# each finding gives the value of the run shown above and, in brackets, the range over the seven full runs
+# made while writing this chapter (the first timed the layers at B = 8; only the last four timed the
+# official form). The run shown was made on an AMD EPYC (Zen 3, AVX2 without AVX-512) with nothing else
+# running.
 #
 # - *Activation memory*: **met**, and deterministic. The fast layer saves 0.47× the reference's activations
 #   at ConViT-Ti and ConViT-S sizes (B = 32, 224 px), and 0.34× the official form's at Ti size; its share
 #   falls with resolution: 0.89× the reference's at L = 64, 0.24× at L = 576 (B = 8), because the
 #   reference's saved tensors grow as B·H·L² and the fast layer's as B·L·D plus one shared H·L².
 # - *Layer speed* (target: forward+backward ≥ 1.5× the official/timm form): **met at ConViT-S size, and at
-#   ConViT-Ti size in two of the three runs that timed it on this CPU**: 1.77× at Ti size [1.47–1.77×;
+#   ConViT-Ti size in three of the four runs that timed it on this CPU**: 1.64× at Ti size [1.47–1.77×;
 #   an earlier measurement with two threads and the median of 21 paired ratios gave 1.65–2.03× in six runs],
-#   2.33× at S size [2.19–2.38×]. Over our reference, which already computes P once per forward, the gain is
-#   smaller: 1.08× at Ti size [1.08–1.44×], 1.76× at S size [1.15–1.79×]. The gain needs many numbers per
+#   2.39× at S size [2.19–2.39×]. Over our reference, which already computes P once per forward, the gain is
+#   smaller: 1.01× at Ti size [1.01–1.44×], 1.69× at S size [1.15–1.79×]. The gain needs many numbers per
 #   attention map: at small B·L the forms are even, at L = 576 the fast layer is 3.9× faster than the
 #   official form [3.9–4.1×] and 2.8× than the reference [1.4–2.9×]. What limits it *here* is visible in
 #   the profile: PyTorch's CPU flash-attention kernel is no faster than the explicit matmuls it replaces (it
 #   saves memory, not arithmetic), so the only gain is the materialising forms' elementwise passes over
 #   B·H·L² numbers (and the page faults of their fresh B·H·L² buffers, above), while the fast form adds
 #   a P @ V matmul (plus two in the backward). The `mhsa` row is the floor, a plain attention layer of the
-#   same size: the fast GPSA layer costs 1.17× of it [1.16–1.37×]. On a GPU, where fused attention is much
+#   same size: the fast GPSA layer costs 1.31× of it [1.16–1.37×]. On a GPU, where fused attention is much
 #   faster than materialised attention, the same reformulation should gain more; that could not be measured
 #   for this chapter.
-# - *Model throughput* (target ≥ 0.85×): ConViT-Ti trained at **0.88×** DeiT-Ti's images/s [0.80–0.92×],
+# - *Model throughput* (target ≥ 0.85×): ConViT-Ti trained at **0.85×** DeiT-Ti's images/s (0.846: just
+#   short of the target in this run) [0.80–0.92×],
 #   where timm's ConViT runs at 0.42–0.57× its DeiT; the arithmetic bound set by the P @ V work is 0.95×.
 #   The rest of the gap is the GPSA layers' elementwise work (the gate's lerp and its backward, the
 #   (H, L, B·d) layout copies) and a less efficient SDPA at head_dim 48 than DeiT's 64. ConViT-S is wider
-#   than DeiT-S (432 vs 384), so its bound is 0.80×; it measured 0.72× [0.63–0.74×].
+#   than DeiT-S (432 vs 384), so its bound is 0.80×; it measured 0.74× [0.63–0.74×].
 # - *bf16 autocast* is slower than fp32 here: 0.19× (ConViT-Ti) and 0.17× (DeiT-Ti) the fp32 rate at 64 px
 #   [0.17–0.27×], where the models are so small that much of a step is not matmul; a 512×512 bf16 matmul
-#   ran 67× slower than in fp32 [64–120×]. This CPU has no bf16 arithmetic (no AVX-512 BF16, no AMX), so
+#   ran 57× slower than in fp32 [57–120×]. This CPU has no bf16 arithmetic (no AVX-512 BF16, no AMX), so
 #   bf16 is a GPU optimisation here, and `--precision auto` picks fp32 on a CPU for this reason.
 # - *`torch.compile`* could **not** be measured: Inductor's C++ compilation of a ConViT-Ti training step did
 #   not finish within the 60 s limit on this loaded machine (nor within 5 minutes in a separate trial). One
 #   run failed instead with "file too short": an earlier killed compile had left a truncated library in the
 #   shared Inductor cache, which is why each compile child now gets a cache of its own.
-# - *Fraction of peak*: whole-model fp32 training reached 0.70–0.90 of this run's single-thread
+# - *Fraction of peak*: whole-model fp32 training reached 0.64–0.81 of this run's single-thread
 #   large-matmul rate [0.53–0.90], DeiT more than ConViT. The H100 column is an **estimate**, not a
 #   measurement (40 % of 989 TFLOP/s dense bf16, H100 SXM): about 5.2×10⁴ training images/s for ConViT-Ti
 #   and DeiT-Ti at 224 px, 1.1×10⁴ for ConViT-S. No GPU was available for this chapter.
