@@ -8,6 +8,7 @@ a seeded loader per process; the course reorganisation splits the chapter, and t
 
 import math
 import random
+import signal
 import tarfile
 import time
 import warnings
@@ -545,8 +546,16 @@ def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, 
         dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=drop_last,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         generator=torch.Generator().manual_seed(seed), persistent_workers=num_workers > 0,
-        prefetch_factor=4 if num_workers > 0 else None,
+        prefetch_factor=4 if num_workers > 0 else None, worker_init_fn=_ignore_stop_signals if num_workers else None,
     )
+
+
+def _ignore_stop_signals(worker_id: int) -> None:
+    """SLURM and a terminal send SIGTERM / SIGINT to every process of a job, loader workers included; a worker that
+    died of it would crash the main process mid-step. Workers ignore both: the main process stops them itself
+    after it has saved its checkpoint."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # %% nbs/06_data.py 56

@@ -67,6 +67,7 @@ warnings.filterwarnings("ignore", message=".*os.fork.*")  # fork + threads notic
 #| export
 import math
 import random
+import signal
 import tarfile
 import time
 import warnings
@@ -953,7 +954,9 @@ assert RepeatAugSampler(N_IMAGENET, repeats=3).unique_per_epoch == math.ceil(N_I
 # present) makes host-to-GPU copies asynchronous, and a **seeded generator** fixes the base seed of the
 # workers' random augmentations (worker w gets `base_seed + w`), so a run is reproducible. With
 # `num_workers=0` the augmentations draw from the main process's global torch RNG instead, which a checkpoint
-# saves and restores like any other RNG state.
+# saves and restores like any other RNG state. Workers also ignore SIGTERM and SIGINT: SLURM signals every
+# process of a job, and a worker killed by the signal would crash the main process in the middle of the step
+# it must finish before saving (chapter 07).
 
 # %%
 #| export
@@ -969,8 +972,16 @@ def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, 
         dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=drop_last,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         generator=torch.Generator().manual_seed(seed), persistent_workers=num_workers > 0,
-        prefetch_factor=4 if num_workers > 0 else None,
+        prefetch_factor=4 if num_workers > 0 else None, worker_init_fn=_ignore_stop_signals if num_workers else None,
     )
+
+
+def _ignore_stop_signals(worker_id: int) -> None:
+    """SLURM and a terminal send SIGTERM / SIGINT to every process of a job, loader workers included; a worker that
+    died of it would crash the main process mid-step. Workers ignore both: the main process stops them itself
+    after it has saved its checkpoint."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 # %% [markdown]
 # ### Augmentation that does not depend on the worker

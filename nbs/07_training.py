@@ -653,7 +653,8 @@ class TrainState:
     global_step: int = 0
     loss: float = float("nan")  # the last step's loss, averaged over every process
     epoch_losses: list[float] = field(default_factory=list)  # the losses of this epoch's steps so far
-    history: list[dict] = field(default_factory=list)  # one row per finished epoch
+    history: list[dict] = field(default_factory=list)  # one row per finished and evaluated epoch
+    pending: dict | None = None  # the training half of the last epoch's row, while that epoch is being evaluated
     stop: bool = False  # set it to end the run cleanly after the current step
 
 
@@ -851,6 +852,9 @@ def _build_data(cfg: TrainConfig, world: _World, datasets: tuple | None) -> _Dat
         datasets = build_datasets(cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
                                   fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
     train_set, val_set, classes = datasets
+    if len(classes) < 2:
+        raise ValueError(f"the dataset has {len(classes)} class(es) ({', '.join(map(str, classes))}): a classifier "
+                         "needs at least two (check --data-root, --classes)")
     batch_size = per_device_batch(cfg, world.world_size)
     share = math.ceil(len(train_set) / world.world_size)  # samples per process and epoch (RepeatAugSampler)
     steps = share // batch_size // cfg.accum_steps
@@ -915,11 +919,18 @@ def _resume_checkpoint(cfg: TrainConfig, world: _World, output: Path) -> tuple[d
     return read_checkpoint(path), path
 
 
+_RESUME_MAY_CHANGE = {  # settings a resumed run may change without changing what it computes (the global batch,
+    # which batch_size, accum_steps and global_batch set together, is checked on its own)
+    "epochs", "num_workers", "batch_size", "accum_steps", "global_batch", "compile", "device", "output", "resume",
+    "ckpt_every", "log_every", "progress"}
+
+
 def _check_resume(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, data: _Data, world_size: int):
-    saved = TrainConfig.from_dict(ckpt["config"])
-    if saved.model != cfg.model:
-        raise ValueError(f"checkpoint {path} holds a {saved.model!r}, this run builds {cfg.model!r}: "
-                         f"resume with --model {saved.model} or start a new --output")
+    saved, now = asdict(TrainConfig.from_dict(ckpt["config"])), asdict(cfg)
+    changed = [f"{k} {saved[k]!r} -> {now[k]!r}" for k in now if k not in _RESUME_MAY_CHANGE and saved[k] != now[k]]
+    if changed:
+        raise ValueError(f"checkpoint {path} was trained with other settings ({'; '.join(changed)}): resuming would "
+                         "not continue the same run; resume with the checkpoint's settings or start a new --output")
     own, theirs = model.state_dict(), ckpt["model"]
     wrong = sorted(set(own) ^ set(theirs)) + [k for k in own if k in theirs and own[k].shape != theirs[k].shape]
     if wrong:
@@ -1015,7 +1026,7 @@ def _start(cfg: TrainConfig, world: _World, model, datasets, teacher, callbacks)
     if ckpt is not None:
         _restore(run, ckpt, path)
     if world.main:
-        _write_run_info(run)
+        _write_run_info(run, path)
     return run
 
 
@@ -1028,6 +1039,7 @@ def _restore(run: _Run, ckpt: dict, path: Path) -> None:
         opt.ema.load_state_dict(ckpt["ema"])
     s.epoch, s.step, s.global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
     s.epoch_losses, s.history, run.best_top1 = ckpt["epoch_losses"], ckpt["history"], ckpt["best_top1"]
+    s.pending = ckpt.get("pending")  # (checkpoints of earlier versions have no such entry)
     _set_rng_states(ckpt["rng"])
     if run.world.main:
         print(f"resumed from {path}: epoch {s.epoch + 1}, step {s.step}/{run.data.steps_per_epoch}", flush=True)
@@ -1036,29 +1048,49 @@ def _restore(run: _Run, ckpt: dict, path: Path) -> None:
 # %% [markdown]
 # ### What a run writes
 #
-# `run.json` (the config, the world, the batch sizes, the learning rate, the versions, the command line) once
-# at the start, and checkpoints: `last.pt` at every epoch end and every `ckpt_every` steps, `best.pt` when the
-# top-1 improved. Only rank 0 writes.
+# `run.json` (the config, the world, the batch sizes, the learning rate, the versions, the command line) when
+# the run starts, and a line in `invocations.jsonl` every time it is started or resumed (so a run extended with
+# more epochs, or resumed on another number of GPUs, keeps the record of each start); and checkpoints: `last.pt`
+# at every epoch end and every `ckpt_every` steps, `best.pt` when the top-1 improved. Only rank 0 writes. No
+# checkpoint ever holds non-finite weights: a step can turn the weights to NaN while its loss was still finite,
+# and saving them would make the "last good checkpoint" a bad one, so `_checkpoint` refuses them on every
+# process and says which file is the last good one (if any). A resumed run must be the same run: every setting
+# that changes what it computes (data, fraction, classes, seed, augmentation, model, optimisation) must match
+# the checkpoint's, and the message lists each difference; more epochs, other logging or workers, another
+# device or number of processes (at the same global batch) are fine.
 
 # %%
 #| exporti
 def _check_output(output: Path) -> None:
+    """The run folder exists and is writable; temporary files that a killed run left behind are removed."""
     try:
         output.mkdir(parents=True, exist_ok=True)
         probe = output / ".write-test"
         probe.write_text("ok")
         probe.unlink()
+        for stale in output.glob("*.tmp"):  # a checkpoint or log write that was killed before its rename
+            stale.unlink()
     except OSError as e:
         raise ValueError(f"output directory {output} is not writable ({e.strerror}): choose another --output") from None
 
 
-def _write_run_info(run: _Run) -> None:
+def _write_run_info(run: _Run, resumed_from: Path | None) -> None:
+    """`run.json` when the run starts (a resumed run keeps it), and one line per start in `invocations.jsonl`."""
     d = run.data
     info = {"config": asdict(run.cfg), "world_size": run.world.world_size, "batch_size": d.batch_size,
             "global_batch": d.global_batch, "scaled_lr": scaled_lr(run.cfg.lr, d.global_batch),
             "steps_per_epoch": d.steps_per_epoch, "device": str(run.world.device), "precision": run.precision,
             "seed": run.cfg.seed, "versions": _versions(), "command": sys.argv}
-    (run.output / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    if resumed_from is None:
+        (run.output / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from": resumed_from, **info}
+    with open(run.output / "invocations.jsonl", "a") as f:
+        f.write(json.dumps(line, default=str) + "\n")
+
+
+def _last_good(run: _Run) -> str:
+    path = run.output / "last.pt"
+    return f"{path} is the last good checkpoint" if path.exists() else "no checkpoint was written yet"
 
 
 def _versions() -> dict[str, str]:
@@ -1067,17 +1099,24 @@ def _versions() -> dict[str, str]:
 
 
 def _checkpoint(run: _Run, name: str = "last.pt") -> None:
+    s, opt, d = run.state, run.opt, run.data
+    weights = run.model.state_dict()
+    bad = [k for k, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:  # every process holds the same weights, so every process stops here
+        raise FloatingPointError(
+            f"the weights became non-finite ({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}) by "
+            f"epoch {s.epoch + 1}, step {s.step}, and were not saved; {_last_good(run)}: lower --lr, set "
+            "--clip-grad, or use bf16/fp32 instead of fp16")
     if not run.world.main:
         return
-    s, opt, d = run.state, run.opt, run.data
     save_checkpoint({
-        "format": CHECKPOINT_FORMAT, "config": asdict(run.cfg), "model": run.model.state_dict(),
+        "format": CHECKPOINT_FORMAT, "config": asdict(run.cfg), "model": weights,
         "optimizer": opt.optimizer.state_dict(), "scheduler": opt.scheduler.state_dict(),
         "scaler": opt.scaler.state_dict(), "ema": opt.ema.state_dict() if opt.ema is not None else None,
         "epoch": s.epoch, "step": s.step, "global_step": s.global_step,
         "sampler": {"epoch": s.epoch, "start": s.step * run.cfg.accum_steps * d.batch_size},
         "world_size": run.world.world_size, "global_batch": d.global_batch, "rng": _rng_states(),
-        "epoch_losses": s.epoch_losses, "history": s.history, "best_top1": run.best_top1,
+        "epoch_losses": s.epoch_losses, "history": s.history, "pending": s.pending, "best_top1": run.best_top1,
         "num_classes": d.num_classes,
     }, run.output / name)
 
@@ -1126,8 +1165,8 @@ def _optimiser_step(run: _Run, batches, epoch: int, step: int, signals: _StopSig
         raise FloatingPointError(
             f"non-finite loss ({loss_sum / world.world_size}) at epoch {epoch + 1}, step {step + 1} "
             f"(global step {s.global_step + 1}) on {bad_ranks:.0f} of {world.world_size} process(es); "
-            f"the weights were not updated and {run.output / 'last.pt'} is the last good "
-            "checkpoint: lower --lr, set --clip-grad, or use bf16/fp32 instead of fp16")
+            f"the weights were not updated; {_last_good(run)}: lower --lr, set --clip-grad, or use bf16/fp32 "
+            "instead of fp16")
     if cfg.clip_grad:
         opt.scaler.unscale_(opt.optimizer)
         nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip_grad)
@@ -1147,8 +1186,13 @@ def _optimiser_step(run: _Run, batches, epoch: int, step: int, signals: _StopSig
 #
 # An epoch starts the sampler at this process's position (mid-epoch after a resume) and runs optimiser steps
 # until the epoch is done or a stop is asked for (a signal on any process, or a hook's `state.stop`), writing
-# `last.pt` every `ckpt_every` steps. Its end evaluates the model (and the EMA), appends a row to the log,
-# rewrites the log files, and checkpoints — `best.pt` too when the top-1 improved.
+# `last.pt` every `ckpt_every` steps. Its end first checkpoints — so that a signal during a long evaluation
+# (an ImageNet pass takes minutes) loses nothing: the checkpoint keeps the epoch's training numbers as
+# `pending`, and a run resumed from it evaluates that epoch first — then evaluates the model (and the EMA),
+# appends the row to the log, rewrites the log files, and checkpoints again: `best.pt` first when the top-1
+# improved, then `last.pt`, which records the best score. In that order a kill at any moment leaves a `last.pt`
+# and a `best.pt` that agree: killed while `best.pt` is written, the resumed run re-evaluates the epoch and
+# writes it again.
 
 # %%
 #| exporti
@@ -1178,35 +1222,46 @@ def _run_epoch(run: _Run, epoch: int, progress: _Progress, signals: _StopSignals
 
 
 def _end_epoch(run: _Run, epoch: int, images: int, seconds: float, progress: _Progress) -> None:
+    """Checkpoint the finished epoch before its (possibly long) evaluation, then evaluate it."""
     s = run.state
-    row = _epoch_row(run, epoch, images, seconds)
-    s.history.append(row)
-    progress.epoch_end(row)
+    s.pending = {"epoch": epoch + 1, "step": s.global_step,
+                 "train_loss": sum(s.epoch_losses) / max(1, len(s.epoch_losses)),
+                 "lr": run.opt.optimizer.param_groups[0]["lr"], "images_per_s": images / seconds, "epoch_time_s": seconds}
     s.epoch, s.step, s.epoch_losses = epoch + 1, 0, []
+    _checkpoint(run)
+    _evaluate_epoch(run, progress)
+
+
+def _evaluate_epoch(run: _Run, progress: _Progress) -> None:
+    """Score the pending epoch and log it; save `best.pt` first when the top-1 improved, then `last.pt` — so that
+    a stop or a kill at any moment leaves a `last.pt` whose best score is the one `best.pt` holds."""
+    s = run.state
+    row = {**s.pending, **_scores(run)}
+    s.history.append(row)
+    s.pending = None
+    progress.epoch_end(row)
+    improved = row["val_top1"] > run.best_top1
+    if improved:
+        run.best_top1 = row["val_top1"]
+        _checkpoint(run, "best.pt")
     if run.world.main:
         _write_logs(s.history, run.output)
     _checkpoint(run)
-    if row["val_top1"] > run.best_top1:
-        run.best_top1 = row["val_top1"]
-        _checkpoint(run, "best.pt")
     for cb in run.callbacks:
         cb.on_epoch_end(s)
 
 
-def _epoch_row(run: _Run, epoch: int, images: int, seconds: float) -> dict:
-    """Evaluate, and gather the epoch's numbers into one log row."""
-    world, s = run.world, run.state
+def _scores(run: _Run) -> dict:
+    """Validation loss, top-1 and top-5 of the model (and of its EMA), and the mean gate σ(λ) of each layer."""
+    world = run.world
     kwargs = dict(batch_size=run.data.batch_size, device=world.device, precision=run.precision, rank=world.rank,
                   world_size=world.world_size)
     val = evaluate(run.model, run.data.val_set, **kwargs)
-    row = {"epoch": epoch + 1, "step": s.global_step, "train_loss": sum(s.epoch_losses) / max(1, len(s.epoch_losses)),
-           "val_loss": val["loss"], "val_top1": val["top1"], "val_top5": val["top5"]}
+    scores = {"val_loss": val["loss"], "val_top1": val["top1"], "val_top5": val["top5"]}
     if run.opt.ema is not None:
         ema = evaluate(run.opt.ema.module, run.data.val_set, **kwargs)
-        row.update(ema_loss=ema["loss"], ema_top1=ema["top1"], ema_top5=ema["top5"])
-    row.update(lr=run.opt.optimizer.param_groups[0]["lr"], images_per_s=images / seconds, epoch_time_s=seconds,
-               gates=gate_means(run.model))
-    return row
+        scores.update(ema_loss=ema["loss"], ema_top1=ema["top1"], ema_top5=ema["top5"])
+    return {**scores, "gates": gate_means(run.model)}
 
 
 # %% [markdown]
@@ -1225,6 +1280,8 @@ def _fit(run: _Run) -> TrainResult:
         cb.on_train_begin(s)
     stopped = None
     with _StopSignals() as signals:
+        if s.pending is not None:  # resumed from a checkpoint written before its epoch was evaluated
+            _evaluate_epoch(run, progress)
         for epoch in progress.epochs_of(range(s.epoch, cfg.epochs)):
             stopped, images, seconds = _run_epoch(run, epoch, progress, signals)
             if stopped and s.step < run.data.steps_per_epoch:
@@ -1334,6 +1391,16 @@ plot_history(rows)
 # of randomness the recipe has). Run A trains 2 epochs straight. Run B is stopped by a hook in the middle of
 # the first epoch (the same path as a SIGTERM), and run C resumes it with `resume="auto"`. With fp32 on the
 # CPU and `num_workers=0`, C ends with weights *bit-identical* to A's: `torch.equal`, not `allclose`.
+#
+# What "exact" means elsewhere: every random draw is the same on any device, so a resumed run sees the same
+# images, crops, mixes and drop-path masks as an uninterrupted one. On a CPU the arithmetic is deterministic
+# too (for a given machine, thread count and library build), hence bit-identical weights. On a GPU some kernels
+# are not: atomic additions in the backward of scatter/index operations, cuDNN's and cuBLAS's algorithm
+# choices, and the fused-attention backward add floating-point numbers in an order that changes from run to
+# run. There a resumed run and an uninterrupted one — like two uninterrupted ones — agree to rounding at
+# first and drift apart slowly, as any two GPU runs of one seed do; `torch.use_deterministic_algorithms(True)`
+# (with `CUBLAS_WORKSPACE_CONFIG=:4096:8`) removes most of that at a cost in speed. The bookkeeping — the
+# sampler's position, the schedule, the step count, the best score — is exact everywhere.
 
 # %%
 from dataclasses import replace

@@ -294,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `convit-edu` argument parser with its three sub-commands."""
     parser = argparse.ArgumentParser(
         prog="convit-edu", description="Train, evaluate and benchmark ConViT and DeiT models (d'Ascoli et al. 2021).")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,bench}")
     _train_parser(sub)
 
@@ -334,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --suite --compile: seconds allowed for torch.compile")
     b.add_argument("--threads", type=int, help="torch threads (1 gives steadier numbers on a shared CPU)")
     b.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    for command in sub.choices.values():  # also after the command: `convit-edu train ... --debug`
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show the full traceback of an error")
     return parser
 
 
@@ -344,8 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     command = {"train": run_train, "eval": run_eval, "bench": run_bench}[args.command]
     try:
         return command(args)
-    except (ValueError, TypeError, FileNotFoundError, FloatingPointError) as e:
-        print(f"convit-edu {args.command}: error: {e}", file=sys.stderr)
+    except Exception as e:  # one line for the user; --debug shows where it came from
+        if args.debug:
+            raise
+        if isinstance(e, (ValueError, TypeError, OSError, FloatingPointError)):  # ours: they name value and fix
+            message = str(e)
+        else:  # a failure we did not foresee: its first line, and how to see more
+            message = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]} (--debug shows the traceback)"
+        print(f"convit-edu {args.command}: error: {message}", file=sys.stderr)
         return 1
 
 

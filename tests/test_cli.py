@@ -139,8 +139,24 @@ def test_resume_refuses_a_corrupt_file_another_model_and_an_unwritable_output(tm
 
     assert main(["train", *TINY, "--epochs", "1", "--output", str(tmp_path / "b")]) == 0
     assert main(["train", *TINY, "--model", "convit_tiny_plus", "--output", str(tmp_path / "b"), "--resume", "auto"]) == 1
-    assert "holds a 'convit_tiny', this run builds 'convit_tiny_plus'" in capsys.readouterr().err
+    assert "model 'convit_tiny' -> 'convit_tiny_plus'" in capsys.readouterr().err
 
     (tmp_path / "file").write_text("")
     assert main(["train", *TINY, "--output", str(tmp_path / "file" / "run")]) == 1
     assert "is not writable" in capsys.readouterr().err
+
+
+def test_an_unforeseen_error_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
+    from convit_edu import cli
+
+    def broken(cfg):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmany more lines")
+
+    monkeypatch.setattr(cli, "train", broken)
+    assert main(["train", *TINY, "--output", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["convit-edu train: error: RuntimeError: CUDA error: an illegal memory access "
+                                        "was encountered (--debug shows the traceback)"]
+    for argv in (["--debug", "train", *TINY], ["train", *TINY, "--debug"]):
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            main([*argv, "--output", str(tmp_path)])

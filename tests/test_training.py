@@ -5,6 +5,7 @@ This file is also the worker script of its subprocess tests: `python tests/test_
 of the model, data and config.
 """
 
+import json
 import os
 import signal
 import socket
@@ -194,7 +195,7 @@ def test_corrupt_or_foreign_checkpoints_are_refused_by_name(tmp_path):
 
 def test_resume_from_another_model_is_refused_before_training(tmp_path):
     train(config(tmp_path, epochs=1), model=make_model(), datasets=make_data())
-    with pytest.raises(ValueError, match="holds a 'deit_tiny', this run builds 'convit_tiny'"):
+    with pytest.raises(ValueError, match="other settings \\(model 'deit_tiny' -> 'convit_tiny'\\)"):
         train(config(tmp_path, model="convit_tiny", resume="auto"), model=make_model(), datasets=make_data())
     with pytest.raises(ValueError, match=r"does not fit this model .*body.1.weight: \(32, 192\) there, \(16, 192\)"):
         train(config(tmp_path, resume="auto"), model=make_model(hidden=16), datasets=make_data())
@@ -206,6 +207,96 @@ def test_nan_in_the_loss_stops_the_run_with_a_message_and_keeps_the_last_good_ch
         train(cfg, model=make_model(), datasets=make_data(nan_at=50))
     ckpt = read_checkpoint(tmp_path / "last.pt")
     assert ckpt["step"] > 0 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
+
+
+class PoisonWeights(Callback):
+    """Turn one weight to NaN after optimiser step `step` of epoch 0, as an overflowing update would."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, state):
+        if (state.epoch, state.step) == (0, self.step):
+            with torch.no_grad():
+                state.model.head.weight[0, 0] = float("nan")
+
+
+def test_non_finite_weights_are_never_saved_and_the_message_names_the_last_good_file(tmp_path):
+    # the last step of the first epoch (12 steps of 8 of the 96 images): its loss was finite, the weights are not
+    with pytest.raises(FloatingPointError, match="were not saved; no checkpoint was written yet"):
+        train(config(tmp_path / "a"), model=make_model(), datasets=make_data(), callbacks=[PoisonWeights(12)])
+    assert not (tmp_path / "a" / "last.pt").exists()
+    with pytest.raises(FloatingPointError, match=f"head.weight.*; {tmp_path / 'b' / 'last.pt'} is the last good"):
+        train(config(tmp_path / "b", ckpt_every=5), model=make_model(), datasets=make_data(),
+              callbacks=[PoisonWeights(10)])
+    ckpt = read_checkpoint(tmp_path / "b" / "last.pt")
+    assert ckpt["step"] == 5 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
+
+
+class StopAtEpochEnd(Callback):
+    def on_epoch_end(self, state):
+        state.stop = state.epoch == 1
+
+
+def test_best_pt_keeps_the_best_epoch_after_a_stop_at_an_epoch_end_and_a_resume(tmp_path, monkeypatch):
+    cfg = config(tmp_path, epochs=3, ema_decay=None)
+    monkeypatch.setattr(training, "evaluate", scripted(50.0, 40.0, 30.0))
+    first = train(cfg, model=make_model(), datasets=make_data(), callbacks=[StopAtEpochEnd()])
+    assert first.stopped == "callback" and len(first.history) == 1
+    epoch_1 = read_checkpoint(tmp_path / "best.pt")["model"]
+    train(replace(cfg, resume="auto"), model=make_model(), datasets=make_data())
+    best = read_checkpoint(tmp_path / "best.pt")
+    assert best["best_top1"] == 50.0 and read_checkpoint(tmp_path / "last.pt")["best_top1"] == 50.0
+    assert all(torch.equal(best["model"][k], epoch_1[k]) for k in epoch_1)
+
+
+def test_a_kill_while_best_pt_is_written_leaves_best_and_last_in_agreement(tmp_path, monkeypatch):
+    cfg = config(tmp_path, epochs=2, ema_decay=None)
+    monkeypatch.setattr(training, "evaluate", scripted(10.0, 60.0))
+    real_save = training.save_checkpoint
+
+    def killed_on_the_second_best(checkpoint, path):
+        if Path(path).name == "best.pt" and checkpoint["epoch"] == 2:
+            raise KeyboardInterrupt("killed while writing best.pt")
+        return real_save(checkpoint, path)
+
+    monkeypatch.setattr(training, "save_checkpoint", killed_on_the_second_best)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, model=make_model(), datasets=make_data())
+    assert read_checkpoint(tmp_path / "last.pt")["pending"] is not None  # epoch 2 trained, not yet evaluated
+    monkeypatch.setattr(training, "save_checkpoint", real_save)
+    monkeypatch.setattr(training, "evaluate", scripted(60.0))  # the resumed run evaluates epoch 2 first
+    result = train(replace(cfg, resume="auto"), model=make_model(), datasets=make_data())
+    best, last = read_checkpoint(tmp_path / "best.pt"), read_checkpoint(tmp_path / "last.pt")
+    assert [row["val_top1"] for row in result.history] == [10.0, 60.0]
+    assert best["best_top1"] == last["best_top1"] == 60.0 and best["epoch"] == 2
+    assert all(torch.equal(best["model"][k], last["model"][k]) for k in last["model"])
+
+
+def scripted(*top1: float):
+    """An `evaluate` that returns the next of these top-1 scores at each call."""
+    scores = iter(top1)
+    return lambda model, dataset, **kwargs: {"loss": 1.0, "top1": next(scores), "top5": 100.0}
+
+
+def test_resume_refuses_a_changed_experiment_listing_each_difference_and_accepts_more_epochs(tmp_path):
+    train(config(tmp_path, epochs=1), model=make_model(), datasets=make_data())
+    with pytest.raises(ValueError, match=r"other settings \(fraction 1.0 -> 0.5; seed 0 -> 1\)"):
+        train(config(tmp_path, epochs=1, fraction=0.5, seed=1, resume="auto"), model=make_model(),
+              datasets=make_data())
+    (tmp_path / ".last.pt.tmp").write_bytes(b"half a checkpoint from a killed write")
+    result = train(config(tmp_path, epochs=2, num_workers=0, log_every=7, resume="auto"), model=make_model(),
+                   datasets=make_data())
+    assert len(result.history) == 2 and not (tmp_path / ".last.pt.tmp").exists()
+    starts = [json.loads(line) for line in (tmp_path / "invocations.jsonl").read_text().splitlines()]
+    assert [s["resumed_from"] for s in starts] == [None, str(tmp_path / "last.pt")]
+    assert json.loads((tmp_path / "run.json").read_text())["config"]["epochs"] == 1  # the first start's record
+
+
+def test_a_dataset_with_fewer_than_two_classes_is_refused(tmp_path):
+    train_set, val_set, _ = make_data()
+    with pytest.raises(ValueError, match="the dataset has 1 class\\(es\\) \\(c0\\): a classifier needs at least two"):
+        train(config(tmp_path), model=make_model(), datasets=(train_set, val_set, ["c0"]))
 
 
 def test_bf16_autocast_runs_on_cpu(tmp_path):
@@ -288,7 +379,7 @@ def test_from_dict_reads_current_and_older_run_configs():
 
 # ------------------------------------------------------------------------------------ subprocess tests
 
-def run_worker(mode: str, output: Path, *, torchrun: int = 0) -> subprocess.Popen:
+def run_worker(mode: str, output: Path, *, torchrun: int = 0, new_session: bool = False) -> subprocess.Popen:
     launcher = [sys.executable]
     if torchrun:
         with socket.socket() as s:
@@ -297,7 +388,7 @@ def run_worker(mode: str, output: Path, *, torchrun: int = 0) -> subprocess.Pope
         launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={torchrun}", f"--master_port={port}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(launcher + [__file__, mode, str(output)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=new_session)
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -317,6 +408,17 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     assert "stopped by SIGTERM" in out
     ckpt = read_checkpoint(tmp_path / "last.pt")
     assert 1 <= ckpt["global_step"] < 10 * 12
+
+
+def test_sigterm_to_the_whole_process_group_with_loader_workers_still_saves_and_exits_cleanly(tmp_path):
+    """What SLURM does at pre-emption: every process of the job, loader workers included, gets SIGTERM."""
+    proc = run_worker("slow-workers", tmp_path, new_session=True)
+    wait_for(tmp_path / "started", proc, timeout=120)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "stopped by SIGTERM" in out and "killed by signal" not in out
+    assert read_checkpoint(tmp_path / "last.pt")["global_step"] >= 1
 
 
 def test_a_killed_run_resumes_from_its_last_checkpoint_to_identical_weights(tmp_path):
@@ -374,5 +476,8 @@ if __name__ == "__main__":
     mode, output = sys.argv[1], Path(sys.argv[2])
     if mode == "slow":
         train(slow_config(output), model=make_model(), datasets=make_data(), callbacks=[Sleep(output / "started")])
+    elif mode == "slow-workers":
+        train(replace(slow_config(output), num_workers=2), model=make_model(), datasets=make_data(),
+              callbacks=[Sleep(output / "started")])
     elif mode == "ddp":
         train(ddp_config(output, batch_size=8), model=make_model(dropout=0.0), datasets=ddp_data())
