@@ -30,7 +30,7 @@ from convit_edu.training import (
     train,
 )
 
-__all__ = ['run_train', 'run_eval', 'run_bench', 'build_parser', 'main']
+__all__ = ['run_train', 'run_eval', 'run_bench', 'build_parser', 'main', 'SBATCH_SCRIPT']
 
 
 # %% nbs/08_command_line.py 8
@@ -288,3 +288,39 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__" and Path(sys.argv[0]).name == "cli.py":  # `python -m convit_edu.cli`, not a notebook kernel
     sys.exit(main())
+
+
+# %% nbs/08_command_line.py 31
+SBATCH_SCRIPT = r"""#!/bin/bash
+#SBATCH --job-name=convit_small
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=64
+#SBATCH --time=24:00:00
+#SBATCH --signal=B:USR1@300
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=slurm-%j.out
+
+# five minutes before the time limit: stop the step (every rank saves last.pt), then requeue the job
+requeue=0
+trap 'requeue=1; kill -TERM "$step" 2>/dev/null' USR1
+
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=8 --shutdown-timeout=240 \
+    --rdzv-backend=c10d --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" \
+    -m convit_edu.cli train --preset imagenet --model convit_small \
+    --data-root /datasets/imagenet --num-workers 8 --output runs/convit_small --resume auto &
+step=$!
+status=0
+wait "$step" || status=$?
+while kill -0 "$step" 2>/dev/null; do  # the trap interrupted `wait`: the step is still saving
+    status=0
+    wait "$step" || status=$?
+done
+if [ "$requeue" = 1 ]; then
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$status"
+"""

@@ -565,7 +565,7 @@ def seed_from(*keys: int) -> int:
 
 
 class KeyedSampler(Sampler):
-    """Wraps a ``RepeatAugSampler`` so that it yields (epoch, rank, position, index) keys for ``SeededSamples``."""
+    """Wraps a ``RepeatAugSampler`` so that it yields (epoch, global position, index) keys for ``SeededSamples``."""
 
     def __init__(self, sampler: RepeatAugSampler):
         self.sampler, self.epoch, self.start = sampler, 0, 0
@@ -575,9 +575,10 @@ class KeyedSampler(Sampler):
         self.sampler.set_epoch(epoch, start)
         self.epoch, self.start = epoch, start
 
-    def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        rank, world = self.sampler.rank, self.sampler.num_replicas
         for i, index in enumerate(self.sampler):
-            yield self.epoch, self.sampler.rank, self.start + i, int(index)
+            yield self.epoch, rank + world * (self.start + i), int(index)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -592,9 +593,9 @@ class SeededSamples(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: tuple[int, int, int, int]):
-        epoch, rank, position, index = key
-        s = seed_from(self.seed, epoch, rank, position)
+    def __getitem__(self, key: tuple[int, int, int]):
+        epoch, position, index = key
+        s = seed_from(self.seed, epoch, position)
         python_state = random.getstate()
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(s)  # CPU only: fork_rng restores the CPU generator

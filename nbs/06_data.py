@@ -989,9 +989,10 @@ def _ignore_stop_signals(worker_id: int) -> None:
 # A loader worker draws its augmentation from its own generator, so which crop an image gets depends on which
 # worker read it, and on everything that worker read before. That breaks two promises of chapter 07: the same
 # run at any number of workers, and a resumed run identical to an uninterrupted one. The fix is to seed every
-# sample by *where it stands in the run*: the sampler yields keys (epoch, rank, position in the epoch, index),
-# and the dataset wrapper reads `dataset[index]` with torch's and Python's generators seeded from
-# (seed, epoch, rank, position) — a pure function of the run's coordinates, whatever worker gets it.
+# sample by *where it stands in the run*: the sampler yields keys (epoch, position in the epoch's global
+# stream, index) — rank k of W reads positions k, k + W, … of the one stream `RepeatAugSampler` deals — and the
+# dataset wrapper reads `dataset[index]` with torch's and Python's generators seeded from (seed, epoch,
+# position): a pure function of the run's coordinates, whatever worker and however many processes read it.
 
 # %%
 #| export
@@ -1001,7 +1002,7 @@ def seed_from(*keys: int) -> int:
 
 
 class KeyedSampler(Sampler):
-    """Wraps a ``RepeatAugSampler`` so that it yields (epoch, rank, position, index) keys for ``SeededSamples``."""
+    """Wraps a ``RepeatAugSampler`` so that it yields (epoch, global position, index) keys for ``SeededSamples``."""
 
     def __init__(self, sampler: RepeatAugSampler):
         self.sampler, self.epoch, self.start = sampler, 0, 0
@@ -1011,9 +1012,10 @@ class KeyedSampler(Sampler):
         self.sampler.set_epoch(epoch, start)
         self.epoch, self.start = epoch, start
 
-    def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        rank, world = self.sampler.rank, self.sampler.num_replicas
         for i, index in enumerate(self.sampler):
-            yield self.epoch, self.sampler.rank, self.start + i, int(index)
+            yield self.epoch, rank + world * (self.start + i), int(index)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -1028,9 +1030,9 @@ class SeededSamples(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: tuple[int, int, int, int]):
-        epoch, rank, position, index = key
-        s = seed_from(self.seed, epoch, rank, position)
+    def __getitem__(self, key: tuple[int, int, int]):
+        epoch, position, index = key
+        s = seed_from(self.seed, epoch, position)
         python_state = random.getstate()
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(s)  # CPU only: fork_rng restores the CPU generator

@@ -91,7 +91,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -413,7 +415,7 @@ print(f"distillation loss {train_loss((logits_cls, logits_dist), soft, teacher).
 #
 # * the sampler's permutation is a function of (seed, epoch) — `RepeatAugSampler.set_epoch(epoch, start)`
 #   of chapter 06 skips the `start` samples this process already consumed;
-# * each sample's augmentation runs under generators seeded from (seed, epoch, rank, position in the epoch),
+# * each sample's augmentation runs under generators seeded from (seed, epoch, position in the epoch's stream),
 #   inside `torch.random.fork_rng` so the caller's generators are left untouched — the same in the main
 #   process and in loader workers (chapter 06's `build_loaders`, through `KeyedSampler` and `SeededSamples`);
 # * at the start of every optimiser step the torch, numpy and python generators are seeded from
@@ -479,18 +481,17 @@ def read_checkpoint(path: str | Path) -> dict:
 #| exporti
 def _rng_states() -> dict:
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    # no CUDA states: every step reseeds every generator (`_seed_step`), and a list with one state per visible GPU
+    # would tie the checkpoint to the number of GPUs of the machine that wrote it
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
         "python": random.getstate(),
     }
 
 
 def _set_rng_states(states: dict) -> None:
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    torch.set_rng_state(states["torch"])  # (checkpoints of earlier versions also hold "cuda": not needed, ignored)
     kind, keys, pos, has_gauss, gauss = states["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     version, internal, gauss_next = states["python"]
@@ -527,19 +528,46 @@ class _World:
         return self.rank == 0
 
 
+_LAUNCHERS = {  # the variables each launcher sets: (rank, world size, local rank)
+    "torchrun": ("RANK", "WORLD_SIZE", "LOCAL_RANK"), "srun": ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID")}
+PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)  # longer than any wait between collectives (a checkpoint write)
+
+
+def _world_from_env(env: Mapping[str, str] = os.environ) -> tuple[int, int, int, str | None]:
+    """(rank, world size, local rank, launcher) from torchrun's variables, else from those srun sets for each
+    task of a job step (the batch script itself, outside srun, is a world of one), else a world of one."""
+    launcher = "torchrun" if "WORLD_SIZE" in env else "srun" if "SLURM_STEP_NUM_TASKS" in env else None
+    if launcher is None:
+        return 0, 1, 0, None
+    try:
+        rank, world_size, local_rank = (int(env[name]) for name in _LAUNCHERS[launcher])
+    except (KeyError, ValueError):
+        raise ValueError(f"{launcher} launch with incomplete variables: need integers in "
+                         f"{', '.join(_LAUNCHERS[launcher])}") from None
+    if not (world_size >= 1 and 0 <= rank < world_size and 0 <= local_rank <= rank):
+        names = dict(zip(_LAUNCHERS[launcher], (rank, world_size, local_rank)))
+        raise ValueError(f"inconsistent {launcher} world {names}: need 0 <= local rank <= rank < world size")
+    if launcher == "srun" and world_size > 1 and not {"MASTER_ADDR", "MASTER_PORT"} <= set(env):
+        raise ValueError(f"srun started {world_size} tasks but MASTER_ADDR / MASTER_PORT are not set: export "
+                         "MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1) and MASTER_PORT=29500 "
+                         "in the sbatch script, or launch with torchrun")
+    return rank, world_size, local_rank, launcher
+
+
 def _init_world(device: str) -> _World:
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    rank, world_size, local_rank, _ = _world_from_env()
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(f"cuda:{local_rank}" if device == "cuda" else device)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for but CUDA is not available: use --device cpu")
+    # one process per GPU; with one GPU visible per task (SLURM's --gpus-per-task) every local rank gets cuda:0
+    dev = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}" if device == "cuda" else device)
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} asked for but CUDA is not available: use --device cpu")
         torch.cuda.set_device(dev)
     owns = world_size > 1 and not dist.is_initialized()
     if owns:
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method="env://", rank=rank,
+                                world_size=world_size, timeout=PROCESS_GROUP_TIMEOUT)
     return _World(rank, world_size, dev, owns)
 
 
@@ -874,8 +902,11 @@ def _build_data(cfg: TrainConfig, world: _World, datasets: tuple | None) -> _Dat
 #
 # The initial weights are a function of the seed alone, the same on every process. A teacher (hard
 # distillation, SM B) is built and frozen; the student then gets a distillation head. A checkpoint to resume
-# from must hold the same model, at the same global batch (the schedule and the sampler depend on it), and, if
-# it stopped mid-epoch, from the same number of processes (the sampler's position is per process).
+# from must hold the same model, at the same global batch (the schedule and the sampler depend on it); it may
+# come from another number of processes, even mid-epoch: the sampler's position is a place in the epoch's one
+# global stream, and each sample's augmentation is seeded by that place (chapter 06). Every process must see
+# the checkpoint, or none: `--resume auto` is decided together (an all-reduce of "I see `last.pt`"), because
+# processes that disagreed would wait forever for each other at the first collective.
 
 # %%
 #| export
@@ -912,7 +943,11 @@ def _resume_checkpoint(cfg: TrainConfig, world: _World, output: Path) -> tuple[d
     if cfg.resume is None:
         return None, None
     path = output / "last.pt" if cfg.resume == "auto" else Path(cfg.resume)
-    if cfg.resume == "auto" and not path.exists():
+    seen = int(_all_reduce(torch.tensor(float(path.exists()), device=world.device)).item())
+    if 0 < seen < world.world_size:  # every process must take the same decision, or the first collective hangs
+        raise ValueError(f"{seen} of {world.world_size} processes see {path}: put --output (and the checkpoint) on a "
+                         "file system that every node shares")
+    if cfg.resume == "auto" and not seen:
         if world.main:
             print(f"resume auto: no {path} yet, starting from scratch", flush=True)
         return None, None
@@ -925,7 +960,7 @@ _RESUME_MAY_CHANGE = {  # settings a resumed run may change without changing wha
     "ckpt_every", "log_every", "progress"}
 
 
-def _check_resume(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, data: _Data, world_size: int):
+def _check_resume(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, data: _Data) -> None:
     saved, now = asdict(TrainConfig.from_dict(ckpt["config"])), asdict(cfg)
     changed = [f"{k} {saved[k]!r} -> {now[k]!r}" for k in now if k not in _RESUME_MAY_CHANGE and saved[k] != now[k]]
     if changed:
@@ -942,9 +977,6 @@ def _check_resume(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, da
     if ckpt["global_batch"] != data.global_batch:
         raise ValueError(f"checkpoint {path} was trained with global batch {ckpt['global_batch']}, this run has "
                          f"{data.global_batch}: keep batch_size × accum_steps × world size equal to resume")
-    if ckpt["step"] > 0 and ckpt["world_size"] != world_size:
-        raise ValueError(f"checkpoint {path} stopped mid-epoch with {ckpt['world_size']} processes; this run has "
-                         f"{world_size}: resume mid-epoch with the same number of processes")
 
 
 # %% [markdown]
@@ -1017,7 +1049,7 @@ def _start(cfg: TrainConfig, world: _World, model, datasets, teacher, callbacks)
     model, teacher = _build_models(cfg, world, data, model, teacher)
     ckpt, path = _resume_checkpoint(cfg, world, output)
     if ckpt is not None:
-        _check_resume(ckpt, path, cfg, model, data, world.world_size)
+        _check_resume(ckpt, path, cfg, model, data)
         model.load_state_dict(ckpt["model"])
     opt = _build_optimisation(cfg, model, data, precision, world.device)
     state = TrainState(cfg, model, opt.optimizer, world.rank, world.world_size, data.steps_per_epoch)
@@ -1519,3 +1551,15 @@ print(f"last good checkpoint: epoch {last['epoch'] + 1}, step {last['step']}, al
 # sampler gives rank k the stream positions k, k + W, …, so two ranks of batch 8 see exactly the 16 images
 # one process of batch 16 sees; the loss is a mean, and DDP averages the gradients of equal-sized shards;
 # the learning rate follows the global batch; and every logged number is summed over ranks first.
+#
+# The world comes from the environment: torchrun's `RANK`, `WORLD_SIZE` and `LOCAL_RANK`, or — for a plain
+# `srun python -m convit_edu.cli train …`, one task per GPU — SLURM's `SLURM_PROCID`, `SLURM_STEP_NUM_TASKS` and
+# `SLURM_LOCALID` with `MASTER_ADDR`/`MASTER_PORT` exported by the batch script (the batch script itself,
+# outside `srun`, is a world of one even though `SLURM_NTASKS` says more). Process *k* uses GPU
+# `local rank mod visible GPUs`, so a task that sees one GPU (`--gpus-per-task=1`) uses `cuda:0`. An
+# inconsistent world (a rank outside the world, a missing variable) is an error before anything starts, and
+# the process group times out after 30 minutes (`PROCESS_GROUP_TIMEOUT`) instead of hanging forever when a
+# process dies. A run stopped on W processes resumes on W' at the same global batch (the test above stops two
+# gloo processes mid-epoch and finishes on one): the sampler's position and the samples' seeds are places in
+# the global stream, so the remaining images of the epoch are the same ones; only the order in which DDP adds
+# the gradients, and the per-process draws of MixUp and drop path, differ.

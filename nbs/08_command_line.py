@@ -523,31 +523,63 @@ print(text)
 #     --data-root /datasets/imagenet --output runs/convit_small --resume auto
 # ```
 #
-# **Many nodes under SLURM.** The script below asks for 4 nodes of 8 GPUs, starts one `torchrun` per node
-# with `srun`, and lets them meet through the c10d rendezvous on the first node. SLURM sends SIGTERM two
-# minutes before the time limit (`--signal`); the loop then finishes its step, writes `last.pt` and exits 0,
-# and `--requeue` with `--resume auto` makes the requeued job continue where it stopped — with the same
-# result, step for step, as if it had never been interrupted.
+# **Many nodes under SLURM.** `SBATCH_SCRIPT` below asks for 4 nodes of 8 GPUs, starts one `torchrun` per node
+# with `srun`, and lets them meet through the c10d rendezvous on the first node. What makes it safe:
 #
-# ```bash
-# #!/bin/bash
-# #SBATCH --job-name=convit_small
-# #SBATCH --nodes=4
-# #SBATCH --ntasks-per-node=1
-# #SBATCH --gpus-per-node=8
-# #SBATCH --cpus-per-task=64
-# #SBATCH --time=24:00:00
-# #SBATCH --signal=TERM@120
-# #SBATCH --requeue
-# #SBATCH --output=slurm-%j.out
+# * *The time limit.* SLURM sends USR1 to the batch shell five minutes before the limit (`--signal=B:USR1@300`).
+#   Its trap stops the training step (SIGTERM to `srun`, which forwards it to every task: each rank finishes
+#   its step, writes `last.pt` and exits 0) and then **requeues the job** with `scontrol requeue` — a job that
+#   simply ends at its limit is *completed*, and `--requeue` alone would not bring it back. The requeued job
+#   runs the same script, and `--resume auto` continues where it stopped.
+# * *torchrun's grace period.* torchrun forwards SIGTERM to its workers and kills them 30 s later by default;
+#   writing a checkpoint of a large model to a shared file system can take longer, so `--shutdown-timeout`
+#   gives them four minutes (inside the five the signal leaves).
+# * *Pre-emption* sends SIGTERM to every process of the job, loader workers included: the loop saves as above
+#   (workers ignore the signal, chapter 06) and SLURM requeues a pre-empted job itself.
 #
-# head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-# srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=8 \
-#     --rdzv-backend=c10d --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" \
-#     -m convit_edu.cli train --preset imagenet --model convit_small \
-#     --data-root /datasets/imagenet --num-workers 8 --output runs/convit_small --resume auto
-# ```
-#
+# (The alternative without torchrun — `srun --ntasks-per-node=8 --gpus-per-task=1 python -m convit_edu.cli
+# train …` with `MASTER_ADDR`/`MASTER_PORT` exported — works too: chapter 07 reads SLURM's variables.)
+
+# %%
+#| export
+SBATCH_SCRIPT = r"""#!/bin/bash
+#SBATCH --job-name=convit_small
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=64
+#SBATCH --time=24:00:00
+#SBATCH --signal=B:USR1@300
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=slurm-%j.out
+
+# five minutes before the time limit: stop the step (every rank saves last.pt), then requeue the job
+requeue=0
+trap 'requeue=1; kill -TERM "$step" 2>/dev/null' USR1
+
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=8 --shutdown-timeout=240 \
+    --rdzv-backend=c10d --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" \
+    -m convit_edu.cli train --preset imagenet --model convit_small \
+    --data-root /datasets/imagenet --num-workers 8 --output runs/convit_small --resume auto &
+step=$!
+status=0
+wait "$step" || status=$?
+while kill -0 "$step" 2>/dev/null; do  # the trap interrupted `wait`: the step is still saving
+    status=0
+    wait "$step" || status=$?
+done
+if [ "$requeue" = 1 ]; then
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$status"
+"""
+
+# %%
+print(SBATCH_SCRIPT)
+
+# %% [markdown]
 # The flags of every command above are checked against the parser here (with `--print-config`, which stops
 # before any work):
 
@@ -556,8 +588,7 @@ COMMANDS = [
     "train --preset cifar100-32 --model convit_tiny --epochs 1 --warmup-epochs 0 --output runs/quickstart",
     "train --preset imagenet --model convit_tiny --accum-steps 8 --output runs/convit_tiny",
     "train --preset imagenet --model convit_small --data-root /datasets/imagenet --output runs/convit_small --resume auto",
-    "train --preset imagenet --model convit_small --data-root /datasets/imagenet --num-workers 8 "
-    "--output runs/convit_small --resume auto",
+    "train " + SBATCH_SCRIPT.split(" train ", 1)[1].split("&")[0].replace("\\\n", " "),  # the sbatch script's
 ]
 for command in COMMANDS:
     status, text, err = captured([*command.split(), "--print-config"])

@@ -1,10 +1,14 @@
 """Tests of the `convit-edu` command: help, presets, train -> eval round trip, bench, bad input."""
 
 import json
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 
-from convit_edu.cli import build_parser, main
+from convit_edu.cli import SBATCH_SCRIPT, build_parser, main
 from convit_edu.models import list_models
 from convit_edu.training import RECIPES, RUN_OWNED, TrainConfig, read_checkpoint
 
@@ -147,12 +151,10 @@ def test_resume_refuses_a_corrupt_file_another_model_and_an_unwritable_output(tm
 
 
 def test_an_unforeseen_error_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
-    from convit_edu import cli
-
     def broken(cfg):
         raise RuntimeError("CUDA error: an illegal memory access was encountered\nmany more lines")
 
-    monkeypatch.setattr(cli, "train", broken)
+    monkeypatch.setattr("convit_edu.cli.train", broken)
     assert main(["train", *TINY, "--output", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.strip().splitlines() == ["convit-edu train: error: RuntimeError: CUDA error: an illegal memory access "
@@ -160,3 +162,50 @@ def test_an_unforeseen_error_is_one_line_and_debug_shows_the_traceback(tmp_path,
     for argv in (["--debug", "train", *TINY], ["train", *TINY, "--debug"]):
         with pytest.raises(RuntimeError, match="illegal memory access"):
             main([*argv, "--output", str(tmp_path)])
+
+
+STAND_IN_SRUN = """#!/bin/bash
+# stands in for srun + torchrun + the trainer: records its arguments, saves and exits 0 on SIGTERM
+echo "$@" > "$STAND_INS/srun.args"
+trap 'touch "$STAND_INS/saved"; exit 0' TERM
+touch "$STAND_INS/started"
+for _ in $(seq 1 $STEPS); do sleep 0.05; done
+"""
+STAND_IN_SCONTROL = """#!/bin/bash
+case "$1" in
+    show) printf 'node1\\nnode2\\n' ;;
+    requeue) echo "requeue $2" >> "$STAND_INS/scontrol.log" ;;
+esac
+"""
+
+
+def run_sbatch_script(tmp_path, steps: int, usr1: bool):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", STAND_IN_SRUN), ("scontrol", STAND_IN_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "job.sbatch").write_text(SBATCH_SCRIPT)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STAND_INS": str(tmp_path), "STEPS": str(steps),
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2"}
+    job = subprocess.Popen(["bash", str(tmp_path / "job.sbatch")], env=env, cwd=tmp_path)
+    end = time.monotonic() + 30
+    while not (tmp_path / "started").exists():
+        assert job.poll() is None and time.monotonic() < end, "the training step did not start"
+        time.sleep(0.02)
+    if usr1:
+        job.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@300 does five minutes before the time limit
+    return job.wait(timeout=30)
+
+
+def test_the_sbatch_script_saves_and_requeues_at_the_time_limit(tmp_path):
+    assert run_sbatch_script(tmp_path, steps=600, usr1=True) == 0
+    assert (tmp_path / "saved").exists()  # the step got SIGTERM and saved
+    assert (tmp_path / "scontrol.log").read_text().split("\n")[0] == "requeue 4242"
+    args = (tmp_path / "srun.args").read_text()
+    assert "--shutdown-timeout=240" in args and "--rdzv-endpoint=node1:29500" in args and "--resume auto" in args
+
+
+def test_the_sbatch_script_does_not_requeue_a_run_that_finished(tmp_path):
+    assert run_sbatch_script(tmp_path, steps=2, usr1=False) == 0
+    assert not (tmp_path / "scontrol.log").exists() and not (tmp_path / "saved").exists()

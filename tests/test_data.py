@@ -14,6 +14,7 @@ from torchvision import datasets
 
 from convit_edu.data import (
     AUGMENTATIONS,
+    KeyedSampler,
     AugConfig,
     MixupCutmix,
     RepeatAugSampler,
@@ -542,3 +543,16 @@ def test_tiny_imagenet_subset_loads_through_the_whole_pipeline(tmp_path):
         assert mixed.shape == (4, 3, 224, 224) and targets.shape == (4, 3)
     with pytest.raises(FileExistsError, match="is not empty"):
         extract_subset(TINY_IMAGENET, tmp_path / "tin", max_classes=2)
+
+
+def test_sample_keys_are_places_in_the_global_stream_whatever_the_number_of_processes():
+    def keys(world: int, start: int = 0) -> list[tuple[int, int, int]]:
+        out = []
+        for rank in range(world):
+            sampler = KeyedSampler(RepeatAugSampler(24, world, rank, repeats=3, seed=5))
+            sampler.set_epoch(2, start=start // world)
+            out += list(sampler)
+        return sorted(out)
+
+    assert keys(1) == keys(2) == keys(4)
+    assert keys(1, start=12) == keys(2, start=12) == [k for k in keys(1) if k[1] >= 12]

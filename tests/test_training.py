@@ -448,6 +448,57 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
     assert two["history"][-1]["val_top1"] == pytest.approx(one.history[-1]["val_top1"])
 
 
+def test_two_gloo_processes_stopped_mid_epoch_resume_on_one_to_the_uninterrupted_weights(tmp_path):
+    proc = run_worker("ddp-stop", tmp_path / "run", torchrun=2)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 0, out
+    stopped = read_checkpoint(tmp_path / "run" / "last.pt")
+    assert (stopped["world_size"], stopped["epoch"], stopped["step"]) == (2, 0, 3)
+
+    resumed = train(replace(ddp_config(tmp_path / "run", batch_size=16), resume="auto"), model=make_model(dropout=0.0),
+                    datasets=ddp_data())
+    one = train(ddp_config(tmp_path / "one", batch_size=16), model=make_model(dropout=0.0), datasets=ddp_data())
+    for k, v in one.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[k], v, atol=1e-5, rtol=1e-5)
+
+
+def test_resume_auto_that_only_some_processes_can_see_is_an_error_on_every_process_not_a_hang(tmp_path):
+    train(ddp_config(tmp_path / "rank0", batch_size=8), model=make_model(dropout=0.0), datasets=ddp_data())
+    proc = run_worker("ddp-disagree", tmp_path, torchrun=2)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode != 0
+    assert out.count("1 of 2 processes see") >= 2, out  # both ranks say it
+
+
+@pytest.mark.parametrize("env, world", [
+    ({}, (0, 1, 0, None)),
+    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3"}, (3, 8, 3, "torchrun")),
+    ({"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1", "MASTER_ADDR": "node1",
+      "MASTER_PORT": "29500"}, (5, 8, 1, "srun")),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0"}, (0, 1, 0, None)),  # the batch script itself
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
+      "SLURM_LOCALID": "0"}, (0, 2, 0, "torchrun")),  # srun torchrun: torchrun's world
+])
+def test_the_world_comes_from_torchrun_or_srun(env, world):
+    assert training._world_from_env(env) == world
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "1"}, "MASTER_ADDR / MASTER_PORT are not set"),
+    ({"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "inconsistent torchrun world"),
+    ({"RANK": "0", "WORLD_SIZE": "two", "LOCAL_RANK": "0"}, "torchrun launch with incomplete variables"),
+    ({"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"}, "srun launch with incomplete variables: need integers in"),
+])
+def test_an_inconsistent_world_is_a_clear_error(env, match):
+    with pytest.raises(ValueError, match=match):
+        training._world_from_env(env)
+
+
+def test_checkpoints_hold_no_cuda_generator_states(tmp_path):
+    train(config(tmp_path, epochs=1), model=make_model(), datasets=make_data())
+    assert set(read_checkpoint(tmp_path / "last.pt")["rng"]) == {"torch", "numpy", "python"}
+
+
 def slow_config(output) -> TrainConfig:
     return config(output, epochs=10, ckpt_every=2)
 
@@ -481,3 +532,9 @@ if __name__ == "__main__":
               callbacks=[Sleep(output / "started")])
     elif mode == "ddp":
         train(ddp_config(output, batch_size=8), model=make_model(dropout=0.0), datasets=ddp_data())
+    elif mode == "ddp-stop":
+        train(ddp_config(output, batch_size=8), model=make_model(dropout=0.0), datasets=ddp_data(),
+              callbacks=[StopAt(0, 3)])
+    elif mode == "ddp-disagree":  # node-local folders: only rank 0's holds a checkpoint
+        cfg = replace(ddp_config(output / f"rank{os.environ['RANK']}", batch_size=8), resume="auto")
+        train(cfg, model=make_model(dropout=0.0), datasets=ddp_data())
