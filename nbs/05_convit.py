@@ -1058,17 +1058,30 @@ _NOT_WEIGHTS = ("n_averaged",)  # the number of models an EMA AveragedModel has 
 _HEADS = ("head", "head_dist")
 
 
+def load_file(path: str | Path) -> object:
+    """``torch.load`` of a checkpoint file on the CPU, reading only tensors, numbers, strings and containers (no
+    pickled code runs); errors say whether the file is missing, truncated or not a torch file, or holds objects
+    that cannot be loaded safely."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file at {path}")
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):  # official files may store their args
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch's own messages run on for lines and advise loading unsafely: say what it means
+        if "Unsupported global" in str(e):
+            raise ValueError(f"{path} holds Python objects that cannot be loaded safely (only tensors, numbers, "
+                             "strings and containers are read): it was not written by convit-edu or timm") from None
+        raise ValueError(f"{path} is truncated or not a torch checkpoint ({type(e).__name__})") from None
+
+
 def read_state_dict(source: str | Path | Mapping) -> dict[str, Tensor]:
     """The plain state dict (parameter name -> tensor) of a checkpoint file or mapping: an official release or a
     ``convit-edu train`` checkpoint (``{"model": ...}`` / ``{"state_dict": ...}``), a timm or our own state
     dict, an EMA ``AveragedModel`` state dict; ``module.`` / ``_orig_mod.`` prefixes, ``n_averaged`` and
     ``rel_indices`` removed."""
     if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"no checkpoint file at {path}")
-        with torch.serialization.safe_globals([argparse.Namespace]):  # official files may store their args
-            source = torch.load(path, map_location="cpu", weights_only=True)
+        source = load_file(source)
     if not isinstance(source, Mapping):
         raise TypeError(f"a checkpoint must be a path or a state dict (a mapping), got {type(source).__name__}")
     while any(isinstance(source.get(key), Mapping) for key in _WRAPPERS):

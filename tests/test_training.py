@@ -183,13 +183,13 @@ def test_checkpoint_survives_a_crash_during_writing(tmp_path, monkeypatch):
 def test_corrupt_or_foreign_checkpoints_are_refused_by_name(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"\x00" * 100)
-    with pytest.raises(ValueError, match="bad.pt is corrupt"):
+    with pytest.raises(ValueError, match="bad.pt is truncated or not a torch checkpoint"):
         read_checkpoint(bad)
     foreign = tmp_path / "foreign.pt"
     torch.save({"state_dict": {}}, foreign)
     with pytest.raises(ValueError, match="not a convit-edu training checkpoint"):
         read_checkpoint(foreign)
-    with pytest.raises(ValueError, match="bad.pt is corrupt"):
+    with pytest.raises(ValueError, match="bad.pt is truncated or not a torch checkpoint"):
         train(config(tmp_path / "run", resume=str(bad)), model=make_model(), datasets=make_data())
 
 
