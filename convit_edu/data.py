@@ -26,7 +26,7 @@ from torchvision.transforms import v2
 
 from convit_edu.checks import one_of, positive_int
 
-__all__ = ['IMG_EXTENSIONS', 'load_rgb', 'check_fraction', 'subsample_per_class', 'scaled_epochs', 'ImageFolderDataset', 'SyntheticImages', 'DATASETS', 'build_datasets', 'extract_subset', 'IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'AugConfig', 'AUGMENTATIONS', 'AUGMENTATION_RENAMES', 'augmentation', 'build_transforms', 'MixupCutmix', 'build_mixup', 'RepeatAugSampler', 'build_loader', 'seed_from', 'KeyedSampler', 'SeededSamples', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader']
+__all__ = ['IMG_EXTENSIONS', 'load_rgb', 'check_fraction', 'subsample_per_class', 'scaled_epochs', 'ImageFolderDataset', 'SyntheticImages', 'DATASETS', 'build_datasets', 'extract_subset', 'IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'RANDAUGMENT_MAX_MAGNITUDE', 'AugConfig', 'AUGMENTATIONS', 'AUGMENTATION_RENAMES', 'augmentation', 'build_transforms', 'MixupCutmix', 'build_mixup', 'RepeatAugSampler', 'build_loader', 'seed_from', 'KeyedSampler', 'SeededSamples', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader']
 
 
 # %% nbs/06_data.py 6
@@ -336,6 +336,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
 CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+RANDAUGMENT_MAX_MAGNITUDE = 10  # DeiT's (timm's) scale: magnitude m is m/10 of each op's maximum
 
 
 @dataclass(frozen=True)
@@ -350,7 +351,8 @@ class AugConfig:
     interpolation: str = "bicubic"
     hflip: float = 0.5
     randaugment_ops: int = 2
-    randaugment_magnitude: int | None = 9  # None: no RandAugment
+    randaugment_magnitude: int | None = 9  # DeiT's m9: 0..10, 10 = each op's maximum; None: no RandAugment
+    randaugment_prob: float = 0.5  # each of the ops is applied with this probability (DeiT: 0.5)
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     erasing: float = 0.25  # RandomErasing probability
@@ -366,7 +368,8 @@ class AugConfig:
             raise ValueError(f"crop {self.crop!r} must be 'random_resized' or 'pad'")
         if self.interpolation not in ("bicubic", "bilinear", "nearest"):
             raise ValueError(f"interpolation {self.interpolation!r} must be 'bicubic', 'bilinear' or 'nearest'")
-        for name in ("hflip", "erasing", "cutmix_prob"):
+        positive_int("randaugment_ops", self.randaugment_ops, minimum=0)
+        for name in ("hflip", "erasing", "cutmix_prob", "randaugment_prob"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} {getattr(self, name)!r} is a probability: it must lie in [0, 1]")
         if not 0 <= self.label_smoothing < 1:
@@ -376,8 +379,10 @@ class AugConfig:
         if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
             raise ValueError(f"mixup_alpha {self.mixup_alpha} and cutmix_alpha {self.cutmix_alpha} must be >= 0 "
                              "(0 turns one off)")
-        if self.randaugment_magnitude is not None and not 0 <= self.randaugment_magnitude <= 30:
-            raise ValueError(f"randaugment_magnitude {self.randaugment_magnitude!r} must lie in 0..30 (DeiT: 9)")
+        if self.randaugment_magnitude is not None and positive_int(
+                "randaugment_magnitude", self.randaugment_magnitude, minimum=0) > RANDAUGMENT_MAX_MAGNITUDE:
+            raise ValueError(f"randaugment_magnitude {self.randaugment_magnitude!r} must lie in "
+                             f"0..{RANDAUGMENT_MAX_MAGNITUDE}, the maximum of every op (DeiT: 9)")
 
     def __str__(self) -> str:
         return "\n".join(f"{f.name:<22}{getattr(self, f.name)!r}" for f in fields(self))
@@ -420,8 +425,10 @@ def build_transforms(cfg: AugConfig) -> tuple[v2.Compose, v2.Compose]:
         train.append(v2.RandomHorizontalFlip(cfg.hflip))
     if cfg.randaugment_magnitude is not None:
         fill = [round(255 * m) for m in cfg.mean]  # rotated/sheared-in pixels get the mean colour
-        train.append(v2.RandAugment(cfg.randaugment_ops, cfg.randaugment_magnitude,
-                                    interpolation=v2.InterpolationMode.BILINEAR, fill=fill))
+        # one bin per step of DeiT's 0..10 scale: magnitude m is m/10 of each op's maximum (31 bins: m/30)
+        op = v2.RandAugment(1, cfg.randaugment_magnitude, num_magnitude_bins=RANDAUGMENT_MAX_MAGNITUDE + 1,
+                            interpolation=v2.InterpolationMode.BILINEAR, fill=fill)
+        train += [v2.RandomApply([op], p=cfg.randaugment_prob) for _ in range(cfg.randaugment_ops)]
     to_tensor = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(cfg.mean, cfg.std)]
     train += to_tensor
     if cfg.erasing > 0:
@@ -431,7 +438,7 @@ def build_transforms(cfg: AugConfig) -> tuple[v2.Compose, v2.Compose]:
     return v2.Compose(train), v2.Compose(val)
 
 
-# %% nbs/06_data.py 39
+# %% nbs/06_data.py 41
 class MixupCutmix:
     """Per batch: MixUp or CutMix (chosen at random), soft targets with label smoothing (DeiT recipe)."""
 
@@ -471,7 +478,7 @@ def build_mixup(cfg: AugConfig, num_classes: int) -> MixupCutmix | None:
     return MixupCutmix(num_classes, cfg.mixup_alpha, cfg.cutmix_alpha, cfg.cutmix_prob, cfg.label_smoothing)
 
 
-# %% nbs/06_data.py 45
+# %% nbs/06_data.py 47
 class RepeatAugSampler(Sampler[int]):
     """Distributed sampler with repeated augmentation; resumable within an epoch.
 
@@ -533,7 +540,7 @@ class RepeatAugSampler(Sampler[int]):
         return iter(mine[self.start :].tolist())
 
 
-# %% nbs/06_data.py 54
+# %% nbs/06_data.py 56
 def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, num_workers: int, seed: int,
                  drop_last: bool, pin_memory: bool | None = None) -> DataLoader:
     """A DataLoader over ``sampler`` (None: dataset order) with workers, pinning, prefetch and a seeded generator."""
@@ -558,7 +565,7 @@ def _ignore_stop_signals(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-# %% nbs/06_data.py 56
+# %% nbs/06_data.py 58
 def seed_from(*keys: int) -> int:
     """A well-mixed 32-bit seed from a tuple of non-negative integers (numpy's SeedSequence)."""
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])
@@ -606,7 +613,7 @@ class SeededSamples(Dataset):
                 random.setstate(python_state)
 
 
-# %% nbs/06_data.py 58
+# %% nbs/06_data.py 60
 @dataclass
 class DataLoaders:
     """What ``build_loaders`` makes: the two loaders and the train sampler (call its ``set_epoch``)."""
@@ -633,7 +640,7 @@ def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_
         sampler=sampler)
 
 
-# %% nbs/06_data.py 64
+# %% nbs/06_data.py 66
 @dataclass
 class LoaderBenchmark:
     """Images per second of each pipeline stage, measured by ``benchmark_loader``."""

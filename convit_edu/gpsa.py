@@ -49,6 +49,7 @@ class _PositionalAttention(nn.Module):
         proj_drop: float = 0.0,
         locality_strength: float = 1.0,
         use_local_init: bool = True,
+        grid_size: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         if positive_int("embed_dim", embed_dim) % positive_int("num_heads", num_heads):
@@ -66,6 +67,8 @@ class _PositionalAttention(nn.Module):
         self.pos_proj = nn.Linear(3, num_heads)
         self.register_buffer("rel_indices", None, persistent=False)
         self._grid_size: tuple[int, int] | None = None
+        if grid_size is not None:  # built now: a forward that builds it is a graph torch.compile does not reuse
+            self._relative_positions(tuple(grid_size))
         self.init_weights()
 
     @torch.no_grad()
@@ -153,7 +156,9 @@ class GPSAReference(_Gated):
     ``forward(x, grid_size=None, return_attention=False)``: ``x`` holds the patch tokens (B, L = rows·cols, D)
     of a ``grid_size`` = (rows, cols) grid (square when None). Parameters: ``qk``, ``v``, ``proj``,
     ``pos_proj`` (v_pos of Eq. 5, convolutional init with ``locality_strength`` α unless
-    ``use_local_init=False``) and ``gating_param`` (λ, one per head, initialised to 1).
+    ``use_local_init=False``) and ``gating_param`` (λ, one per head, initialised to 1). The constructor's
+    ``grid_size``, when given, builds the ``rel_indices`` buffer for that grid at once (else: at the first
+    forward); a forward on another grid rebuilds it.
     """
 
     def forward(

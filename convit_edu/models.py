@@ -24,7 +24,7 @@ from convit_edu.checks import one_of, positive_int
 from convit_edu.conv_init import check_locality_strength
 from convit_edu.gpsa import GPSA, PSA, GPSAReference
 
-__all__ = ['LOCAL_ATTENTIONS', 'ModelConfig', 'config_fields', 'PatchEmbed', 'Mlp', 'DropPath', 'Block', 'resize_pos_embed', 'ForwardRecord', 'VisionTransformer', 'MODEL_ZOO', 'list_models', 'model_config', 'create_model', 'count_params', 'MacCount', 'count_macs', 'read_state_dict', 'guess_architecture', 'load_checkpoint', 'mask_at_test_time']
+__all__ = ['LOCAL_ATTENTIONS', 'ModelConfig', 'config_fields', 'PatchEmbed', 'Mlp', 'DropPath', 'Block', 'resize_pos_embed', 'ForwardRecord', 'VisionTransformer', 'MODEL_ZOO', 'list_models', 'model_config', 'create_model', 'count_params', 'MacCount', 'count_macs', 'load_file', 'read_state_dict', 'guess_architecture', 'load_checkpoint', 'mask_at_test_time']
 
 
 # %% nbs/05_convit.py 6
@@ -225,7 +225,8 @@ class Block(nn.Module):
 
     ``attention`` is "mhsa" (Eq. 1-3), "gpsa" (Eq. 6-7, fast), "gpsa_reference" (Eq. 6-7, materialized) or
     "psa" (Eq. 4). ``forward(x, grid_size, return_attention)`` returns the new tokens, and with
-    ``return_attention`` also the attention weights (B, num_heads, L, L).
+    ``return_attention`` also the attention weights (B, num_heads, L, L). The constructor's ``grid_size`` is the
+    patch grid the positional layers build their ``rel_indices`` for at once (None: at their first forward).
     """
 
     def __init__(
@@ -240,6 +241,7 @@ class Block(nn.Module):
         drop_path: float = 0.0,
         locality_strength: float = 1.0,
         use_local_init: bool = True,
+        grid_size: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(embed_dim, eps=1e-6)
@@ -249,7 +251,7 @@ class Block(nn.Module):
             layers = {"gpsa": GPSA, "gpsa_reference": GPSAReference, "psa": PSA}
             self.attn = layers[one_of("attention", attention, ["mhsa", *layers])](
                 embed_dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
-                locality_strength=locality_strength, use_local_init=use_local_init,
+                locality_strength=locality_strength, use_local_init=use_local_init, grid_size=grid_size,
             )
         self.is_positional = attention != "mhsa"
         self.drop_path = DropPath(drop_path)
@@ -334,7 +336,7 @@ class VisionTransformer(nn.Module):
                 attention=c.local_attention if i < c.local_up_to_layer else "mhsa",
                 mlp_ratio=c.mlp_ratio, qkv_bias=c.qkv_bias, drop=c.drop_rate, attn_drop=c.attn_drop_rate,
                 drop_path=drop_path_rates[i], locality_strength=c.locality_strength,
-                use_local_init=c.use_local_init,
+                use_local_init=c.use_local_init, grid_size=c.grid_size,
             )
             for i in range(c.depth)
         )
@@ -543,17 +545,30 @@ _NOT_WEIGHTS = ("n_averaged",)  # the number of models an EMA AveragedModel has 
 _HEADS = ("head", "head_dist")
 
 
+def load_file(path: str | Path) -> object:
+    """``torch.load`` of a checkpoint file on the CPU, reading only tensors, numbers, strings and containers (no
+    pickled code runs); errors say whether the file is missing, truncated or not a torch file, or holds objects
+    that cannot be loaded safely."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file at {path}")
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):  # official files may store their args
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch's own messages run on for lines and advise loading unsafely: say what it means
+        if "Unsupported global" in str(e):
+            raise ValueError(f"{path} holds Python objects that cannot be loaded safely (only tensors, numbers, "
+                             "strings and containers are read): it was not written by convit-edu or timm") from None
+        raise ValueError(f"{path} is truncated or not a torch checkpoint ({type(e).__name__})") from None
+
+
 def read_state_dict(source: str | Path | Mapping) -> dict[str, Tensor]:
     """The plain state dict (parameter name -> tensor) of a checkpoint file or mapping: an official release or a
     ``convit-edu train`` checkpoint (``{"model": ...}`` / ``{"state_dict": ...}``), a timm or our own state
     dict, an EMA ``AveragedModel`` state dict; ``module.`` / ``_orig_mod.`` prefixes, ``n_averaged`` and
     ``rel_indices`` removed."""
     if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"no checkpoint file at {path}")
-        with torch.serialization.safe_globals([argparse.Namespace]):  # official files may store their args
-            source = torch.load(path, map_location="cpu", weights_only=True)
+        source = load_file(source)
     if not isinstance(source, Mapping):
         raise TypeError(f"a checkpoint must be a path or a state dict (a mapping), got {type(source).__name__}")
     while any(isinstance(source.get(key), Mapping) for key in _WRAPPERS):

@@ -53,7 +53,16 @@ from convit_edu.data import (
     seed_from,
 )
 from convit_edu.gpsa import gate_values
-from convit_edu.models import ModelConfig, VisionTransformer, create_model, list_models, load_checkpoint, model_config
+from convit_edu.models import (
+    ModelConfig,
+    VisionTransformer,
+    create_model,
+    list_models,
+    load_checkpoint,
+    load_file,
+    model_config,
+    read_state_dict,
+)
 
 __all__ = ['PRECISIONS', 'PROGRESS', 'RUN_OWNED', 'setting', 'TrainConfig', 'per_device_batch', 'RECIPES', 'recipe', 'scaled_lr', 'deit_lr', 'param_groups', 'train_loss', 'CHECKPOINT_FORMAT', 'save_checkpoint', 'read_checkpoint', 'resolve_precision', 'evaluate', 'TrainState', 'Callback', 'TrainResult', 'gate_means', 'plot_history', 'build_teacher', 'train']
 
@@ -280,15 +289,9 @@ def save_checkpoint(checkpoint: dict, path: str | Path) -> Path:
 
 
 def read_checkpoint(path: str | Path) -> dict:
-    """Load a training checkpoint on the CPU; ValueError naming the file when it is corrupt or foreign."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated, not a torch file, or pickled code: all mean "not ours to load"
-        reason = str(e).split(".")[0][:100]  # the first sentence: torch's messages run on for lines
-        raise ValueError(f"checkpoint {path} is corrupt or not a torch checkpoint ({type(e).__name__}: {reason})") from None
+    """Load a training checkpoint on the CPU; ValueError naming the file when it is truncated, not loadable
+    safely, or not a convit-edu training checkpoint."""
+    ckpt = load_file(path)
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is not a convit-edu training checkpoint (format {CHECKPOINT_FORMAT!r} missing);"
                          " to start from pretrained weights use convit_edu.models.load_checkpoint")
@@ -636,8 +639,7 @@ def build_teacher(name: str, checkpoint: str | None, num_classes: int, img_size:
     elif name in torchvision.models.list_models(module=torchvision.models):
         teacher = torchvision.models.get_model(name, num_classes=num_classes)
         if checkpoint:
-            state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-            teacher.load_state_dict(state.get("model", state.get("state_dict", state)))
+            teacher.load_state_dict(read_state_dict(checkpoint))
     else:
         raise ValueError(f"unknown teacher {name!r}: give a convit_edu model ({', '.join(list_models())}) or a "
                          "torchvision classifier (e.g. regnet_y_16gf, resnet50)")

@@ -102,9 +102,13 @@ print("row sums before normalising: 1 to within 1e-6, so the division changes on
 # Both implementations, and PSA, have the same projections, the same positional scores and the same grid
 # handling. `qk` produces queries and keys in one matmul, `v` the values, `pos_proj` maps the 3 channels of
 # r_δ = (δx, δy, ‖δ‖²) to one score per head (its weight rows are the v_pos of Eq. 5), and `proj` mixes the
-# heads. `rel_indices` is a buffer that is *not* saved in checkpoints: it is rebuilt whenever the grid size,
-# device or dtype changes, so a model moved to another device or dtype after a forward pass keeps working
-# (the official code caches it for one device and one size and breaks there).
+# heads. `rel_indices` is a buffer that is *not* saved in checkpoints. A layer told its grid at construction
+# (`grid_size=(rows, cols)`, as the ConViT of chapter 05 does) builds it there, so the first forward finds it
+# ready: a forward that assigns a new tensor to a buffer is one graph for `torch.compile` and the forwards
+# after it another, which costs a second compilation. A layer built without a grid builds it at its first
+# forward. Either way it is rebuilt when a forward sees another grid, and whenever the device or dtype of the
+# layer changes, so a model moved to another device or dtype after a forward pass keeps working (the official
+# code caches it for one device and one size and breaks there).
 #
 # Initialisation has one home, `init_weights`, which the constructor calls: DeiT's normal(0, 0.02) for the
 # linear maps (what the whole model gives every other linear map, chapter 05), then Eq. 5 — chapter 03's
@@ -155,6 +159,7 @@ class _PositionalAttention(nn.Module):
         proj_drop: float = 0.0,
         locality_strength: float = 1.0,
         use_local_init: bool = True,
+        grid_size: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         if positive_int("embed_dim", embed_dim) % positive_int("num_heads", num_heads):
@@ -172,6 +177,8 @@ class _PositionalAttention(nn.Module):
         self.pos_proj = nn.Linear(3, num_heads)
         self.register_buffer("rel_indices", None, persistent=False)
         self._grid_size: tuple[int, int] | None = None
+        if grid_size is not None:  # built now: a forward that builds it is a graph torch.compile does not reuse
+            self._relative_positions(tuple(grid_size))
         self.init_weights()
 
     @torch.no_grad()
@@ -270,7 +277,9 @@ class GPSAReference(_Gated):
     ``forward(x, grid_size=None, return_attention=False)``: ``x`` holds the patch tokens (B, L = rows·cols, D)
     of a ``grid_size`` = (rows, cols) grid (square when None). Parameters: ``qk``, ``v``, ``proj``,
     ``pos_proj`` (v_pos of Eq. 5, convolutional init with ``locality_strength`` α unless
-    ``use_local_init=False``) and ``gating_param`` (λ, one per head, initialised to 1).
+    ``use_local_init=False``) and ``gating_param`` (λ, one per head, initialised to 1). The constructor's
+    ``grid_size``, when given, builds the ``rel_indices`` buffer for that grid at once (else: at the first
+    forward); a forward on another grid rebuilds it.
     """
 
     def forward(

@@ -350,7 +350,8 @@ assert abs(kept - 0.75) < 0.03 and abs(y.mean().item() - 1) < 0.04
 # with ε = 10⁻⁶. The attention is `MHSA` (chapter 01) or one of the positional attentions of chapter 04:
 # the fast `GPSA`, the `GPSAReference` that materializes the attention matrix (same weights, same keys), or
 # the ungated `PSA` of Eq. 4 for the App. A ablation. Positional layers need the patch grid (H, W) to build
-# `rel_indices`; the block passes it through.
+# `rel_indices`; the block hands them the grid the model is built for (`grid_size`, so that they build it at
+# construction, chapter 04) and passes the grid of each input through.
 
 # %%
 #| export
@@ -367,7 +368,8 @@ class Block(nn.Module):
 
     ``attention`` is "mhsa" (Eq. 1-3), "gpsa" (Eq. 6-7, fast), "gpsa_reference" (Eq. 6-7, materialized) or
     "psa" (Eq. 4). ``forward(x, grid_size, return_attention)`` returns the new tokens, and with
-    ``return_attention`` also the attention weights (B, num_heads, L, L).
+    ``return_attention`` also the attention weights (B, num_heads, L, L). The constructor's ``grid_size`` is the
+    patch grid the positional layers build their ``rel_indices`` for at once (None: at their first forward).
     """
 
     def __init__(
@@ -382,6 +384,7 @@ class Block(nn.Module):
         drop_path: float = 0.0,
         locality_strength: float = 1.0,
         use_local_init: bool = True,
+        grid_size: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(embed_dim, eps=1e-6)
@@ -391,7 +394,7 @@ class Block(nn.Module):
             layers = {"gpsa": GPSA, "gpsa_reference": GPSAReference, "psa": PSA}
             self.attn = layers[one_of("attention", attention, ["mhsa", *layers])](
                 embed_dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
-                locality_strength=locality_strength, use_local_init=use_local_init,
+                locality_strength=locality_strength, use_local_init=use_local_init, grid_size=grid_size,
             )
         self.is_positional = attention != "mhsa"
         self.drop_path = DropPath(drop_path)
@@ -555,7 +558,7 @@ class VisionTransformer(nn.Module):
                 attention=c.local_attention if i < c.local_up_to_layer else "mhsa",
                 mlp_ratio=c.mlp_ratio, qkv_bias=c.qkv_bias, drop=c.drop_rate, attn_drop=c.attn_drop_rate,
                 drop_path=drop_path_rates[i], locality_strength=c.locality_strength,
-                use_local_init=c.use_local_init,
+                use_local_init=c.use_local_init, grid_size=c.grid_size,
             )
             for i in range(c.depth)
         )

@@ -505,7 +505,7 @@ plt.show()
 # |---|---|---|
 # | `RandomResizedCrop` | 224 px, scale (0.08, 1), ratio (3/4, 4/3), bicubic | scale and aspect jitter |
 # | `RandomHorizontalFlip` | p = 0.5 | mirror symmetry of natural images |
-# | `RandAugment` | 2 ops, magnitude 9 of 31 bins (DeiT: "rand-m9-mstd0.5-inc1") | colour/geometry jitter |
+# | `RandAugment` | 2 ops, each applied with p = 0.5, magnitude 9 of 10 (DeiT: "rand-m9-mstd0.5-inc1") | colour/geometry jitter |
 # | `Normalize` | ImageNet mean/std | centred inputs |
 # | `RandomErasing` | p = 0.25, per-pixel random values | occlusion |
 #
@@ -513,9 +513,39 @@ plt.show()
 # Per batch (on the device, in the training loop): MixUp (α = 0.8) or CutMix (α = 1.0), chosen with
 # probability ½ each per batch, and label smoothing ε = 0.1 in the resulting soft targets.
 #
-# torchvision's `RandAugment` differs from the `timm` one DeiT used in two details we keep visible: the
-# magnitude is fixed at 9 (timm draws it from N(9, 0.5) per op, "mstd0.5") and its op list is torchvision's.
-# Its fill colour for rotations and shears is the mean pixel, as in DeiT.
+# ### RandAugment at DeiT's strength
+#
+# DeiT's "rand-m9-mstd0.5-inc1" is `timm`'s RandAugment: pick an op at random, twice ("n2", the default), apply
+# each with probability ½, at magnitude 9 on a scale where **10 is the op's maximum** (30° of rotation, a shear
+# factor of 0.3, a shift of 45 % of the image, …), so m9 is 90 % of each maximum: 27° of rotation. torchvision's
+# `RandAugment(num_ops=2, magnitude=9)` reads its magnitude on another scale: it is an index into
+# `num_magnitude_bins` = 31 evenly spaced values from 0 to the maximum, so 9 of 31 bins is 9/30 of the maximum —
+# 9° of rotation, a third of DeiT's strength. The maxima themselves agree, so the fix is the scale:
+# `num_magnitude_bins=11` puts magnitude m at m/10 of each maximum, exactly DeiT's scale, and the ½ is a
+# `RandomApply` around each of the ops. Op by op, at m9 (translations as a share of the image side; a cell after
+# `build_transforms` reads torchvision's column from its own augmentation space):
+#
+# | op | DeiT (timm, "inc1" ops) | torchvision, 11 bins | |
+# |---|---|---|---|
+# | Rotate | ±27° | ±27° | same |
+# | ShearX/Y | factor ±0.27 | factor ±0.27 | same |
+# | TranslateX/Y | ±0.45·0.9 = 0.405 | ±(150/331)·0.9 = 0.408 (whole pixels) | same within a pixel at 224 px |
+# | Brightness, Color, Contrast, Sharpness | factor 1 ± 0.81 | factor 1 ± 0.81 | same |
+# | Solarize | invert pixels ≥ 26 of 256 | invert pixels ≥ 25.5 of 255 | same |
+# | Posterize | keep 1 bit | keep 4 bits | torchvision's scale stops at 4 bits |
+# | AutoContrast, Equalize | no magnitude | no magnitude | same |
+# | Invert, SolarizeAdd (+99 below 128) | in the list | absent | — |
+# | Identity | absent | in the list | — |
+#
+# So 12 of DeiT's 15 ops — the geometric ones, the four enhancements, Solarize, AutoContrast and Equalize — act
+# as in DeiT. Three differ: DeiT's harsh posterize, and Invert and SolarizeAdd, which torchvision lacks (it has
+# an Identity op instead). Each of the three acts on about 1 image in 15 (2 draws × ½ × 1/15), so we keep
+# torchvision's list rather than write ops of our own. DeiT's
+# **magnitude noise** ("mstd0.5": each op draws its magnitude from N(9, 0.5), clipped to [0, 10]) is not
+# reproduced: torchvision's magnitude is a fixed bin. The noise moves an op's strength by ±5 % around the same
+# mean (27° ± 1.5°), so DeiT's average augmentation is what we apply. The fill colour for rotations and shears
+# is the mean pixel, as in DeiT; the ops interpolate bilinearly where DeiT's are bicubic, because torchvision's
+# rotations and affine maps offer bicubic for PIL images only, and this pipeline must also take tensors.
 #
 # Two named augmentations, `AUGMENTATIONS`: `deit` (the recipe above; the paper's SM C trains CIFAR-100
 # upsampled to 224 px with *all hyperparameters unchanged*, so it uses this one too — the random resized crop
@@ -529,6 +559,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
 CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+RANDAUGMENT_MAX_MAGNITUDE = 10  # DeiT's (timm's) scale: magnitude m is m/10 of each op's maximum
 
 
 @dataclass(frozen=True)
@@ -543,7 +574,8 @@ class AugConfig:
     interpolation: str = "bicubic"
     hflip: float = 0.5
     randaugment_ops: int = 2
-    randaugment_magnitude: int | None = 9  # None: no RandAugment
+    randaugment_magnitude: int | None = 9  # DeiT's m9: 0..10, 10 = each op's maximum; None: no RandAugment
+    randaugment_prob: float = 0.5  # each of the ops is applied with this probability (DeiT: 0.5)
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     erasing: float = 0.25  # RandomErasing probability
@@ -559,7 +591,8 @@ class AugConfig:
             raise ValueError(f"crop {self.crop!r} must be 'random_resized' or 'pad'")
         if self.interpolation not in ("bicubic", "bilinear", "nearest"):
             raise ValueError(f"interpolation {self.interpolation!r} must be 'bicubic', 'bilinear' or 'nearest'")
-        for name in ("hflip", "erasing", "cutmix_prob"):
+        positive_int("randaugment_ops", self.randaugment_ops, minimum=0)
+        for name in ("hflip", "erasing", "cutmix_prob", "randaugment_prob"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} {getattr(self, name)!r} is a probability: it must lie in [0, 1]")
         if not 0 <= self.label_smoothing < 1:
@@ -569,8 +602,10 @@ class AugConfig:
         if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
             raise ValueError(f"mixup_alpha {self.mixup_alpha} and cutmix_alpha {self.cutmix_alpha} must be >= 0 "
                              "(0 turns one off)")
-        if self.randaugment_magnitude is not None and not 0 <= self.randaugment_magnitude <= 30:
-            raise ValueError(f"randaugment_magnitude {self.randaugment_magnitude!r} must lie in 0..30 (DeiT: 9)")
+        if self.randaugment_magnitude is not None and positive_int(
+                "randaugment_magnitude", self.randaugment_magnitude, minimum=0) > RANDAUGMENT_MAX_MAGNITUDE:
+            raise ValueError(f"randaugment_magnitude {self.randaugment_magnitude!r} must lie in "
+                             f"0..{RANDAUGMENT_MAX_MAGNITUDE}, the maximum of every op (DeiT: 9)")
 
     def __str__(self) -> str:
         return "\n".join(f"{f.name:<22}{getattr(self, f.name)!r}" for f in fields(self))
@@ -621,8 +656,10 @@ def build_transforms(cfg: AugConfig) -> tuple[v2.Compose, v2.Compose]:
         train.append(v2.RandomHorizontalFlip(cfg.hflip))
     if cfg.randaugment_magnitude is not None:
         fill = [round(255 * m) for m in cfg.mean]  # rotated/sheared-in pixels get the mean colour
-        train.append(v2.RandAugment(cfg.randaugment_ops, cfg.randaugment_magnitude,
-                                    interpolation=v2.InterpolationMode.BILINEAR, fill=fill))
+        # one bin per step of DeiT's 0..10 scale: magnitude m is m/10 of each op's maximum (31 bins: m/30)
+        op = v2.RandAugment(1, cfg.randaugment_magnitude, num_magnitude_bins=RANDAUGMENT_MAX_MAGNITUDE + 1,
+                            interpolation=v2.InterpolationMode.BILINEAR, fill=fill)
+        train += [v2.RandomApply([op], p=cfg.randaugment_prob) for _ in range(cfg.randaugment_ops)]
     to_tensor = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(cfg.mean, cfg.std)]
     train += to_tensor
     if cfg.erasing > 0:
@@ -636,6 +673,34 @@ train_tf, val_tf = build_transforms(AUGMENTATIONS["deit"])
 print(train_tf)
 print(val_tf)
 assert val_tf.transforms[0].size == [256]  # 224 / 0.875
+
+# %% [markdown]
+# Each op's argument at the recipe's magnitude, read from torchvision's own table of ops (`_AUGMENTATION_SPACE`,
+# a private attribute: what `RandAugment` indexes with the magnitude), beside DeiT's — `timm`'s formulas at
+# m9 — and beside what torchvision's default 31 bins would give:
+
+# %%
+rand_augment = train_tf.transforms[2].transforms[0]  # the op inside the first RandomApply
+space, m = v2.RandAugment._AUGMENTATION_SPACE, rand_augment.magnitude
+
+
+def torchvision_arg(op: str, bins: int) -> float:
+    return float(space[op][0](bins, 224, 224)[m])
+
+
+deit = {"Rotate": 30 * m / 10, "ShearX": 0.3 * m / 10, "TranslateX": 0.45 * m / 10 * 224, "Brightness": 0.9 * m / 10,
+        "Solarize": 256 - int(256 * m / 10), "Posterize": 4 - int(4 * m / 10)}
+units = {"Rotate": "degrees", "ShearX": "shear factor", "TranslateX": "pixels of 224", "Brightness": "factor 1 ±",
+         "Solarize": "threshold", "Posterize": "bits kept"}
+print(f"{'op':<11}{'unit':<15}{'DeiT':>7}{'11 bins':>9}{'31 bins':>9}")
+for op, value in deit.items():
+    ours, default = torchvision_arg(op, rand_augment.num_magnitude_bins), torchvision_arg(op, 31)
+    if op == "Solarize":  # a share of the maximum pixel value in torchvision
+        ours, default = 255 * ours, 255 * default
+    print(f"{op:<11}{units[op]:<15}{value:>7.2f}{ours:>9.2f}{default:>9.2f}")
+    if op != "Posterize":
+        assert abs(ours - value) <= 0.02 * value, op  # DeiT's strength, within 2 %
+assert torchvision_arg("Rotate", 31) == 9.0  # the default bins: a third of DeiT's 27 degrees
 
 # %% [markdown]
 # What the recipe does to one photograph: eight training views (each a new random crop, flip, RandAugment and

@@ -281,14 +281,39 @@ def test_imagenet_recipe_has_deit_values():
     rrc = steps["RandomResizedCrop"]
     assert rrc.size == (224, 224) and rrc.scale == (0.08, 1.0) and rrc.interpolation.value == "bicubic"
     assert steps["RandomHorizontalFlip"].p == 0.5
-    assert (steps["RandAugment"].num_ops, steps["RandAugment"].magnitude) == (2, 9)
+    rand_augment = [t for t in train_tf.transforms if type(t).__name__ == "RandomApply"]
+    assert len(rand_augment) == 2 and all(t.p == 0.5 for t in rand_augment)  # "n2", each op with p = 0.5
+    op = rand_augment[0].transforms[0]
+    assert (op.num_ops, op.magnitude, op.num_magnitude_bins, op.interpolation.value) == (1, 9, 11, "bilinear")
     assert steps["RandomErasing"].p == 0.25 and steps["RandomErasing"].value is None  # None: per-pixel random
-    assert list(steps) == ["RandomResizedCrop", "RandomHorizontalFlip", "RandAugment", "ToImage", "ToDtype",
+    assert list(steps) == ["RandomResizedCrop", "RandomHorizontalFlip", "RandomApply", "ToImage", "ToDtype",
                            "Normalize", "RandomErasing"]
     resize, crop = val_tf.transforms[:2]
     assert resize.size == [256] and crop.size == (224, 224)
     cfg = AUGMENTATIONS["deit"]
     assert (cfg.mixup_alpha, cfg.cutmix_alpha, cfg.cutmix_prob, cfg.label_smoothing) == (0.8, 1.0, 0.5, 0.1)
+
+
+def bar_angle(image: torch.Tensor) -> float:
+    """The angle in degrees (0 = horizontal, sign dropped) of the bright bar in a uint8 image (C, H, W)."""
+    rows, cols = torch.nonzero(image[0] > 200, as_tuple=True)
+    y, x = rows.double() - rows.double().mean(), cols.double() - cols.double().mean()
+    return abs(math.degrees(0.5 * math.atan2(2 * (x * y).mean(), (x * x).mean() - (y * y).mean())))
+
+
+def test_deit_randaugment_rotates_as_far_as_deit_27_degrees():
+    """DeiT's "rand-m9": magnitude 9 of timm's 10 levels, 9/10 of the 30-degree maximum (31 bins gave 9 degrees)."""
+    from torchvision.transforms import v2
+
+    train_tf, _ = build_transforms(AUGMENTATIONS["deit"])
+    op = next(t for t in train_tf.transforms if type(t).__name__ == "RandomApply").transforms[0]
+    op._AUGMENTATION_SPACE = {"Rotate": v2.RandAugment._AUGMENTATION_SPACE["Rotate"]}  # only the rotation
+    image = torch.zeros(3, 96, 96, dtype=torch.uint8)
+    image[:, 46:50, 12:84] = 255  # a horizontal bar through the centre
+    assert bar_angle(image) == 0.0
+    torch.manual_seed(0)
+    angles = [bar_angle(op(image)) for _ in range(4)]
+    assert all(abs(angle - 0.9 * 30) < 0.5 for angle in angles), angles
 
 
 def test_eval_transform_is_resize_then_centre_crop():
@@ -317,6 +342,10 @@ def test_cifar_32_preset_pads_and_crops():
     (dict(crop="centre"), "crop 'centre' must be"),
     (dict(crop_ratio=0), r"crop_ratio 0 must lie in \(0, 1\]"),
     (dict(label_smoothing=1.0), r"label_smoothing 1.0 must lie in \[0, 1\)"),
+    (dict(randaugment_magnitude=30), r"randaugment_magnitude 30 must lie in 0..10"),
+    (dict(randaugment_magnitude=-1), r"randaugment_magnitude must be at least 0, got -1"),
+    (dict(randaugment_prob=2.0), "randaugment_prob 2.0 is a probability"),
+    (dict(randaugment_ops=-1), "randaugment_ops must be at least 0, got -1"),
 ])
 def test_bad_aug_config_values_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -174,6 +174,20 @@ def test_rel_indices_is_not_saved_and_is_rebuilt_for_each_grid():
     torch.testing.assert_close(fast.rel_indices, rel_indices(12, 7))
 
 
+@pytest.mark.parametrize("cls", [GPSA, GPSAReference, PSA])
+def test_a_layer_told_its_grid_builds_rel_indices_at_construction(cls):
+    layer = cls(48, 4, grid_size=(3, 5))
+    torch.testing.assert_close(layer.rel_indices, rel_indices(3, 5), rtol=0, atol=0)
+    assert "rel_indices" not in layer.state_dict()
+    assert cls(48, 4).rel_indices is None  # no grid given: built at the first forward
+    layer(torch.randn(1, 15, 48), (5, 3))  # another grid: rebuilt
+    torch.testing.assert_close(layer.rel_indices, rel_indices(5, 3), rtol=0, atol=0)
+    layer.double()  # moves with the layer
+    assert layer.rel_indices.dtype == torch.float64
+    with pytest.raises(ValueError, match="width"):
+        cls(48, 4, grid_size=(3, 0))
+
+
 def test_layer_moved_to_another_dtype_after_a_forward_still_works():
     ref, fast = pair()
     x = torch.randn(2, 16, 48)

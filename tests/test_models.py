@@ -339,6 +339,35 @@ def test_cifar_sized_inputs_work(name):
     assert small.pos_embed.shape[1] == 64 + (1 if name.startswith("deit") else 0)  # an 8x8 grid
 
 
+def test_a_convit_holds_rel_indices_for_its_grid_from_construction_and_saves_none():
+    model = seeded("convit_tiny", img_size=(64, 96), patch_size=16, depth=3, local_up_to_layer=2)
+    for layer in model.local_layers:
+        assert layer.rel_indices.shape == (4 * 6, 4 * 6, 3)
+    assert not any(key.endswith("rel_indices") for key in model.state_dict())
+
+
+def test_compiled_convit_trains_two_steps_with_one_compilation():
+    """rel_indices exists before the first forward, so the first step's graph serves the second (no recompile)."""
+    model = seeded("convit_tiny", img_size=32, patch_size=8, embed_dim=48, depth=3, local_up_to_layer=2,
+                   num_classes=10)
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=counting_backend)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = images(32, 32, batch=4), torch.arange(4)
+    for _ in range(2):
+        loss = torch.nn.functional.cross_entropy(compiled(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert len(graphs) == 1
+
+
 # ------------------------------------------------------------------------------------------- structure
 
 
