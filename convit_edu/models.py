@@ -169,6 +169,10 @@ class PatchEmbed(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         if x.ndim != 4:
             raise ValueError(f"expected images of shape (batch, channels, height, width), got {tuple(x.shape)}")
+        if x.dtype != self.proj.weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            hint = "x.float() / 255, then normalise" if not x.is_floating_point() else f"x.to({self.proj.weight.dtype})"
+            raise TypeError(f"expected {self.proj.weight.dtype} images like the model's weights, got {x.dtype}: "
+                            f"pass {hint} (or run under torch.autocast)")
         if x.shape[1] != self.in_chans:
             raise ValueError(
                 f"expected images with in_chans={self.in_chans} channels, got {x.shape[1]} (shape {tuple(x.shape)})"

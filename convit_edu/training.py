@@ -145,6 +145,7 @@ class TrainConfig:
         if self.ema_decay is not None:
             number("ema_decay", self.ema_decay, 0, 1, open_low=True, open_high=True)
         check_fraction(self.fraction)
+        _check_device(self.device)
         for what, value, choices in (("precision", self.precision, PRECISIONS), ("progress", self.progress, PROGRESS),
                                      ("dataset", self.data, DATASETS)):
             one_of(what, value, choices)
@@ -180,6 +181,15 @@ class TrainConfig:
         values = dict(values)
         values["aug"] = AUGMENTATION_RENAMES.get(values.get("aug"), values.get("aug", "deit"))
         return cls(**values)
+
+
+def _check_device(device: str) -> None:
+    try:
+        parsed = torch.device(device) if device != "auto" else None
+    except (RuntimeError, TypeError):
+        parsed = None
+    if device != "auto" and (parsed is None or parsed.type not in ("cpu", "cuda", "mps")):
+        raise ValueError(f"device {device!r} is not one of auto, cpu, cuda, cuda:N or mps")
 
 
 def _refuse_run_owned(where: str, overrides: dict[str, Any]) -> None:

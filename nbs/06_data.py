@@ -287,6 +287,11 @@ def _cifar100(root: Path, train: bool, transform, download: bool, fraction: floa
             f"CIFAR-100 not found (or its checksums do not match) under {root}/cifar-100-python: "
             f"build_datasets('cifar100', {str(root)!r}, download=True) downloads it (161 MB) with torchvision "
             f"({e})") from None
+    except OSError as e:  # the download itself failed: no network, a proxy, a full disk
+        raise FileNotFoundError(
+            f"CIFAR-100 could not be downloaded into {root} ({type(e).__name__}: {e}): on a machine without "
+            f"internet access, copy cifar-100-python.tar.gz (from https://www.cs.toronto.edu/~kriz/cifar.html) "
+            f"into {root} and extract it there") from None
     keep = list(range(len(ds.targets)))
     if max_classes is not None:
         if max_classes > len(ds.classes):
@@ -597,6 +602,12 @@ class AugConfig:
                 raise ValueError(f"{name} {getattr(self, name)!r} is a probability: it must lie in [0, 1]")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"label_smoothing {self.label_smoothing!r} must lie in [0, 1)")
+        for name, (low, high) in (("scale", self.scale), ("ratio", self.ratio)):
+            if not 0 < low <= high:
+                raise ValueError(f"{name} {(low, high)!r} must be an increasing pair of positive numbers "
+                                 f"(RandomResizedCrop's {name} range; DeiT: {getattr(AugConfig, name)})")
+        if not self.scale[1] <= 1:
+            raise ValueError(f"scale {self.scale!r} is a share of the image's area: its upper end must be at most 1")
         if not 0 < self.crop_ratio <= 1:
             raise ValueError(f"crop_ratio {self.crop_ratio!r} must lie in (0, 1] (DeiT: 0.875)")
         if self.mixup_alpha < 0 or self.cutmix_alpha < 0:

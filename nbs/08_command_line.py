@@ -184,7 +184,9 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
 #
 # `main(argv)` returns an exit status: 0 when the work is done — including a training run that a SIGTERM or
 # SIGINT stopped *with a checkpoint written* (resume it with `--resume auto`) — and 1 with a one-line
-# message, no traceback, for a bad input or a non-finite loss. Under `torchrun` only rank 0 prints.
+# message, no traceback, for a bad input or a non-finite loss. Any other failure is one line too, with its
+# type and a pointer to `--debug`, which shows the full traceback (before or after the command:
+# `convit-edu --debug train …` or `convit-edu train … --debug`). Under `torchrun` only rank 0 prints.
 
 # %%
 #| export
@@ -454,7 +456,8 @@ print(f"top-1 {evaluated['top1']:.2f} % as logged; with positional attention mas
 # %% [markdown]
 # ## Bad input: one line, before any work
 #
-# Each of these fails before a single image is loaded, with the value that was wrong and what would work:
+# Each of these fails before a single image is loaded, with the value that was wrong and what would work
+# (`tests/test_bad_input.py` holds fifty more, through the API and the command line):
 
 # %%
 corrupt = out_dir.parent / "corrupt.pt"
