@@ -494,6 +494,21 @@ def test_an_inconsistent_world_is_a_clear_error(env, match):
         training._world_from_env(env)
 
 
+def test_each_process_takes_gpu_local_rank_mod_visible_gpus_and_a_process_group_with_a_timeout(monkeypatch):
+    calls = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.setdefault("device", device))
+    monkeypatch.setattr(training.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(training.dist, "init_process_group", lambda backend, **kw: calls.update(backend=backend, **kw))
+    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3"}.items():
+        monkeypatch.setenv(name, value)
+    world = training._init_world("cuda")
+    assert world.device == torch.device("cuda:1") == calls["device"]
+    assert (calls["backend"], calls["rank"], calls["world_size"]) == ("nccl", 3, 4)
+    assert calls["timeout"] == training.PROCESS_GROUP_TIMEOUT
+
+
 def test_checkpoints_hold_no_cuda_generator_states(tmp_path):
     train(config(tmp_path, epochs=1), model=make_model(), datasets=make_data())
     assert set(read_checkpoint(tmp_path / "last.pt")["rng"]) == {"torch", "numpy", "python"}
