@@ -26,6 +26,7 @@ from convit_edu.training import (
     evaluate,
     read_checkpoint,
     recipe,
+    resolve_device,
     resolve_precision,
     train,
 )
@@ -151,7 +152,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if len(classes) != ckpt["num_classes"]:
         raise ValueError(f"the checkpoint has {ckpt['num_classes']} classes, dataset {cfg.data} has {len(classes)}: "
                          "pass --classes")
-    device = _device(args.device)
+    device = resolve_device(args.device)
     with mask_at_test_time(model.to(device), mask_pos_embed=args.mask_pos_embed, gate=args.gate,
                            num_layers=args.gate_layers):
         metrics = evaluate(model, val_set, batch_size=args.batch_size, device=device,
@@ -175,7 +176,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return 0
     positive_int("--batch-size", args.batch_size)
     positive_int("--steps", args.steps)
-    device = _device(args.device)
+    device = resolve_device(args.device)
     model = create_model(args.model, img_size=args.img_size, num_classes=args.num_classes,
                          **dict(_key_value(item, "--model-arg") for item in args.model_arg))
     if args.compile:
@@ -205,10 +206,6 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 # %% nbs/08_command_line.py 11
-def _device(name: str) -> torch.device:
-    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
-
-
 def _key_value(item: str, flag: str) -> tuple[str, Any]:
     key, sep, value = item.partition("=")
     if not sep:

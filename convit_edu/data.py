@@ -473,7 +473,9 @@ class MixupCutmix:
         if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
             raise ValueError(f"labels of shape {tuple(labels.shape)} must be class indices of shape "
                              f"({images.shape[0]},) for images of shape {tuple(images.shape)}")
-        if labels.numel() and not (0 <= int(labels.min()) and int(labels.max()) < self.num_classes):
+        # checked on the CPU only: on a GPU, reading the labels' range would wait for the GPU at every batch
+        if labels.device.type == "cpu" and labels.numel() and not (
+                0 <= int(labels.min()) and int(labels.max()) < self.num_classes):
             raise ValueError(f"labels must lie in 0..{self.num_classes - 1}, got {int(labels.min())}.."
                              f"{int(labels.max())}")
         eps = self.label_smoothing

@@ -64,7 +64,7 @@ from convit_edu.models import (
     read_state_dict,
 )
 
-__all__ = ['PRECISIONS', 'PROGRESS', 'RUN_OWNED', 'setting', 'TrainConfig', 'per_device_batch', 'RECIPES', 'recipe', 'scaled_lr', 'deit_lr', 'param_groups', 'train_loss', 'CHECKPOINT_FORMAT', 'save_checkpoint', 'read_checkpoint', 'resolve_precision', 'evaluate', 'TrainState', 'Callback', 'TrainResult', 'gate_means', 'plot_history', 'build_teacher', 'train']
+__all__ = ['PRECISIONS', 'PROGRESS', 'RUN_OWNED', 'setting', 'TrainConfig', 'per_device_batch', 'RECIPES', 'recipe', 'scaled_lr', 'deit_lr', 'param_groups', 'train_loss', 'CHECKPOINT_FORMAT', 'save_checkpoint', 'read_checkpoint', 'cpu_has_native_bf16', 'resolve_device', 'resolve_precision', 'evaluate', 'TrainState', 'Callback', 'TrainResult', 'gate_means', 'plot_history', 'build_teacher', 'train']
 
 
 # %% nbs/07_training.py 6
@@ -118,10 +118,11 @@ class TrainConfig:
     distill_teacher: str | None = setting(None, "hard distillation from this convit_edu or torchvision model "
                                                 "(SM B, Table 4)")
     teacher_checkpoint: str | None = setting(None, "the teacher's weights")
-    precision: str = setting("auto", "auto (bf16 on GPUs that have it, else fp16; fp32 on CPUs), fp32, bf16 or fp16")
+    precision: str = setting("auto", "auto (bf16 on GPUs that have it, else fp16; on CPUs bf16 where native, else "
+                                     "fp32), fp32, bf16 or fp16")
     compile: bool = setting(False, "torch.compile the model")
     seed: int = setting(0, "seed of every random draw (shuffling, augmentation, mixing, drop path)")
-    device: str = setting("auto", "auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda")
+    device: str = setting("auto", "auto (cuda:LOCAL_RANK if available, else mps, else cpu), cpu, cuda or mps")
     output: str = setting("runs/run", "run folder: checkpoints, logs, run.json, curves.png")
     resume: str | None = setting(None, "continue from a checkpoint path, or auto (OUTPUT/last.pt when it exists)")
     ckpt_every: int = setting(0, "also checkpoint every N optimiser steps (0: at epoch ends only)")
@@ -369,14 +370,12 @@ def _world_from_env(env: Mapping[str, str] = os.environ) -> tuple[int, int, int,
 
 def _init_world(device: str) -> _World:
     rank, world_size, local_rank, _ = _world_from_env()
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for but CUDA is not available: use --device cpu")
-    # one process per GPU; with one GPU visible per task (SLURM's --gpus-per-task) every local rank gets cuda:0
-    dev = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}" if device == "cuda" else device)
+    dev = resolve_device(device)
     if dev.type == "cuda":
+        # one process per GPU; with one GPU visible per task (SLURM's --gpus-per-task) every local rank gets cuda:0
+        dev = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
         torch.cuda.set_device(dev)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 matmuls on tensor cores
     owns = world_size > 1 and not dist.is_initialized()
     if owns:
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method="env://", rank=rank,
@@ -398,8 +397,32 @@ def autocast(device: torch.device, precision: str):
 
 
 # %% nbs/07_training.py 27
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX: Linux's /proc/cpuinfo flags), where bf16
+    autocast is about twice as fast as fp32 on a training step; elsewhere bf16 is emulated and far slower."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:  # not Linux: no flags to read, so no claim of native bf16
+            return False
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags)) and torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
+def resolve_device(device: str) -> torch.device:
+    """"auto" -> CUDA if there is a GPU, else Apple's MPS, else the CPU; other names are checked."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else
+                            "mps" if torch.backends.mps.is_available() else "cpu")
+    _check_device(device)
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for but CUDA is not available: use --device cpu")
+    return torch.device(device)
+
+
 def resolve_precision(precision: str, device: torch.device | str) -> str:
-    """"auto" -> bf16 on a GPU that supports it, fp16 on an older GPU, fp32 on a CPU; others are checked."""
+    """"auto" -> bf16 on a GPU that supports it, fp16 on an older GPU; on a CPU bf16 where it is native
+    (`cpu_has_native_bf16`), else fp32; fp32 on Apple's MPS. Other values are checked."""
     device = torch.device(device)
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -408,37 +431,43 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
             raise ValueError("precision bf16 is not supported by this GPU: use --precision fp16 (or auto)")
         return "fp16"
     if precision == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
+        return "bf16" if device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16()) else "fp32"
     return precision
 
 
 # %% nbs/07_training.py 31
-@torch.no_grad()
-def evaluate(model: nn.Module, dataset: Dataset, *, batch_size: int = 256, device: str | torch.device = "cpu",
-             precision: str = "fp32", num_workers: int = 0, rank: int = 0, world_size: int = 1) -> dict[str, float]:
-    """Mean cross-entropy, top-1 and top-5 accuracy (in %) of `model` on `dataset`, summed over processes."""
+def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset, *, batch_size: int = 256,
+             device: str | torch.device = "cpu", precision: str = "fp32", num_workers: int = 0, rank: int = 0,
+             world_size: int = 1) -> dict[str, float] | dict[str, dict[str, float]]:
+    """Mean cross-entropy, top-1 and top-5 accuracy (in %) of `model` on `dataset`, summed over processes. Given
+    a dict of models (the model and its EMA), scores each of them in the same pass over the data."""
+    models = model if isinstance(model, dict) else {"": model}
     device = torch.device(device)
     precision = resolve_precision(precision, device)
     part = Subset(dataset, range(rank, len(dataset), world_size))
     loader = DataLoader(part, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1 hits, top-5 hits, images
-    for images, labels in loader:
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        with autocast(device, precision):
-            logits = model(images)
-        logits = logits.float()
-        top = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        sums += torch.stack([
-            F.cross_entropy(logits, labels, reduction="sum"), (top[:, 0] == labels).sum(),
-            (top == labels[:, None]).any(dim=1).sum(), torch.tensor(len(labels), device=device),
-        ]).double()
-    model.train(was_training)
-    loss, top1, top5, n = _all_reduce(sums).tolist()
-    if n == 0:
+    modes = {name: m.training for name, m in models.items()}
+    sums = torch.zeros(len(models), 4, dtype=torch.float64, device=device)  # loss, top-1, top-5 hits, images
+    with torch.no_grad():
+        for m in models.values():
+            m.eval()
+        for images, labels in loader:
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            for i, m in enumerate(models.values()):
+                with autocast(device, precision):
+                    logits = m(images).float()
+                top = logits.topk(min(5, logits.shape[1]), dim=1).indices
+                sums[i] += torch.stack([
+                    F.cross_entropy(logits, labels, reduction="sum"), (top[:, 0] == labels).sum(),
+                    (top == labels[:, None]).any(dim=1).sum(), torch.tensor(len(labels), device=device)]).double()
+    for name, m in models.items():
+        m.train(modes[name])
+    rows = _all_reduce(sums).tolist()  # the one host sync of an evaluation
+    if rows[0][3] == 0:
         raise ValueError("the evaluation set is empty")
-    return {"loss": loss / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n}
+    scores = {name: {"loss": loss / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n}
+              for name, (loss, top1, top5, n) in zip(models, rows)}
+    return scores if isinstance(model, dict) else scores[""]
 
 
 # %% nbs/07_training.py 33
@@ -718,7 +747,7 @@ class _Optimisation:
 
 def _build_optimisation(cfg: TrainConfig, model: nn.Module, data: _Data, precision: str,
                         device: torch.device) -> _Optimisation:
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=1.0)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=1.0, fused=device.type == "cuda")
     peak, total = scaled_lr(cfg.lr, data.global_batch), data.steps_per_epoch * cfg.epochs
     warmup = round(cfg.warmup_epochs * data.steps_per_epoch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -960,13 +989,12 @@ def _evaluate_epoch(run: _Run, progress: _Progress) -> None:
 def _scores(run: _Run) -> dict:
     """Validation loss, top-1 and top-5 of the model (and of its EMA), and the mean gate σ(λ) of each layer."""
     world = run.world
-    kwargs = dict(batch_size=run.data.batch_size, device=world.device, precision=run.precision, rank=world.rank,
-                  world_size=world.world_size)
-    val = evaluate(run.model, run.data.val_set, **kwargs)
-    scores = {"val_loss": val["loss"], "val_top1": val["top1"], "val_top5": val["top5"]}
-    if run.opt.ema is not None:
-        ema = evaluate(run.opt.ema.module, run.data.val_set, **kwargs)
-        scores.update(ema_loss=ema["loss"], ema_top1=ema["top1"], ema_top5=ema["top5"])
+    models = {"val": run.model, **({"ema": run.opt.ema.module} if run.opt.ema is not None else {})}
+    # inference keeps no activations for a backward pass: twice the training batch fits, with the run's workers
+    result = evaluate(models, run.data.val_set, batch_size=2 * run.data.batch_size, device=world.device,
+                      precision=run.precision, num_workers=run.cfg.num_workers, rank=world.rank,
+                      world_size=world.world_size)
+    scores = {f"{name}_{key}": value for name, metrics in result.items() for key, value in metrics.items()}
     return {**scores, "gates": gate_means(run.model)}
 
 

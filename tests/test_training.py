@@ -274,9 +274,9 @@ def test_a_kill_while_best_pt_is_written_leaves_best_and_last_in_agreement(tmp_p
 
 
 def scripted(*top1: float):
-    """An `evaluate` that returns the next of these top-1 scores at each call."""
+    """An `evaluate` of the model (no EMA) that returns the next of these top-1 scores at each call."""
     scores = iter(top1)
-    return lambda model, dataset, **kwargs: {"loss": 1.0, "top1": next(scores), "top5": 100.0}
+    return lambda models, dataset, **kwargs: {"val": {"loss": 1.0, "top1": next(scores), "top5": 100.0}}
 
 
 def test_resume_refuses_a_changed_experiment_listing_each_difference_and_accepts_more_epochs(tmp_path):
@@ -553,3 +553,39 @@ if __name__ == "__main__":
     elif mode == "ddp-disagree":  # node-local folders: only rank 0's holds a checkpoint
         cfg = replace(ddp_config(output / f"rank{os.environ['RANK']}", batch_size=8), resume="auto")
         train(cfg, model=make_model(dropout=0.0), datasets=ddp_data())
+
+
+def test_auto_precision_on_a_cpu_is_bf16_only_where_the_cpu_has_native_bf16(monkeypatch):
+    amx = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_bf16\n"
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse avx2 fma\n"
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert training.cpu_has_native_bf16(amx) and not training.cpu_has_native_bf16(avx2)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # ATen pinned below AVX-512
+    assert not training.cpu_has_native_bf16(amx)
+    for native, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: native)
+        assert training.resolve_precision("auto", "cpu") == expected
+        assert training.resolve_precision("fp32", "cpu") == "fp32"
+
+
+def test_auto_device_is_cuda_then_mps_then_cpu(monkeypatch):
+    for cuda, mps, expected in ((True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+        assert training.resolve_device("auto").type == expected
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        training.resolve_device("cuda")
+
+
+def test_adamw_is_fused_on_a_gpu_and_the_model_and_its_ema_are_scored_in_one_pass(tmp_path, monkeypatch):
+    cfg = config(tmp_path, epochs=1)
+    data = training._Data(None, None, 4, None, 0.0, 8, 8, 12)
+    model = make_model()
+    assert training._build_optimisation(cfg, model, data, "fp32", torch.device("cuda")).optimizer.defaults["fused"]
+    assert not training._build_optimisation(cfg, model, data, "fp32", torch.device("cpu")).optimizer.defaults["fused"]
+    passes = []
+    real = training.evaluate
+    monkeypatch.setattr(training, "evaluate", lambda models, *a, **kw: passes.append(list(models)) or real(
+        models, *a, **kw))
+    result = train(cfg, model=make_model(), datasets=make_data())
+    assert passes == [["val", "ema"]] and {"val_top1", "ema_top1"} <= set(result.history[0])
