@@ -656,7 +656,10 @@ for dtype in (torch.float32, torch.bfloat16):
 #
 # Each process evaluates every `world_size`-th image of the validation set and the sums (loss, top-1 and top-5
 # hits, count) are all-reduced, so the accuracy is exact at any world size: no sample is padded in twice, as
-# happens with a `DistributedSampler` whose dataset does not divide evenly.
+# happens with a `DistributedSampler` whose dataset does not divide evenly. Given a dict of models — the model
+# and its EMA at an epoch's end — one pass over the data scores them all (an ImageNet validation pass is
+# minutes of decoding; the loop also gives it the run's loader workers and twice the training batch), and the
+# sums of all of them travel in one all-reduce: one wait for the device per evaluation.
 
 # %%
 #| export

@@ -9,10 +9,7 @@ import torch.nn.functional as F
 from convit_edu.conv_init import head_centres
 from convit_edu.gpsa import GPSA, PSA, GPSAReference
 from convit_edu.positional import positional_self_attention, rel_indices
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.detach() - b.detach()).norm() / b.detach().norm())
+from gpsa_checks import grads, perturb, rel_err
 
 
 def pair(embed_dim=48, num_heads=4, dtype=torch.float32, seed=0, **kwargs):
@@ -21,24 +18,6 @@ def pair(embed_dim=48, num_heads=4, dtype=torch.float32, seed=0, **kwargs):
     fast = GPSA(embed_dim, num_heads, **kwargs).to(dtype)
     fast.load_state_dict(ref.state_dict())
     return ref, fast
-
-
-def perturb(layer, scale=0.05, gates=None):
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.add_(torch.randn_like(p) * scale)
-        if gates is not None:
-            layer.gating_param.copy_(torch.tensor(gates, dtype=layer.gating_param.dtype))
-
-
-def grads(layer, x, grid):
-    y = layer(x, grid_size=grid)
-    names = ["x", *dict(layer.named_parameters())]
-    g = torch.autograd.grad((y * torch.linspace(-1, 1, y.shape[-1], dtype=y.dtype)).square().sum(),
-                            [x, *layer.parameters()])
-    out = dict(zip(names, g))
-    out.pop("pos_proj.bias")  # zero in exact arithmetic: a per-head shift of all scores leaves softmax unchanged
-    return y, out
 
 
 GRIDS = [(4, 4), (3, 5), (5, 2)]
