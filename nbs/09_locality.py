@@ -164,11 +164,15 @@ print(expect_error(lambda: nonlocality(maps, (4, 4))))
 # class token joined). `forward_features(..., return_attention=True)` (chapter 05) records exactly that, in
 # one pass.
 #
-# The official ConViT's logging did something else: it fed the *embedded patches* — the input of the first
-# block — to the attention of *every* block. For block 1 this is the same thing; for every deeper block it
-# measures how that layer's weights would attend on an input it never sees. That is a bug: it is not the
-# attention the network computes. `model_nonlocality(..., inputs="embeddings")` reproduces it (each block's
-# own LayerNorm and attention applied to the first block's input), so that we can see how much it matters.
+# The official ConViT's logging did something else: its `main.py` passes the raw patch embeddings,
+# `patch_embed(x)` — no positional embedding, no class token, and not through the block's `norm1` — to the
+# attention of *every* block (`get_attention_map`). For every block but the first it measures how that
+# layer's weights would attend on an input it never sees; for the first it still differs, by the missing
+# positional embedding and LayerNorm. It is not the attention the network computes.
+# `model_nonlocality(..., inputs="embeddings")` reproduces the idea, not the letter: it applies each block's
+# own `norm1` and attention to the *first block's input* (the patch embeddings plus the positional embedding),
+# so that block 1 is measured exactly and every deeper block on the wrong input — which isolates the part of
+# the official logging's error that grows with depth.
 
 # %%
 #| export

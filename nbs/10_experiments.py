@@ -47,6 +47,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 
+from convit_edu.training import deit_lr
+
 torch.set_printoptions(precision=4, sci_mode=False)
 
 # %% [markdown]
@@ -603,13 +605,16 @@ plot_ablation(results, ablations)
 #   loss still falling). There is no data starvation for the prior to cure.
 # * **The ConViT never left its starting point.** Its gates moved by less than 0.02 from σ(1) = 0.731
 #   (chapter 09, and the `gates` in every log): for the whole run, 73 % of the attention of its first 4
-#   layers was a fixed 2 × 2 local average of values initialised as the identity. Early in training that is
-#   a head start (after the first epoch the ConViT led at f = 100 %, 24.6 % vs 20.4 %, as Fig. 8b of the paper
-#   would predict), but 470 steps are too few for the gates to open and the heads to learn content, which
-#   the paper's models do over 375 000 steps.
-# * **Size and resolution.** The paper's gain grows with model size (Fig. 11, middle: "larger models are more
-#   under-specified"); ours are 150 times smaller than ConViT-S, and an 8 × 8 patch grid leaves a 2 × 2
-#   kernel little room to differ from global attention.
+#   layers was a fixed 2 × 2 local average of values initialised as the identity. That is a property of the
+#   schedule, not of the model: AdamW moves a parameter by at most about the learning rate per step, and the
+#   learning rates of a whole run here add up to a fraction of one (computed below), where the paper's 300
+#   epochs add up to about 190. After the first epoch at f = 100 % the ConViT led (24.6 % vs 20.4 %, the
+#   direction of Fig. 8b of the paper), but by less than two standard errors: a hint, not a finding.
+# * **Size and heads.** The paper's gain grows with model size (Fig. 11, middle: "larger models are more
+#   under-specified"); ours are 150 times smaller than ConViT-S. And 4 heads give a 2 × 2 kernel — four
+#   overlapping blurs — not the 3 × 3 kernel of ConViT-S's 9 heads: at initialisation its attention reaches
+#   1.80 patches on average against 4.14 for uniform attention on this 8 × 8 grid (chapter 09), so the prior
+#   is local, but coarse.
 #
 # What would make this a real test: the same grid with more steps per run (the CLI takes `--epochs`), several
 # seeds, and a larger validation set — or the paper-scale commands printed above on a GPU cluster, which this
@@ -620,12 +625,11 @@ top1 = {name: r.top1 for name, r in results.items() if r.finished}
 standard_error = 100 * (0.4 * 0.6 / 500) ** 0.5
 print(f"standard error of a 40 % top-1 on 500 images: {standard_error:.1f} points")
 print("top-1:", {k: round(v, 1) for k, v in sorted(top1.items())})
-assert all(r["gap_top1"] < 0 for r in rows), "the ConViT is below the DeiT at every fraction"
-assert abs(top1["deit_f0.1"] - top1["deit_f1"]) < standard_error  # the fraction barely matters here
-assert all(0 < r["deit_top1"] - r["convit_top1"] < 2.5 * standard_error for r in rows)
+# what the data supports, with its uncertainty: no difference between the models is beyond noise here
+assert all(abs(r["deit_top1"] - r["convit_top1"]) < 2.5 * standard_error for r in rows)
+assert abs(top1["deit_f0.1"] - top1["deit_f1"]) < standard_error  # the fraction barely matters: no data starvation
 convit_variants = [top1[s.name] for name, s in zip(ABLATION_NAMES, ablations) if ABLATIONS[name].model == "convit"]
 assert max(convit_variants) - min(convit_variants) < min(1.5, standard_error)
-assert max(convit_variants) < top1[CPU.run("deit", ABLATION_FRACTION).name]
 for name in ("deit_f0.1", "convit_f0.1"):  # still improving: the last epoch has the lowest validation loss
     losses = [row["val_loss"] for row in results[name].history]
     assert losses[-1] == min(losses), name
@@ -634,4 +638,12 @@ for name in ("convit_f0.1", "convit_f1"):
     assert ((final_gates - torch.sigmoid(torch.tensor(1.0))).abs() < 0.02).all(), name
 first_epoch = {name: results[CPU.run(name, 1.0).name].history[0]["val_top1"] for name in ("convit", "deit")}
 print(f"after the first epoch at f = 100 %: ConViT {first_epoch['convit']:.1f}, DeiT {first_epoch['deit']:.1f}")
-assert first_epoch["convit"] > first_epoch["deit"]
+assert abs(first_epoch["convit"] - first_epoch["deit"]) < 2 * standard_error  # a hint within noise
+run = results["convit_f0.1"]
+info = json.loads((RESULTS / "convit_f0.1" / "run.json").read_text())
+steps = info["steps_per_epoch"] * run.config["epochs"]
+warmup = round(run.config["warmup_epochs"] * info["steps_per_epoch"])
+lr_sum = sum(deit_lr(t, steps, warmup, info["scaled_lr"], run.config["min_lr"], run.config["warmup_lr"])
+             for t in range(steps))
+assert lr_sum < 0.5  # so no parameter, gates included, can move far under AdamW
+print(f"the learning rates of a whole run add up to {lr_sum:.2f} ({steps} steps)")

@@ -837,7 +837,9 @@ for label, value, target in targets:
 # - *bf16 autocast* is slower than fp32 here: 0.19× (ConViT-Ti) and 0.17× (DeiT-Ti) the fp32 rate at 64 px
 #   [0.17–0.27×], where the models are so small that much of a step is not matmul; a 512×512 bf16 matmul
 #   ran 57× slower than in fp32 [57–120×]. This CPU has no bf16 arithmetic (no AVX-512 BF16, no AMX), so
-#   bf16 is a GPU optimisation here, and `--precision auto` picks fp32 on a CPU for this reason.
+#   bf16 is a GPU optimisation here, and `--precision auto` picks fp32 on it; on a CPU whose flags show
+#   AVX-512 BF16 or AMX (chapter 07's `cpu_has_native_bf16`) it picks bf16, measured there at about 2× fp32 on
+#   a ConViT-Ti training step (the issue's measurement on such a machine; not repeated here).
 # - *`torch.compile`* could **not** be measured: Inductor's C++ compilation of a ConViT-Ti training step did
 #   not finish within the 60 s limit on this loaded machine (nor within 5 minutes in a separate trial). One
 #   run failed instead with "file too short": an earlier killed compile had left a truncated library in the
