@@ -1173,12 +1173,13 @@ def _versions() -> dict[str, str]:
 def _checkpoint(run: _Run, name: str = "last.pt") -> None:
     s, opt, d = run.state, run.opt, run.data
     weights = run.model.state_dict()
-    bad = [k for k, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:  # every process holds the same weights, so every process stops here
-        raise FloatingPointError(
+    floats = {k: t for k, t in weights.items() if t.is_floating_point()}
+    if not bool(torch.stack([torch.isfinite(t).all() for t in floats.values()]).all()):  # one wait for the device
+        bad = [k for k, t in floats.items() if not bool(torch.isfinite(t).all())]
+        raise FloatingPointError(  # every process holds the same weights, so every process stops here
             f"the weights became non-finite ({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}) by "
-            f"epoch {s.epoch + 1}, step {s.step}, and were not saved; {_last_good(run)}: lower --lr, set "
-            "--clip-grad, or use bf16/fp32 instead of fp16")
+            f"optimiser step {s.global_step} and were not saved; {_last_good(run)}: lower --lr, set --clip-grad, "
+            "or use bf16/fp32 instead of fp16")
     if not run.world.main:
         return
     save_checkpoint({
@@ -1298,7 +1299,8 @@ def _end_epoch(run: _Run, epoch: int, images: int, seconds: float, progress: _Pr
     s = run.state
     s.pending = {"epoch": epoch + 1, "step": s.global_step,
                  "train_loss": sum(s.epoch_losses) / max(1, len(s.epoch_losses)),
-                 "lr": run.opt.optimizer.param_groups[0]["lr"], "images_per_s": images / seconds, "epoch_time_s": seconds}
+                 "lr": run.opt.optimizer.param_groups[0]["lr"], "images_per_s": images / seconds,
+                 "epoch_time_s": seconds}
     s.epoch, s.step, s.epoch_losses = epoch + 1, 0, []
     _checkpoint(run)
     _evaluate_epoch(run, progress)
