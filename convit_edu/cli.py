@@ -17,6 +17,7 @@ import torch
 
 from convit_edu.checks import positive_int
 from convit_edu.data import AugConfig, augmentation, benchmark_loader, build_datasets, build_mixup, build_transforms
+from convit_edu.experiments import ABLATIONS, ablation_grid, run_grid, sample_efficiency_grid, sample_efficiency_scale
 from convit_edu.models import ModelConfig, VisionTransformer, create_model, mask_at_test_time, read_state_dict
 from convit_edu.training import (
     PRECISIONS,
@@ -31,7 +32,7 @@ from convit_edu.training import (
     train,
 )
 
-__all__ = ['run_train', 'run_eval', 'run_bench', 'build_parser', 'main', 'SBATCH_SCRIPT']
+__all__ = ['run_train', 'run_eval', 'run_bench', 'run_experiment', 'build_parser', 'main', 'SBATCH_SCRIPT']
 
 
 # %% nbs/08_command_line.py 8
@@ -214,13 +215,55 @@ def _key_value(item: str, flag: str) -> tuple[str, Any]:
 
 
 # %% nbs/08_command_line.py 12
+def run_experiment(args: argparse.Namespace) -> int:
+    """`experiment sample-efficiency` (Table 2) or `experiment ablations` (Table 3, App. A): chapter 10's grid."""
+    common = {"num_workers": args.num_workers, "device": args.device, "progress": args.progress}
+    scale = sample_efficiency_scale(args.data_root, args.classes, args.images_per_run, **common)
+    if args.grid == "sample-efficiency":
+        runs = sample_efficiency_grid(scale, args.fractions, args.seeds)
+    else:
+        runs = ablation_grid(scale, args.fraction, args.names, args.seeds)
+    run_grid(runs, args.output)
+    print((args.output / "table.txt").read_text() if (args.output / "table.txt").is_file() else "no run finished")
+    return 0
+
+
+def _experiment_parser(sub) -> None:
+    e = sub.add_parser("experiment", help="a grid of the paper's experiments at CPU scale (chapter 10)")
+    grids = e.add_subparsers(dest="grid", required=True)
+    for name, what in (("sample-efficiency", "Table 2: ConViT and DeiT on fractions of the data"),
+                       ("ablations", "Table 3 and App. A: the ConViT taken apart, on one fraction")):
+        g = grids.add_parser(name, help=what, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                             description=f"{what}. Runs one after another, resumes a partly finished grid, "
+                                         "writes OUTPUT/summary.json, table.txt and the figures.")
+        g.add_argument("--data-root", type=Path, required=True, help="ImageNet-style folder: train/ and val/")
+        g.add_argument("--output", type=Path, required=True, help="one folder per run, and the summary")
+        g.add_argument("--classes", type=int, default=10, help="use the first K classes")
+        g.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="one run per seed and cell")
+        g.add_argument("--images-per-run", type=int, default=120_000,
+                       help="optimiser steps of this many images in every run, whatever the fraction")
+        g.add_argument("--num-workers", type=int, default=1, help="data loader processes per run")
+        g.add_argument("--device", default="auto")
+        g.add_argument("--progress", default="auto", help="auto, bar, lines or none (each run's progress)")
+        if name == "sample-efficiency":
+            g.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.3, 1.0])
+        else:
+            g.add_argument("--fraction", type=float, default=0.1)
+            g.add_argument("--names", nargs="+", default=list(ABLATIONS), choices=list(ABLATIONS),
+                           help="ablations to run (convit and deit are shared with Table 2's runs)")
+        g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the full traceback of an error")
+
+
+# %% nbs/08_command_line.py 13
 def build_parser() -> argparse.ArgumentParser:
-    """The `convit-edu` argument parser with its three sub-commands."""
+    """The `convit-edu` argument parser with its four sub-commands."""
     parser = argparse.ArgumentParser(
         prog="convit-edu", description="Train, evaluate and benchmark ConViT and DeiT models (d'Ascoli et al. 2021).")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,bench}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,bench,experiment}")
     _train_parser(sub)
+    _experiment_parser(sub)
 
     e = sub.add_parser("eval", help="top-1/top-5 of a training checkpoint, optionally with parts masked (SM F)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -269,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     """The `convit-edu` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    command = {"train": run_train, "eval": run_eval, "bench": run_bench}[args.command]
+    command = {"train": run_train, "eval": run_eval, "bench": run_bench, "experiment": run_experiment}[args.command]
     try:
         return command(args)
     except Exception as e:  # one line for the user; --debug shows where it came from
@@ -287,7 +330,7 @@ if __name__ == "__main__" and Path(sys.argv[0]).name == "cli.py":  # `python -m 
     sys.exit(main())
 
 
-# %% nbs/08_command_line.py 31
+# %% nbs/08_command_line.py 32
 SBATCH_SCRIPT = r"""#!/bin/bash
 #SBATCH --job-name=convit_small
 #SBATCH --nodes=4

@@ -4,19 +4,33 @@
 # (then run `python -m convit_edu._nbtools export`).
 
 import json
+import math
 import shlex
 import warnings
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import torch
 from matplotlib.figure import Figure
+from torch.utils.data import Dataset, Subset
 
-from convit_edu.checks import one_of
-from convit_edu.data import check_fraction, scaled_epochs
-from convit_edu.models import MODEL_ZOO
+from convit_edu.analysis import LocalityRecorder, plot_gate_history, plot_nonlocality_history, read_locality
+from convit_edu.bench import measure_model
+from convit_edu.checks import one_of, positive_int
+from convit_edu.data import (
+    AugConfig,
+    ImageFolderDataset,
+    build_transforms,
+    check_fraction,
+    scaled_epochs,
+    subsample_per_class,
+)
+from convit_edu.models import MODEL_ZOO, ModelConfig, VisionTransformer
+from convit_edu.training import TrainConfig, evaluate, resolve_device, train
 
-__all__ = ['RunSpec', 'train_command', 'Ablation', 'ABLATIONS', 'Scale', 'sample_efficiency_grid', 'ablation_grid', 'unique_runs', 'commands_script', 'RunResult', 'read_run', 'collect', 'relative_gain', 'sample_efficiency_table', 'format_sample_efficiency', 'plot_sample_efficiency', 'plot_ablation']
+__all__ = ['RunSpec', 'train_command', 'Ablation', 'ABLATIONS', 'Scale', 'sample_efficiency_grid', 'ablation_grid', 'unique_runs', 'commands_script', 'SAMPLE_EFFICIENCY_MODEL', 'SAMPLE_EFFICIENCY_RECIPE', 'sample_efficiency_scale', 'run_config', 'scoring_sets', 'train_run', 'expected_hours', 'run_grid', 'RunResult', 'read_run', 'collect', 'relative_gain', 'test_top1', 'table_2', 'format_table_2', 'table_3', 'format_table_3', 'plot_table_2', 'locality_histories', 'write_summary', 'plot_ablation']
 
 
 # %% nbs/10_experiments.py 6
@@ -47,8 +61,10 @@ def _flag_words(key: str, value: Any) -> list[str]:
         return [flag] if value else ["--no-" + key.replace("_", "-")]
     if value is None:
         return [flag, "none"]
-    if isinstance(value, (dict, list, tuple)):
-        raise TypeError(f"flag {key!r} must be a number, string, bool or None, got {value!r}")
+    if isinstance(value, tuple):  # a range such as RandomResizedCrop's scale: one word per number
+        return [flag, *map(str, value)]
+    if isinstance(value, (dict, list)):
+        raise TypeError(f"flag {key!r} must be a number, string, bool, tuple or None, got {value!r}")
     return [flag, str(value)]
 
 
@@ -100,7 +116,11 @@ ABLATIONS: dict[str, Ablation] = {  # Table 3 and App. A, by name
 class Scale:
     """What every run of a grid shares: the ``convit`` and ``deit`` compared, the architecture overrides of
     both (``model_args``) and of the ConViT only (``convit_args``, e.g. ``local_up_to_layer``), the flags of
-    every run (``common``: data, batch, learning rate...), and ``epochs`` / ``warmup_epochs`` at f = 1."""
+    every run (``common``: data, batch, learning rate...), and ``epochs`` / ``warmup_epochs`` at f = 1.
+
+    ``class_sizes`` (training images per class) and a ``global_batch`` in ``common`` make every fraction take the
+    same number of *optimiser steps* as f = 1: the loader drops each epoch's last partial batch, which at
+    500 images and batch 128 is a quarter of every epoch, so epochs/f alone would not be equal images."""
 
     convit: str
     deit: str
@@ -109,27 +129,43 @@ class Scale:
     model_args: dict[str, Any] = field(default_factory=dict)
     convit_args: dict[str, Any] = field(default_factory=dict)
     common: dict[str, Any] = field(default_factory=dict)
+    class_sizes: tuple[int, ...] = ()
 
-    def run(self, ablation: str, fraction: float) -> RunSpec:
-        """The run of ``ABLATIONS[ablation]`` on a fraction of the data, in the folder ``{ablation}_f{fraction}``."""
-        a = ABLATIONS[one_of("ablation", ablation, ABLATIONS)]
+    def schedule(self, fraction: float) -> dict[str, Any]:
+        """``epochs`` and ``warmup_epochs`` on a fraction f: epochs/f (``data.scaled_epochs``), or equal steps
+        with ``eval_every`` keeping about one evaluation per f = 1 epoch's worth of steps."""
         check_fraction(fraction)
+        if not self.class_sizes:
+            return {"epochs": scaled_epochs(self.epochs, fraction), "warmup_epochs": self.warmup_epochs / fraction}
+        batch = self.common["global_batch"]
+        full, part = (sum(math.floor(f * n + 1e-9) for n in self.class_sizes) // batch for f in (1.0, fraction))
+        if not part:
+            raise ValueError(f"fraction {fraction} keeps fewer than one batch of {batch} images of the "
+                             f"{sum(self.class_sizes)}: raise the fraction or lower global_batch")
+        return {"epochs": max(1, round(self.epochs * full / part)), "warmup_epochs": self.warmup_epochs * full / part,
+                "eval_every": max(1, round(full / part))}
+
+    def run(self, ablation: str, fraction: float, seed: int = 0) -> RunSpec:
+        """The run of ``ABLATIONS[ablation]`` on a fraction of the data with ``seed``, in the folder
+        ``{ablation}_f{fraction}_s{seed}``."""
+        a = ABLATIONS[one_of("ablation", ablation, ABLATIONS)]
+        positive_int("seed", seed, minimum=0)
         model, own_args = (self.convit, self.convit_args) if a.model == "convit" else (self.deit, {})
         flags = {**self.common, "model": model, **self.model_args, **own_args, **a.switches, "fraction": fraction,
-                 "epochs": scaled_epochs(self.epochs, fraction), "warmup_epochs": self.warmup_epochs / fraction}
-        return RunSpec(f"{ablation}_f{fraction:g}", a.label, flags)
+                 **self.schedule(fraction), "seed": seed}
+        return RunSpec(f"{ablation}_f{fraction:g}_s{seed}", a.label, flags)
 
 
-def sample_efficiency_grid(scale: Scale, fractions: list[float]) -> list[RunSpec]:
-    """Table 2: the DeiT and the ConViT of ``scale`` on each fraction f, for epochs/f epochs."""
-    return [scale.run(name, f) for f in fractions for name in ("deit", "convit")]
+def sample_efficiency_grid(scale: Scale, fractions: list[float], seeds: list[int] = (0,)) -> list[RunSpec]:
+    """Table 2: the DeiT and the ConViT of ``scale`` on each fraction f and seed, seed by seed."""
+    return [scale.run(name, f, seed) for seed in seeds for f in fractions for name in ("deit", "convit")]
 
 
 def ablation_grid(scale: Scale, fraction: float,
                   names: list[str] = ("convit", "frozen_gate", "no_conv_init", "frozen_gpsa", "psa", "deit"),
-                  ) -> list[RunSpec]:
-    """The ablations ``names`` (Table 3 rows and App. A's PSA) on one fraction of the data."""
-    return [scale.run(name, fraction) for name in names]
+                  seeds: list[int] = (0,)) -> list[RunSpec]:
+    """The ablations ``names`` (Table 3 rows and App. A's PSA) on one fraction of the data, for each seed."""
+    return [scale.run(name, fraction, seed) for seed in seeds for name in names]
 
 
 def unique_runs(*grids: list[RunSpec]) -> list[RunSpec]:
@@ -142,7 +178,7 @@ def unique_runs(*grids: list[RunSpec]) -> list[RunSpec]:
     return list(runs.values())
 
 
-# %% nbs/10_experiments.py 18
+# %% nbs/10_experiments.py 16
 def commands_script(runs: list[RunSpec], results: str | Path, launcher: str = "python -m convit_edu.cli",
                     setup: list[str] = ()) -> str:
     """A bash script running ``runs`` one after the other into ``results`` (after the ``setup`` lines), that
@@ -153,7 +189,146 @@ def commands_script(runs: list[RunSpec], results: str | Path, launcher: str = "p
     return "\n".join(lines) + "\n"
 
 
-# %% nbs/10_experiments.py 21
+# %% nbs/10_experiments.py 19
+SAMPLE_EFFICIENCY_MODEL: dict[str, Any] = {"patch_size": 8, "embed_dim": 72, "num_heads": 9, "depth": 6}
+SAMPLE_EFFICIENCY_RECIPE: dict[str, Any] = {  # TrainConfig and AugConfig fields (see the list above)
+    "data": "imagefolder", "img_size": 64, "aug": "deit", "scale": (0.35, 1.0), "randaugment_magnitude": None,
+    "erasing": 0.0, "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "crop_ratio": 1.0, "label_smoothing": 0.1,
+    "drop_path_rate": 0.05, "global_batch": 128, "lr": 4e-3, "weight_decay": 0.05}
+
+
+def sample_efficiency_scale(data_root: str | Path, classes: int = 10, images_per_run: int = 120_000,
+                            warmup_images: int = 10_000, class_sizes: tuple[int, ...] | None = None,
+                            **common: Any) -> Scale:
+    """The CPU-scale Table 2 design on the first ``classes`` classes of the ImageNet-style folder ``data_root``:
+    every run makes the optimiser steps of ``images_per_run`` images; ``common`` adds or replaces flags
+    (``num_workers``, ``device``...). ``class_sizes`` (training images per class) is read from the folder unless
+    given (to print the grid of a folder that is not on this machine)."""
+    positive_int("images_per_run", images_per_run)
+    positive_int("classes", classes)
+    if class_sizes is None:
+        train_set = ImageFolderDataset(Path(data_root) / "train", max_classes=classes)
+        class_sizes = tuple(Counter(train_set.targets)[c] for c in range(len(train_set.classes)))
+    n = sum(class_sizes)
+    return Scale(convit="convit_tiny", deit="deit_tiny", epochs=max(1, round(images_per_run / n)),
+                 warmup_epochs=warmup_images / n, model_args=dict(SAMPLE_EFFICIENCY_MODEL),
+                 convit_args={"local_up_to_layer": 4}, class_sizes=class_sizes,
+                 common={**SAMPLE_EFFICIENCY_RECIPE, "data_root": str(data_root), "classes": classes, **common})
+
+
+# %% nbs/10_experiments.py 23
+def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConfig:
+    """The validated ``TrainConfig`` of ``spec`` (its flags, then ``overrides``) training into ``folder``."""
+    run_fields = {f.name for f in fields(TrainConfig)}
+    values: dict[str, Any] = {"model_args": {}, "aug_args": {}, "output": str(folder)}
+    for key, value in {**spec.flags, **overrides}.items():
+        if key in run_fields:
+            values[key] = {**values[key], **value} if key in ("model_args", "aug_args") else value
+        elif key in {f.name for f in fields(ModelConfig)}:
+            values["model_args"][key] = value
+        elif key in {f.name for f in fields(AugConfig)}:
+            values["aug_args"][key] = value
+        else:
+            raise ValueError(f"run {spec.name!r}: {key!r} is not a TrainConfig, ModelConfig or AugConfig field")
+    return TrainConfig(**values)
+
+
+# %% nbs/10_experiments.py 25
+def scoring_sets(cfg: TrainConfig) -> dict[str, Dataset]:
+    """``val``, ``train`` (the images the run trains on) and ``heldout`` (the rest of the first ``cfg.classes``
+    classes' training images; empty at f = 1) of an ImageFolder run, with the run's evaluation transform."""
+    _, val_tf = build_transforms(cfg.aug_config())
+    root = Path(cfg.data_root)
+    every = ImageFolderDataset(root / "train", val_tf, max_classes=cfg.classes)
+    kept = subsample_per_class(every.targets, cfg.fraction)
+    left_out = sorted(set(range(len(every))) - set(kept))
+    return {"val": ImageFolderDataset(root / "val", val_tf, max_classes=cfg.classes),
+            "train": Subset(every, kept), "heldout": Subset(every, left_out)}
+
+
+def _gpsa_layer_means(gates: list) -> list[float]:
+    return [sum(heads) / len(heads) for heads in gates]
+
+
+def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | None:
+    """Train ``spec`` into ``output/spec.name`` (resuming its ``last.pt``), score it, write and return its
+    ``record.json``; None when a signal stopped it (its checkpoint lets the next call continue)."""
+    folder = Path(output) / spec.name
+    cfg = run_config(spec, folder, resume="auto")
+    sets = scoring_sets(cfg)
+    probe = torch.stack([sets["val"][i][0] for i in range(0, len(sets["val"]), max(1, len(sets["val"]) // 16))])
+    steps = cfg.epochs * (len(sets["train"]) // (cfg.global_batch or cfg.batch_size))
+    recorder = LocalityRecorder(probe, every=max(1, steps // positive_int("records", records)),
+                                path=folder / "locality.json")
+    result = train(cfg, callbacks=[recorder])
+    if result.stopped:
+        return None
+    device = next(result.model.parameters()).device
+    scores = {name: evaluate(result.model, ds, batch_size=256, device=device, precision=cfg.precision,
+                             num_workers=cfg.num_workers)["top1"] if len(ds) else None
+              for name, ds in sets.items()}
+    ablation = spec.name.rsplit("_f", 1)[0]
+    record = {
+        "name": spec.name, "model": ABLATIONS[ablation].model,
+        "ablation": None if ablation in ("convit", "deit") else ablation, "fraction": cfg.fraction,
+        "seed": cfg.seed, "val_top1": scores["val"], "val_images": len(sets["val"]),
+        "heldout_top1": scores["heldout"], "heldout_images": len(sets["heldout"]),
+        "train_top1": scores["train"], "train_images": len(sets["train"]), "epochs": cfg.epochs,
+        "hours": sum(row["epoch_time_s"] for row in result.history) / 3600,
+        "gates_start": _gpsa_layer_means(recorder.records[0]["gates"]),
+        "gates_end": _gpsa_layer_means(recorder.records[-1]["gates"])}
+    _write_json(folder / "record.json", record)
+    return record
+
+
+def _write_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=1) + "\n")
+    tmp.replace(path)
+
+
+# %% nbs/10_experiments.py 27
+def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]:
+    """Hours the unfinished ``runs`` should take here, and how that was estimated."""
+    done = [json.loads(p.read_text()) for p in Path(output).glob("*/record.json")]
+    hours, how = 0.0, set()
+    for spec in runs:
+        past = [r["hours"] for r in done if r["name"].startswith(spec.name.rsplit("_f", 1)[0] + "_f")]
+        if past:
+            hours += sum(past) / len(past)
+            how.add("finished runs")
+            continue
+        cfg = run_config(spec, output)
+        batch = cfg.global_batch or cfg.batch_size
+        model = VisionTransformer(cfg.model_config(num_classes=cfg.classes or 10, distilled=False))
+        speed = measure_model(model, batch, cfg.img_size, steps=2, num_classes=cfg.classes or 10,
+                              device=resolve_device(cfg.device), precision=cfg.precision)["train_images_per_s"]
+        class_sizes = Counter(ImageFolderDataset(Path(cfg.data_root) / "train", max_classes=cfg.classes).targets)
+        images = sum(math.floor(cfg.fraction * n + 1e-9) for n in class_sizes.values()) // batch * batch
+        hours += cfg.epochs * images / speed / 3600
+        how.add("a training step measured now (data loading and evaluation not included: at least this)")
+    return hours, " and ".join(sorted(how)) or "nothing left to run"
+
+
+def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list[dict]:
+    """Train every unfinished run of ``runs`` into ``output`` one after another (``train_run``), rewriting
+    ``summary.json``, ``table.txt`` and the figures after each; the summary's records when all are done."""
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    todo = [s for s in runs if not (output / s.name / "record.json").is_file()]
+    hours, how = expected_hours(todo, output)
+    print(f"{len(runs) - len(todo)} of {len(runs)} runs already finished in {output}; {len(todo)} to go, "
+          f"expected {hours:.1f} h on this machine (from {how})", flush=True)
+    for i, spec in enumerate(todo, 1):
+        print(f"[{i}/{len(todo)}] {spec.name} ({spec.label}, {spec.flags['epochs']} epochs)", flush=True)
+        if train_run(spec, output, records) is None:
+            print(f"stopped during {spec.name}: run the same command again to continue", flush=True)
+            break
+        write_summary(output)
+    return write_summary(output)
+
+
+# %% nbs/10_experiments.py 29
 @dataclass(frozen=True)
 class RunResult:
     """A run read back from its folder: the spec, the config `convit-edu train` recorded, one log row per epoch."""
@@ -224,61 +399,136 @@ def relative_gain(convit: float, deit: float) -> float:
     return 100 * (convit - deit) / deit
 
 
-def sample_efficiency_table(results: dict[str, RunResult], scale: Scale, fractions: list[float]) -> list[dict]:
-    """Table 2's rows: for each fraction f with both runs finished, top-1/top-5 of DeiT and ConViT and the gaps."""
+# %% nbs/10_experiments.py 31
+def test_top1(record: dict) -> float:
+    """Top-1 (%) on every image the run did not train on: its validation and held-out training images."""
+    n_val, n_out = record["val_images"], record["heldout_images"]
+    return (record["val_top1"] * n_val + (record["heldout_top1"] or 0.0) * n_out) / (n_val + n_out)
+
+
+def _images(record: dict) -> int:
+    return record["val_images"] + record["heldout_images"]
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) ** 0.5
+
+
+def table_2(records: list[dict]) -> list[dict]:
+    """One row per fraction with a ConViT and a DeiT of the same seed: mean test top-1 of both, the point
+    difference and the relative gain (%), each with its standard error (seed-to-seed and binomial, combined)."""
+    plain = {(r["model"], r["fraction"], r["seed"]): r for r in records if r["ablation"] is None}
     rows = []
-    for f in fractions:
-        deit, convit = (results.get(scale.run(name, f).name) for name in ("deit", "convit"))
-        if deit is None or convit is None or not (deit.finished and convit.finished):
+    for f in sorted({key[1] for key in plain}):
+        pairs = [(plain[("convit", f, s)], plain[("deit", f, s)]) for s in sorted({k[2] for k in plain})
+                 if ("convit", f, s) in plain and ("deit", f, s) in plain]
+        if not pairs:
             continue
-        rows.append({"fraction": f, "deit_top1": deit.top1, "convit_top1": convit.top1,
-                     "gap_top1": relative_gain(convit.top1, deit.top1), "deit_top5": deit.top5,
-                     "convit_top5": convit.top5, "gap_top5": relative_gain(convit.top5, deit.top5)})
+        accs = [(test_top1(c), test_top1(d)) for c, d in pairs]
+        binomial = sum(p * (100 - p) / _images(r) for (c, d), pair in zip(accs, pairs)
+                       for p, r in zip((c, d), pair)) ** 0.5 / len(pairs)  # in points
+        diff, diff_se = _mean_se([c - d for c, d in accs])
+        gain, gain_se = _mean_se([relative_gain(c, d) for c, d in accs])
+        deit = sum(d for _, d in accs) / len(accs)
+        rows.append({"fraction": f, "seeds": len(pairs), "paired_seeds": [c["seed"] for c, _ in pairs], "test_images": _images(pairs[0][0]), "deit_top1": deit,
+                     "convit_top1": sum(c for c, _ in accs) / len(accs), "diff": diff,
+                     "diff_se": math.hypot(0.0 if math.isnan(diff_se) else diff_se, binomial), "gain": gain,
+                     "gain_se": math.hypot(0.0 if math.isnan(gain_se) else gain_se, 100 * binomial / deit),
+                     "train_top1": {m: sum(p[i]["train_top1"] for p in pairs) / len(pairs)
+                                    for i, m in enumerate(("convit", "deit"))}})
     return rows
 
 
-def format_sample_efficiency(rows: list[dict]) -> str:
-    """Table 2's layout: f | DeiT, ConViT, gap (top-1) | DeiT, ConViT, gap (top-5)."""
-    lines = [f"{'f':>6} | {'DeiT':>6}{'ConViT':>8}{'Gap':>7} | {'DeiT':>6}{'ConViT':>8}{'Gap':>7}",
-             f"{'':>6} | {'top-1 (%)':^21} | {'top-5 (%)':^21}"]
+def format_table_2(rows: list[dict]) -> str:
+    """Table 2's layout with the standard errors: f | DeiT, ConViT (test top-1) | difference | relative gap."""
+    lines = [f"{'f':>6} {'seeds':>5} {'images':>6} | {'DeiT':>6} {'ConViT':>6} | {'ConViT - DeiT':>14} | "
+             f"{'gap (relative)':>15}"]
     for r in rows:
-        lines.append(f"{r['fraction']:>6.0%} | {r['deit_top1']:>6.1f}{r['convit_top1']:>8.1f}{r['gap_top1']:>6.0f}% | "
-                     f"{r['deit_top5']:>6.1f}{r['convit_top5']:>8.1f}{r['gap_top5']:>6.0f}%")
+        lines.append(f"{r['fraction']:>6.0%} {r['seeds']:>5} {r['test_images']:>6} | {r['deit_top1']:>6.1f} "
+                     f"{r['convit_top1']:>6.1f} | {r['diff']:>+6.1f} ± {r['diff_se']:<4.1f}pt | "
+                     f"{r['gain']:>+6.0f} ± {r['gain_se']:<3.0f}%")
     return "\n".join(lines)
 
 
-# %% nbs/10_experiments.py 23
-def plot_sample_efficiency(results: dict[str, RunResult], scale: Scale, fractions: list[float],
-                           paper_gaps: dict[float, float] | None = None) -> Figure:
-    """Left: top-1 against epochs × f for every fraction (DeiT dashed, ConViT solid, one colour per f).
-    Right: the relative improvement of the ConViT against f, with the paper's (``paper_gaps``) for reference."""
-    fig = Figure(figsize=(10, 3.4), dpi=80)
-    curves, gains = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.6, 1]})
-    colours = [f"C{i}" for i in range(len(fractions))]
-    for f, colour in zip(fractions, colours):
-        for name, style in (("deit", "--"), ("convit", "-")):
-            run = results.get(scale.run(name, f).name)
-            if run is None:
-                continue
-            x = [row["epoch"] * f for row in run.history]
-            curves.plot(x, [row["val_top1"] for row in run.history], style, color=colour,
-                        label=f"{ABLATIONS[name].label}, f = {f:.0%}")
-    curves.set(xlabel="epochs × f", ylabel="top-1 (%)", title="top-1 during training")
-    curves.legend(fontsize=7, ncol=2)
-    rows = sample_efficiency_table(results, scale, fractions)
-    if rows:
-        gains.plot([r["fraction"] for r in rows], [r["gap_top1"] for r in rows], "o-", color="C3", label="this run")
+def table_3(records: list[dict], fraction: float) -> list[dict]:
+    """The ablations on ``fraction`` in ``ABLATIONS`` order: name, Table 3 row, seeds, mean test and val top-1."""
+    rows = []
+    for name, a in ABLATIONS.items():
+        runs = [r for r in records if r["fraction"] == fraction and r["model"] == a.model
+                and r["ablation"] == (None if name in ("convit", "deit") else name)]
+        if runs:
+            rows.append({"name": name, "table_ref": a.table_ref, "label": a.label, "seeds": len(runs),
+                         "test_top1": sum(map(test_top1, runs)) / len(runs),
+                         "val_top1": sum(r["val_top1"] for r in runs) / len(runs)})
+    return rows
+
+
+def format_table_3(rows: list[dict]) -> str:
+    lines = [f"{'row':<7}{'run':<27}{'seeds':>5}{'test top-1':>11}{'val top-1':>10}"]
+    lines += [f"{r['table_ref']:<7}{r['label']:<27}{r['seeds']:>5}{r['test_top1']:>11.1f}{r['val_top1']:>10.1f}"
+              for r in rows]
+    return "\n".join(lines)
+
+
+# %% nbs/10_experiments.py 33
+def plot_table_2(records: list[dict], paper_gaps: dict[float, float] | None = None) -> Figure:
+    """Left: test top-1 against f (each seed a dot, the mean a line). Right: the relative gain of the ConViT with
+    its standard error, and the paper's (``paper_gaps``) for reference."""
+    fig = Figure(figsize=(9, 3.2), dpi=80)
+    acc, gains = fig.subplots(1, 2)
+    for model, colour, label in (("deit", "C0", "DeiT"), ("convit", "C3", "ConViT")):
+        runs = [r for r in records if r["ablation"] is None and r["model"] == model]
+        fractions = sorted({r["fraction"] for r in runs})
+        acc.plot([r["fraction"] for r in runs], [test_top1(r) for r in runs], ".", color=colour, alpha=0.5)
+        acc.plot(fractions, [sum(test_top1(r) for r in runs if r["fraction"] == f) /
+                             sum(r["fraction"] == f for r in runs) for f in fractions], "-", color=colour, label=label)
+    rows = table_2(records)
+    gains.errorbar([r["fraction"] for r in rows], [r["gain"] for r in rows], yerr=[2 * r["gain_se"] for r in rows],
+                   fmt="o-", color="C3", capsize=3, label="this grid (± 2 SE)")
     if paper_gaps:
         gains.plot(list(paper_gaps), list(paper_gaps.values()), "s:", color="grey", label="paper (ImageNet, S)")
     gains.axhline(0, color="black", linewidth=0.5)
-    gains.set_xscale("log")
-    gains.set_xticks(fractions, [f"{f:g}" for f in fractions])
-    gains.set(xlabel="subsampling f", ylabel="relative improvement (%)", title="ConViT over DeiT, top-1")
-    gains.legend(fontsize=7)
+    for ax in (acc, gains):
+        ax.set_xscale("log")
+        ax.set_xlabel("fraction of the training images f")
+        ax.legend(fontsize=7)
+    acc.set(ylabel="test top-1 (%)", title="top-1 on unseen images")
+    gains.set(ylabel="relative improvement (%)", title="ConViT over DeiT")
     fig.tight_layout()
     return fig
 
 
+def locality_histories(output: str | Path, fraction: float, seed: int) -> dict[str, list[dict]]:
+    """The ``locality.json`` records of the DeiT and the ConViT of one Table 2 cell, by label."""
+    return {label: read_locality(Path(output) / f"{name}_f{fraction:g}_s{seed}" / "locality.json")
+            for name, label in (("deit", "DeiT"), ("convit", "ConViT"))}
+
+
+def write_summary(output: str | Path, paper_gaps: dict[float, float] | None = None) -> list[dict]:
+    """Gather the finished runs' records into ``output/summary.json`` and write ``table.txt``,
+    ``sample_efficiency.png`` and, for the largest fraction both models finished, ``nonlocality.png`` (Fig. 5)
+    and ``gates.png`` (Fig. 6); return the records."""
+    output = Path(output)
+    order = {name: i for i, name in enumerate(ABLATIONS)}
+    records = sorted((json.loads(p.read_text()) for p in output.glob("*/record.json")),
+                     key=lambda r: (r["fraction"], order[r["ablation"] or r["model"]], r["seed"]))
+    _write_json(output / "summary.json", records)
+    rows = table_2(records)
+    text = [format_table_2(rows)] + [format_table_3(table_3(records, f)) for f in sorted({
+        r["fraction"] for r in records if r["ablation"] is not None})]
+    (output / "table.txt").write_text("\n\n".join(text) + "\n")
+    if rows:
+        plot_table_2(records, paper_gaps).savefig(output / "sample_efficiency.png")
+        histories = locality_histories(output, rows[-1]["fraction"], rows[-1]["paired_seeds"][0])
+        plot_nonlocality_history(histories).savefig(output / "nonlocality.png")
+        plot_gate_history(histories["ConViT"]).savefig(output / "gates.png")
+    return records
+
+
+# %% nbs/10_experiments.py 35
 def plot_ablation(results: dict[str, RunResult], runs: list[RunSpec]) -> Figure:
     """Top-1 against epochs for each run of ``runs`` (Fig. 12, right), final top-1 in the legend; dashed for a
     model without GPSA layers (the DeiT)."""

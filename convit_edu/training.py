@@ -104,6 +104,7 @@ class TrainConfig:
     repeats: int = setting(1, "repeated augmentation: each image this many times per epoch (DeiT: 3)")
     num_workers: int = setting(4, "data loader processes per GPU/process")
     epochs: int = setting(300, "training epochs")
+    eval_every: int = setting(1, "evaluate, log a row and update best.pt every N epochs, and after the last")
     batch_size: int = setting(64, "images per process and step (ignored when --global-batch is set)")
     global_batch: int | None = setting(None, "images per optimiser step over all processes and accumulation steps")
     accum_steps: int = setting(1, "gradient accumulation steps per optimiser step")
@@ -130,7 +131,7 @@ class TrainConfig:
     progress: str = setting("auto", "auto (bars in notebooks and terminals, lines otherwise), bar, lines or none")
 
     def __post_init__(self) -> None:
-        for name in ("img_size", "repeats", "epochs", "batch_size", "accum_steps", "log_every"):
+        for name in ("img_size", "repeats", "epochs", "eval_every", "batch_size", "accum_steps", "log_every"):
             positive_int(name, getattr(self, name))
         for name in ("num_workers", "seed", "ckpt_every"):
             positive_int(name, getattr(self, name), minimum=0)
@@ -489,6 +490,7 @@ class TrainState:
     history: list[dict] = field(default_factory=list)  # one row per finished and evaluated epoch
     pending: dict | None = None  # the training half of the last epoch's row, while that epoch is being evaluated
     stop: bool = False  # set it to end the run cleanly after the current step
+    seconds: float = 0.0  # wall-clock seconds of training and evaluation so far (each row's time_s)
 
 
 class Callback:
@@ -714,7 +716,7 @@ def _resume_checkpoint(cfg: TrainConfig, world: _World, output: Path) -> tuple[d
 _RESUME_MAY_CHANGE = {  # settings a resumed run may change without changing what it computes (the global batch,
     # which batch_size, accum_steps and global_batch set together, is checked on its own)
     "epochs", "num_workers", "batch_size", "accum_steps", "global_batch", "compile", "device", "output", "resume",
-    "ckpt_every", "log_every", "progress"}
+    "ckpt_every", "log_every", "progress", "eval_every"}
 
 
 def _check_resume(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, data: _Data) -> None:
@@ -812,7 +814,7 @@ def _restore(run: _Run, ckpt: dict, path: Path) -> None:
         opt.ema.load_state_dict(ckpt["ema"])
     s.epoch, s.step, s.global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
     s.epoch_losses, s.history, run.best_top1 = ckpt["epoch_losses"], ckpt["history"], ckpt["best_top1"]
-    s.pending = ckpt.get("pending")  # (checkpoints of earlier versions have no such entry)
+    s.pending, s.seconds = ckpt.get("pending"), ckpt.get("seconds", 0.0)  # (earlier versions have neither)
     _set_rng_states(ckpt["rng"])
     if run.world.main:
         print(f"resumed from {path}: epoch {s.epoch + 1}, step {s.step}/{run.data.steps_per_epoch}", flush=True)
@@ -876,6 +878,7 @@ def _checkpoint(run: _Run, name: str = "last.pt") -> None:
         "sampler": {"epoch": s.epoch, "start": s.step * run.cfg.accum_steps * d.batch_size},
         "world_size": run.world.world_size, "global_batch": d.global_batch, "rng": _rng_states(),
         "epoch_losses": s.epoch_losses, "history": s.history, "pending": s.pending, "best_top1": run.best_top1,
+        "seconds": s.seconds,
         "num_classes": d.num_classes,
     }, run.output / name)
 
@@ -958,13 +961,18 @@ def _run_epoch(run: _Run, epoch: int, progress: _Progress, signals: _StopSignals
 
 
 def _end_epoch(run: _Run, epoch: int, images: int, seconds: float, progress: _Progress) -> None:
-    """Checkpoint the finished epoch before its (possibly long) evaluation, then evaluate it."""
+    """Checkpoint the finished epoch; when it is evaluated (every `eval_every` epochs and the last), checkpoint it
+    before its (possibly long) evaluation, then evaluate it."""
     s = run.state
-    s.pending = {"epoch": epoch + 1, "step": s.global_step,
-                 "train_loss": sum(s.epoch_losses) / max(1, len(s.epoch_losses)),
-                 "lr": run.opt.optimizer.param_groups[0]["lr"], "images_per_s": images / seconds,
-                 "epoch_time_s": seconds}
-    s.epoch, s.step, s.epoch_losses = epoch + 1, 0, []
+    row = {"epoch": epoch + 1, "step": s.global_step, "train_loss": sum(s.epoch_losses) / max(1, len(s.epoch_losses)),
+           "lr": run.opt.optimizer.param_groups[0]["lr"], "images_per_s": images / seconds, "epoch_time_s": seconds}
+    s.epoch, s.step, s.epoch_losses, s.seconds = epoch + 1, 0, [], s.seconds + seconds
+    if s.epoch % run.cfg.eval_every and s.epoch < run.cfg.epochs:  # not evaluated: no row
+        _checkpoint(run)
+        for cb in run.callbacks:
+            cb.on_epoch_end(s)
+        return
+    s.pending = row
     _checkpoint(run)
     _evaluate_epoch(run, progress)
 
@@ -972,8 +980,10 @@ def _end_epoch(run: _Run, epoch: int, images: int, seconds: float, progress: _Pr
 def _evaluate_epoch(run: _Run, progress: _Progress) -> None:
     """Score the pending epoch and log it; save `best.pt` first when the top-1 improved, then `last.pt` — so that
     a stop or a kill at any moment leaves a `last.pt` whose best score is the one `best.pt` holds."""
-    s = run.state
+    s, t0 = run.state, time.perf_counter()
     row = {**s.pending, **_scores(run)}
+    s.seconds += time.perf_counter() - t0
+    row["time_s"] = s.seconds
     s.history.append(row)
     s.pending = None
     progress.epoch_end(row)

@@ -303,8 +303,9 @@ from convit_edu.training import Callback, TrainState
 class LocalityRecorder(Callback):
     """Record σ(λ) per head of every GPSA layer (the model's ``gates()``) and the nonlocality per head of every block
     (``model_nonlocality`` on the true inputs) on a fixed batch ``images``: before training, every ``every``
-    optimiser steps and at the end. ``records`` holds one dict per point (step, epoch, gates, nonlocality);
-    with ``path`` they are written there as JSON when training ends."""
+    optimiser steps and at the end. ``records`` holds one dict per point (step, epoch, gates, nonlocality).
+    With ``path``, they are written there as JSON at every point, and a resumed run keeps the points its
+    checkpoint had reached (those up to its step) and goes on from there."""
 
     def __init__(self, images: Tensor, every: int, path: str | Path | None = None) -> None:
         positive_int("every", every)  # optimiser steps
@@ -322,8 +323,15 @@ class LocalityRecorder(Callback):
             "gates": model.gates().tolist(),
             "nonlocality": model_nonlocality(model, images).tolist(),
         })
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(json.dumps(self.records) + "\n")
+            tmp.replace(self.path)
 
     def on_train_begin(self, state: TrainState) -> None:
+        if state.rank == 0 and self.path is not None and self.path.is_file() and state.global_step > 0:
+            self.records = [r for r in read_locality(self.path) if r["step"] <= state.global_step]
         self._record(state)
 
     def on_step_end(self, state: TrainState) -> None:
@@ -332,9 +340,6 @@ class LocalityRecorder(Callback):
 
     def on_train_end(self, state: TrainState) -> None:
         self._record(state)
-        if self.path is not None and state.rank == 0:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps(self.records) + "\n")
 
 
 def read_locality(path: str | Path) -> list[dict]:
