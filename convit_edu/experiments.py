@@ -30,7 +30,7 @@ from convit_edu.data import (
 from convit_edu.models import MODEL_ZOO, ModelConfig, VisionTransformer
 from convit_edu.training import TrainConfig, evaluate, resolve_device, train
 
-__all__ = ['RunSpec', 'train_command', 'Ablation', 'ABLATIONS', 'Scale', 'sample_efficiency_grid', 'ablation_grid', 'unique_runs', 'commands_script', 'SAMPLE_EFFICIENCY_MODEL', 'SAMPLE_EFFICIENCY_RECIPE', 'sample_efficiency_scale', 'run_config', 'scoring_sets', 'train_run', 'expected_hours', 'run_grid', 'RunResult', 'read_run', 'collect', 'relative_gain', 'test_top1', 'table_2', 'format_table_2', 'table_3', 'format_table_3', 'plot_table_2', 'locality_histories', 'write_summary', 'plot_ablation']
+__all__ = ['RunSpec', 'train_command', 'Ablation', 'ABLATIONS', 'Scale', 'sample_efficiency_grid', 'ablation_grid', 'unique_runs', 'commands_script', 'SAMPLE_EFFICIENCY_MODEL', 'SAMPLE_EFFICIENCY_RECIPE', 'sample_efficiency_scale', 'run_config', 'scoring_sets', 'train_run', 'expected_hours', 'run_grid', 'RunResult', 'read_run', 'collect', 'relative_gain', 'unseen_top1', 'table_2', 'format_table_2', 'table_3', 'format_table_3', 'plot_table_2', 'locality_histories', 'write_summary', 'plot_ablation']
 
 
 # %% nbs/10_experiments.py 6
@@ -222,8 +222,11 @@ def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConf
     run_fields = {f.name for f in fields(TrainConfig)}
     values: dict[str, Any] = {"model_args": {}, "aug_args": {}, "output": str(folder)}
     for key, value in {**spec.flags, **overrides}.items():
+        if key in ("model_args", "aug_args"):
+            raise ValueError(f"run {spec.name!r}: give the fields of {key} as flags of their own, as on the command "
+                             f"line (e.g. {{'depth': 6}}, not {{{key!r}: {{'depth': 6}}}})")
         if key in run_fields:
-            values[key] = {**values[key], **value} if key in ("model_args", "aug_args") else value
+            values[key] = value
         elif key in {f.name for f in fields(ModelConfig)}:
             values["model_args"][key] = value
         elif key in {f.name for f in fields(AugConfig)}:
@@ -274,7 +277,7 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
         "seed": cfg.seed, "val_top1": scores["val"], "val_images": len(sets["val"]),
         "heldout_top1": scores["heldout"], "heldout_images": len(sets["heldout"]),
         "train_top1": scores["train"], "train_images": len(sets["train"]), "epochs": cfg.epochs,
-        "hours": sum(row["epoch_time_s"] for row in result.history) / 3600,
+        "hours": result.history[-1]["time_s"] / 3600,
         "gates_start": _gpsa_layer_means(recorder.records[0]["gates"]),
         "gates_end": _gpsa_layer_means(recorder.records[-1]["gates"])}
     _write_json(folder / "record.json", record)
@@ -339,7 +342,7 @@ class RunResult:
 
     @property
     def finished(self) -> bool:
-        return len(self.history) == self.config["epochs"]
+        return bool(self.history) and self.history[-1]["epoch"] == self.config["epochs"]
 
     @property
     def top1(self) -> float:
@@ -349,10 +352,6 @@ class RunResult:
     @property
     def top5(self) -> float:
         return self.history[-1]["val_top5"]
-
-    @property
-    def hours(self) -> float:
-        return sum(row["epoch_time_s"] for row in self.history) / 3600
 
 
 def read_run(folder: str | Path, spec: RunSpec) -> RunResult:
@@ -385,7 +384,7 @@ def collect(results: str | Path, runs: list[RunSpec]) -> dict[str, RunResult]:
             missing.append(spec.name)
             continue
         if not result.finished:
-            partial.append(f"{spec.name} ({len(result.history)}/{result.config['epochs']} epochs)")
+            partial.append(f"{spec.name} ({result.history[-1]['epoch']}/{result.config['epochs']} epochs)")
         found[spec.name] = result
     if missing or partial:
         warnings.warn(f"under {results}: not run {missing}, unfinished {partial}", stacklevel=2)
@@ -400,7 +399,7 @@ def relative_gain(convit: float, deit: float) -> float:
 
 
 # %% nbs/10_experiments.py 31
-def test_top1(record: dict) -> float:
+def unseen_top1(record: dict) -> float:
     """Top-1 (%) on every image the run did not train on: its validation and held-out training images."""
     n_val, n_out = record["val_images"], record["heldout_images"]
     return (record["val_top1"] * n_val + (record["heldout_top1"] or 0.0) * n_out) / (n_val + n_out)
@@ -427,7 +426,7 @@ def table_2(records: list[dict]) -> list[dict]:
                  if ("convit", f, s) in plain and ("deit", f, s) in plain]
         if not pairs:
             continue
-        accs = [(test_top1(c), test_top1(d)) for c, d in pairs]
+        accs = [(unseen_top1(c), unseen_top1(d)) for c, d in pairs]
         binomial = sum(p * (100 - p) / _images(r) for (c, d), pair in zip(accs, pairs)
                        for p, r in zip((c, d), pair)) ** 0.5 / len(pairs)  # in points
         diff, diff_se = _mean_se([c - d for c, d in accs])
@@ -461,14 +460,14 @@ def table_3(records: list[dict], fraction: float) -> list[dict]:
                 and r["ablation"] == (None if name in ("convit", "deit") else name)]
         if runs:
             rows.append({"name": name, "table_ref": a.table_ref, "label": a.label, "seeds": len(runs),
-                         "test_top1": sum(map(test_top1, runs)) / len(runs),
+                         "unseen_top1": sum(map(unseen_top1, runs)) / len(runs),
                          "val_top1": sum(r["val_top1"] for r in runs) / len(runs)})
     return rows
 
 
 def format_table_3(rows: list[dict]) -> str:
     lines = [f"{'row':<7}{'run':<27}{'seeds':>5}{'test top-1':>11}{'val top-1':>10}"]
-    lines += [f"{r['table_ref']:<7}{r['label']:<27}{r['seeds']:>5}{r['test_top1']:>11.1f}{r['val_top1']:>10.1f}"
+    lines += [f"{r['table_ref']:<7}{r['label']:<27}{r['seeds']:>5}{r['unseen_top1']:>11.1f}{r['val_top1']:>10.1f}"
               for r in rows]
     return "\n".join(lines)
 
@@ -482,8 +481,8 @@ def plot_table_2(records: list[dict], paper_gaps: dict[float, float] | None = No
     for model, colour, label in (("deit", "C0", "DeiT"), ("convit", "C3", "ConViT")):
         runs = [r for r in records if r["ablation"] is None and r["model"] == model]
         fractions = sorted({r["fraction"] for r in runs})
-        acc.plot([r["fraction"] for r in runs], [test_top1(r) for r in runs], ".", color=colour, alpha=0.5)
-        acc.plot(fractions, [sum(test_top1(r) for r in runs if r["fraction"] == f) /
+        acc.plot([r["fraction"] for r in runs], [unseen_top1(r) for r in runs], ".", color=colour, alpha=0.5)
+        acc.plot(fractions, [sum(unseen_top1(r) for r in runs if r["fraction"] == f) /
                              sum(r["fraction"] == f for r in runs) for f in fractions], "-", color=colour, label=label)
     rows = table_2(records)
     gains.errorbar([r["fraction"] for r in rows], [r["gain"] for r in rows], yerr=[2 * r["gain_se"] for r in rows],

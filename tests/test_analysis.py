@@ -199,6 +199,30 @@ def test_locality_recorder_records_before_training_every_n_steps_and_at_the_end(
     assert recorder.records[0]["gates"] != recorder.records[-1]["gates"]  # the gates did train
 
 
+def test_a_resumed_recorder_keeps_the_points_its_checkpoint_reached(tmp_path):
+    def run(epochs: int, resume=None) -> LocalityRecorder:
+        cfg = TrainConfig(model="convit_tiny", img_size=16, data="fake", aug=None, epochs=epochs, batch_size=8,
+                          model_args={"patch_size": 4, "embed_dim": 16, "num_heads": 4, "depth": 2,
+                                      "local_up_to_layer": 1},
+                          num_workers=0, precision="fp32", progress="none", warmup_epochs=0, resume=resume,
+                          output=str(tmp_path / "run"))
+        from convit_edu.data import build_datasets
+
+        datasets = build_datasets("fake", train_transform=_to_tensor, val_transform=_to_tensor, num_train=40,
+                                  num_val=8, num_classes=3, image_size=16)
+        recorder = LocalityRecorder(images(2), every=2, path=tmp_path / "loc.json")
+        train(cfg, datasets=datasets, callbacks=[recorder])
+        return recorder
+
+    first = run(epochs=1)
+    assert [r["step"] for r in first.records] == [0, 2, 4, 5]
+    (tmp_path / "loc.json").write_text(json.dumps(first.records + [{"step": 99}]))  # a point past the checkpoint
+    second = run(epochs=2, resume="auto")
+    assert [r["step"] for r in second.records] == [0, 2, 4, 5, 6, 8, 10]
+    assert second.records[:4] == json.loads(json.dumps(first.records))
+    assert read_locality(tmp_path / "loc.json") == json.loads(json.dumps(second.records))
+
+
 def _to_tensor(image):
     import torchvision.transforms.v2 as v2
 

@@ -14,10 +14,18 @@ from convit_edu.experiments import (
     ablation_grid,
     collect,
     commands_script,
-    format_sample_efficiency,
+    expected_hours,
+    format_table_2,
+    format_table_3,
     read_run,
     relative_gain,
+    run_config,
+    run_grid,
     sample_efficiency_grid,
+    sample_efficiency_scale,
+    table_2,
+    table_3,
+    unseen_top1,
     train_command,
     unique_runs,
 )
@@ -61,21 +69,39 @@ def test_run_spec_and_flags_reject_bad_values():
 
 def test_sample_efficiency_grid_scales_epochs_and_warmup_by_one_over_f():
     runs = sample_efficiency_grid(SCALE, [0.1, 0.5, 1.0])
-    assert [r.name for r in runs] == ["deit_f0.1", "convit_f0.1", "deit_f0.5", "convit_f0.5", "deit_f1", "convit_f1"]
+    assert [r.name for r in runs] == ["deit_f0.1_s0", "convit_f0.1_s0", "deit_f0.5_s0", "convit_f0.5_s0", "deit_f1_s0",
+                                      "convit_f1_s0"]
     by_name = {r.name: r.flags for r in runs}
-    assert by_name["convit_f0.1"]["epochs"] == 100 and by_name["convit_f0.1"]["warmup_epochs"] == pytest.approx(10)
-    assert by_name["deit_f0.5"]["epochs"] == 20 and by_name["deit_f1"]["fraction"] == 1.0
-    assert by_name["convit_f1"]["local_up_to_layer"] == 4 and "local_up_to_layer" not in by_name["deit_f1"]
-    assert by_name["deit_f1"]["model"] == "deit_tiny" and by_name["deit_f1"]["embed_dim"] == 64
+    assert by_name["convit_f0.1_s0"]["epochs"] == 100
+    assert by_name["convit_f0.1_s0"]["warmup_epochs"] == pytest.approx(10)
+    assert by_name["deit_f0.5_s0"]["epochs"] == 20 and by_name["deit_f1_s0"]["fraction"] == 1.0
+    assert by_name["convit_f1_s0"]["local_up_to_layer"] == 4 and "local_up_to_layer" not in by_name["deit_f1_s0"]
+    assert by_name["deit_f1_s0"]["model"] == "deit_tiny" and by_name["deit_f1_s0"]["embed_dim"] == 64
+    assert [r.name for r in sample_efficiency_grid(SCALE, [1.0], seeds=[3, 4])] == [
+        "deit_f1_s3", "convit_f1_s3", "deit_f1_s4", "convit_f1_s4"]
+    assert sample_efficiency_grid(SCALE, [1.0], seeds=[3])[0].flags["seed"] == 3
+
+
+def test_with_class_sizes_every_fraction_makes_the_same_optimiser_steps():
+    scale = Scale(convit="convit_tiny", deit="deit_tiny", epochs=24, warmup_epochs=2, class_sizes=(500,) * 10,
+                  common={"global_batch": 128})
+    steps_per_epoch = {1.0: 39, 0.3: 11, 0.1: 3}  # the loader drops each epoch's last partial batch
+    for f, per_epoch in steps_per_epoch.items():
+        plan = scale.schedule(f)
+        assert abs(plan["epochs"] * per_epoch - 24 * 39) < per_epoch, f
+        assert plan["warmup_epochs"] * per_epoch == pytest.approx(2 * 39), f
+        assert plan["eval_every"] == round(39 / per_epoch), f
+    with pytest.raises(ValueError, match="fraction 0.02 keeps fewer than one batch of 128"):
+        scale.schedule(0.02)
 
 
 def test_ablation_grid_sets_the_table_3_switches():
     runs = {r.name: r for r in ablation_grid(SCALE, 0.1, names=list(ABLATIONS))}
-    assert runs["frozen_gate_f0.1"].flags["freeze_gating"] is True
-    assert runs["no_conv_init_f0.1"].flags["use_local_init"] is False
-    frozen_no_init = runs["frozen_gpsa_no_conv_init_f0.1"].flags
+    assert runs["frozen_gate_f0.1_s0"].flags["freeze_gating"] is True
+    assert runs["no_conv_init_f0.1_s0"].flags["use_local_init"] is False
+    frozen_no_init = runs["frozen_gpsa_no_conv_init_f0.1_s0"].flags
     assert frozen_no_init["freeze_gpsa"] and not frozen_no_init["use_local_init"]
-    assert runs["psa_f0.1"].flags["local_attention"] == "psa"
+    assert runs["psa_f0.1_s0"].flags["local_attention"] == "psa"
     for name, spec in runs.items():  # every run is a valid CLI invocation
         parse(train_command(spec, "res"))
     with pytest.raises(ValueError, match="unknown ablation 'e': choose one of convit, frozen_gate"):
@@ -95,7 +121,7 @@ def test_the_deit_row_is_the_ablation_that_builds_the_deit():
 def test_unique_runs_merges_the_shared_runs_and_rejects_clashes():
     merged = unique_runs(sample_efficiency_grid(SCALE, [0.1]),
                          ablation_grid(SCALE, 0.1, names=["convit", "frozen_gate", "deit"]))
-    assert [r.name for r in merged] == ["deit_f0.1", "convit_f0.1", "frozen_gate_f0.1"]
+    assert [r.name for r in merged] == ["deit_f0.1_s0", "convit_f0.1_s0", "frozen_gate_f0.1_s0"]
     with pytest.raises(ValueError, match="both named 'x'"):
         unique_runs([RunSpec("x", "1", {"lr": 1})], [RunSpec("x", "2", {"lr": 2})])
 
@@ -117,35 +143,20 @@ def write_run(folder, model: str, fraction: float, epochs: int, top1: list[float
 
 def test_collect_reads_logs_and_warns_about_missing_and_unfinished_runs(tmp_path):
     runs = sample_efficiency_grid(SCALE, [0.5, 1.0])
-    write_run(tmp_path / "deit_f1", "deit_tiny", 1.0, 2, [20.0, 30.0])
-    write_run(tmp_path / "convit_f1", "convit_tiny", 1.0, 2, [25.0, 36.0])
-    write_run(tmp_path / "convit_f0.5", "convit_tiny", 0.5, 4, [10.0])
-    with pytest.warns(UserWarning, match=r"not run \['deit_f0.5'\], unfinished \['convit_f0.5 \(1/4 epochs\)'\]"):
+    write_run(tmp_path / "deit_f1_s0", "deit_tiny", 1.0, 2, [20.0, 30.0])
+    write_run(tmp_path / "convit_f1_s0", "convit_tiny", 1.0, 2, [25.0, 36.0])
+    write_run(tmp_path / "convit_f0.5_s0", "convit_tiny", 0.5, 4, [10.0])
+    with pytest.warns(UserWarning, match=r"not run \['deit_f0.5_s0'\], unfinished \['convit_f0.5_s0 \(1/4 epochs\)'\]"):
         results = collect(tmp_path, runs)
-    assert set(results) == {"deit_f1", "convit_f1", "convit_f0.5"}
-    assert results["convit_f1"].top1 == 36.0 and results["convit_f1"].top5 == 46.0
-    assert results["convit_f1"].finished and not results["convit_f0.5"].finished
-    assert results["deit_f1"].hours == pytest.approx(0.02)
+    assert set(results) == {"deit_f1_s0", "convit_f1_s0", "convit_f0.5_s0"}
+    assert results["convit_f1_s0"].top1 == 36.0 and results["convit_f1_s0"].top5 == 46.0
+    assert results["convit_f1_s0"].finished and not results["convit_f0.5_s0"].finished
 
 
 def test_read_run_refuses_a_folder_holding_another_run(tmp_path):
-    write_run(tmp_path / "deit_f1", "convit_tiny", 1.0, 1, [1.0])
-    with pytest.raises(ValueError, match="holds a convit_tiny on fraction 1.0, not run 'deit_f1'"):
-        read_run(tmp_path / "deit_f1", SCALE.run("deit", 1.0))
-
-
-def test_sample_efficiency_table_gap_is_the_papers_relative_improvement(tmp_path):
-    from convit_edu.experiments import sample_efficiency_table
-
-    write_run(tmp_path / "deit_f1", "deit_tiny", 1.0, 1, [40.0])
-    write_run(tmp_path / "convit_f1", "convit_tiny", 1.0, 1, [50.0])
-    write_run(tmp_path / "deit_f0.5", "deit_tiny", 0.5, 2, [30.0, 35.0])
-    write_run(tmp_path / "convit_f0.5", "convit_tiny", 0.5, 2, [45.0])  # unfinished: no row for f = 0.5
-    with pytest.warns(UserWarning, match="unfinished"):
-        results = collect(tmp_path, sample_efficiency_grid(SCALE, [0.5, 1.0]))
-    rows = sample_efficiency_table(results, SCALE, [0.5, 1.0])
-    assert len(rows) == 1 and rows[0]["gap_top1"] == pytest.approx(25.0) and rows[0]["gap_top5"] == pytest.approx(20.0)
-    assert "100% |   40.0    50.0    25% |   50.0    60.0    20%" in format_sample_efficiency(rows)
+    write_run(tmp_path / "deit_f1_s0", "convit_tiny", 1.0, 1, [1.0])
+    with pytest.raises(ValueError, match="holds a convit_tiny on fraction 1.0, not run 'deit_f1_s0'"):
+        read_run(tmp_path / "deit_f1_s0", SCALE.run("deit", 1.0))
 
 
 def test_relative_gain_matches_table_2_of_the_paper():
@@ -153,3 +164,135 @@ def test_relative_gain_matches_table_2_of_the_paper():
     assert round(relative_gain(81.4, 79.9)) == 2  # f = 100 %
     with pytest.raises(ValueError, match="DeiT accuracy 0"):
         relative_gain(1.0, 0.0)
+
+
+# ------------------------------------------------------------------ the grid as one command, and its records
+
+
+def record(model: str, fraction: float, seed: int, val: float, heldout: float | None, ablation=None,
+           val_images=100, heldout_images=900, train_top1=99.0) -> dict:
+    return {"name": f"{ablation or model}_f{fraction:g}_s{seed}", "model": model, "ablation": ablation,
+            "fraction": fraction, "seed": seed, "val_top1": val, "val_images": val_images, "heldout_top1": heldout,
+            "heldout_images": heldout_images if heldout is not None else 0, "train_top1": train_top1,
+            "gates_start": [], "gates_end": []}
+
+
+def test_test_top1_pools_validation_and_heldout_images():
+    assert unseen_top1(record("deit", 0.1, 0, 50.0, 60.0)) == pytest.approx(59.0)  # (100·50 + 900·60) / 1000
+    assert unseen_top1(record("deit", 1.0, 0, 50.0, None)) == 50.0
+
+
+def test_table_2_pairs_seeds_and_combines_seed_and_binomial_noise():
+    records = [record("deit", 0.1, 0, 40.0, 40.0), record("convit", 0.1, 0, 50.0, 50.0),
+               record("deit", 0.1, 1, 40.0, 40.0), record("convit", 0.1, 1, 46.0, 46.0),
+               record("convit", 1.0, 0, 70.0, None)]  # no DeiT at f = 1: no row
+    (row,) = table_2(records)
+    assert row["fraction"] == 0.1 and row["seeds"] == 2 and row["paired_seeds"] == [0, 1]
+    assert row["diff"] == pytest.approx(8.0) and row["gain"] == pytest.approx(20.0)
+    seed_se = 2.0  # differences 10 and 6: sd 2·√2, over √2
+    binomial = ((50 * 50 + 40 * 60 + 46 * 54 + 40 * 60) / 1000) ** 0.5 / 2  # 4 scorings of 1000 images, mean of 2
+    assert row["diff_se"] == pytest.approx((seed_se**2 + binomial**2) ** 0.5)
+    assert row["test_images"] == 1000 and row["train_top1"] == {"convit": 99.0, "deit": 99.0}
+    assert "10% " in format_table_2([row]) and "+8.0 ±" in format_table_2([row])
+
+
+def test_table_3_keeps_the_ablations_of_one_fraction_in_the_papers_order():
+    records = [record("convit", 0.1, 0, 50.0, 50.0, ablation="psa"), record("deit", 0.1, 0, 40.0, 40.0),
+               record("convit", 0.1, 0, 55.0, 55.0), record("convit", 0.1, 0, 52.0, 52.0, ablation="frozen_gate"),
+               record("convit", 1.0, 0, 70.0, None)]
+    rows = table_3(records, 0.1)
+    assert [r["name"] for r in rows] == ["convit", "frozen_gate", "deit", "psa"]
+    assert [r["table_ref"] for r in rows] == ["a", "b", "e", "App. A"]
+    assert "App. A PSA" in format_table_3(rows)
+
+
+def test_run_config_sorts_flags_into_run_model_and_augmentation_settings(tmp_path):
+    spec = RunSpec("r", "x", {"model": "convit_tiny", "epochs": 3, "num_heads": 4, "freeze_gating": True,
+                              "scale": (0.35, 1.0), "mixup_alpha": 0.0, "img_size": 32})
+    cfg = run_config(spec, tmp_path / "r", resume="auto")
+    assert cfg.epochs == 3 and cfg.img_size == 32 and cfg.resume == "auto" and cfg.output == str(tmp_path / "r")
+    assert cfg.model_args == {"num_heads": 4, "freeze_gating": True}
+    assert cfg.aug_args == {"scale": (0.35, 1.0), "mixup_alpha": 0.0}
+    with pytest.raises(ValueError, match="'colour' is not a TrainConfig, ModelConfig or AugConfig field"):
+        run_config(RunSpec("r", "x", {"colour": 1}), tmp_path)
+    with pytest.raises(ValueError, match="give the fields of model_args as flags of their own"):
+        run_config(RunSpec("r", "x", {"model_args": {"depth": 6}}), tmp_path)
+    args = parse(train_command(spec, "res"))  # and the CLI reads the same flags
+    assert args["aug.scale"] == [0.35, 1.0] and args["model.num_heads"] == 4
+
+
+def jpeg_folder(root, classes=3, train=24, val=6, size=32):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", train), ("val", val)):
+        for c in range(classes):
+            (root / split / f"c{c}").mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 50, (size, size, 3)) + 70 * c
+                Image.fromarray(pixels.astype("uint8")).save(root / split / f"c{c}" / f"{i:03d}.jpg")
+    return root
+
+
+def tiny_scale(root):
+    return sample_efficiency_scale(root, classes=3, images_per_run=96, warmup_images=0, global_batch=12,
+                                   num_workers=0, progress="none", img_size=32)
+
+
+def test_the_grid_writes_a_summary_per_run_and_resumes_where_it_stopped(tmp_path, capsys, monkeypatch):
+    root, output = jpeg_folder(tmp_path / "data"), tmp_path / "out"
+    scale = tiny_scale(root)
+    assert scale.class_sizes == (24, 24, 24) and scale.model_args["num_heads"] == 9
+    runs = sample_efficiency_grid(scale, [0.5, 1.0])
+    records = run_grid(runs, output, records=3)
+    assert "0 of 4 runs already finished" in capsys.readouterr().out
+    assert [(r["model"], r["fraction"]) for r in records] == [("convit", 0.5), ("deit", 0.5), ("convit", 1.0),
+                                                              ("deit", 1.0)]  # fraction, then Table 3's order
+    half = records[0]
+    assert half["heldout_images"] == 36 and half["train_images"] == 36 and half["val_images"] == 18
+    assert len(half["gates_start"]) == 4 and records[1]["gates_start"] == [] and half["ablation"] is None
+    assert records[2]["heldout_top1"] is None and records[2]["heldout_images"] == 0
+    assert json.loads((output / "summary.json").read_text()) == records
+    for name in ("table.txt", "sample_efficiency.png", "nonlocality.png", "gates.png"):
+        assert (output / name).is_file(), name
+    steps = [json.loads((output / s.name / "log.jsonl").read_text().splitlines()[-1])["step"] for s in runs]
+    assert max(steps) - min(steps) < 3  # equal compute at both fractions
+
+    (output / "convit_f1_s0" / "record.json").unlink()  # as if stopped after training, before scoring
+    import convit_edu.experiments as experiments
+
+    trained = []
+    real_train = experiments.train
+    monkeypatch.setattr(experiments, "train", lambda cfg, **kw: trained.append(cfg.output) or real_train(cfg, **kw))
+    again = run_grid(runs, output, records=3)
+    assert "3 of 4 runs already finished" in capsys.readouterr().out
+    assert trained == [str(output / "convit_f1_s0")]  # only the unfinished run, from its last.pt
+    assert again == records  # nothing left to train: the resumed run scores the same weights
+
+
+def test_expected_hours_uses_finished_runs_of_the_same_model(tmp_path):
+    root = jpeg_folder(tmp_path / "data")
+    runs = sample_efficiency_grid(tiny_scale(root), [0.5, 1.0])
+    (tmp_path / "out" / "deit_f1_s0").mkdir(parents=True)
+    (tmp_path / "out" / "deit_f1_s0" / "record.json").write_text(json.dumps({"name": "deit_f1_s0", "hours": 2.0}))
+    hours, how = expected_hours([runs[0]], tmp_path / "out")  # deit_f0.5_s0: like the finished DeiT
+    assert hours == 2.0 and how == "finished runs"
+    hours, how = expected_hours([runs[1]], tmp_path / "out")  # no ConViT finished: a measured step
+    assert 0 < hours < 1 and "measured now" in how
+
+
+def test_the_experiment_command_runs_a_grid_and_prints_its_table(tmp_path, capsys):
+    from convit_edu.cli import main
+
+    root = jpeg_folder(tmp_path / "data", classes=2, train=128, val=4)  # f = 0.5 keeps one batch of 128
+    code = main(["experiment", "ablations", "--data-root", str(root), "--classes", "2", "--seeds", "0",
+                 "--fraction", "0.5", "--names", "convit", "psa", "--images-per-run", "128", "--num-workers", "0",
+                 "--progress", "none", "--output", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert code == 0 and "App. A PSA" in out and "ConViT" in out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [(r["ablation"], r["heldout_images"]) for r in summary] == [(None, 128), ("psa", 128)]
+    code = main(["experiment", "sample-efficiency", "--data-root", str(tmp_path / "nowhere"), "--output",
+                 str(tmp_path / "o")])
+    assert code == 1 and "no folder" in capsys.readouterr().err

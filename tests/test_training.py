@@ -155,6 +155,25 @@ def test_stop_and_resume_gives_weights_identical_to_an_uninterrupted_run(tmp_pat
     assert [[r[k] for k in keys] for r in straight.history] == [[r[k] for k in keys] for r in resumed.history]
 
 
+def test_eval_every_logs_evaluated_epochs_only_and_resumes_exactly(tmp_path):
+    cfg = config(tmp_path / "straight", epochs=5, eval_every=2)
+    straight = train(cfg, model=make_model(), datasets=make_data())
+    assert [row["epoch"] for row in straight.history] == [2, 4, 5]  # every 2nd epoch, and the last
+    times = [row["time_s"] for row in straight.history]
+    assert times == sorted(times) and times[0] > 0
+    assert straight.history[0]["time_s"] >= straight.history[0]["epoch_time_s"]
+
+    cfg = replace(cfg, output=str(tmp_path / "stopped"))
+    first = train(cfg, model=make_model(), datasets=make_data(), callbacks=[StopAt(2, 12)])  # after epoch 3
+    assert first.stopped == "callback" and [row["epoch"] for row in first.history] == [2]
+    resumed = train(replace(cfg, resume="auto"), model=make_model(), datasets=make_data())
+    assert_same_weights(straight.model, resumed.model)
+    assert [row["epoch"] for row in resumed.history] == [2, 4, 5]
+    assert resumed.history[-1]["time_s"] > first.history[-1]["time_s"]  # the clock goes on across the resume
+    with pytest.raises(ValueError, match="eval_every must be at least 1, got 0"):
+        config(tmp_path, eval_every=0)
+
+
 def test_resume_is_exact_for_a_built_convit_on_augmented_images(tmp_path):
     """The default path: create_model (seeded init, drop path) and build_datasets with DeiT's augmentation."""
     cfg = TrainConfig(model="convit_tiny", img_size=16, model_args={"patch_size": 4, "embed_dim": 48, "depth": 2,
