@@ -33,7 +33,7 @@ from fastprogress.fastprogress import IN_NOTEBOOK, ConsoleMasterBar, ConsoleProg
 from matplotlib.figure import Figure
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import DataLoader, Dataset, Subset
 
 import convit_edu
@@ -485,7 +485,7 @@ class TrainState:
     epoch: int = 0  # the current epoch, 0-based
     step: int = 0  # optimiser steps done in this epoch
     global_step: int = 0
-    loss: float = float("nan")  # the last step's loss, averaged over every process
+    loss: float = float("nan")  # the loss last read back (every log_every steps), averaged over every process
     epoch_losses: list[float] = field(default_factory=list)  # the losses of this epoch's steps so far
     history: list[dict] = field(default_factory=list)  # one row per finished and evaluated epoch
     pending: dict | None = None  # the training half of the last epoch's row, while that epoch is being evaluated
@@ -754,8 +754,7 @@ def _build_optimisation(cfg: TrainConfig, model: nn.Module, data: _Data, precisi
     warmup = round(cfg.warmup_epochs * data.steps_per_epoch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda t: deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr))
-    ema = (AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
-           if cfg.ema_decay else None)
+    ema = AveragedModel(model, use_buffers=True) if cfg.ema_decay else None  # updated by `_update_ema`
     return _Optimisation(optimizer, scheduler, torch.amp.GradScaler(device.type, enabled=precision == "fp16"), ema)
 
 
@@ -782,6 +781,7 @@ class _Run:
     state: TrainState
     callbacks: list[Callback]
     best_top1: float = -1.0
+    unread: list[torch.Tensor] = field(default_factory=list)  # (loss, non-finite) of each step not read back yet
 
 
 def _start(cfg: TrainConfig, world: _World, model, datasets, teacher, callbacks) -> _Run:
@@ -906,20 +906,11 @@ def _micro_batches(run: _Run, batches) -> tuple[torch.Tensor, torch.Tensor]:
     return loss, (~torch.isfinite(loss)).float()
 
 
-def _optimiser_step(run: _Run, batches, epoch: int, step: int, signals: _StopSignals) -> bool:
-    """One optimiser step, in step with every process; returns whether any process received a stop signal."""
+def _optimiser_step(run: _Run, batches, epoch: int, step: int) -> None:
+    """One optimiser step; its loss stays on the device until `_read_back`."""
     cfg, s, opt, world = run.cfg, run.state, run.opt, run.world
     _seed_step(cfg.seed, world.rank, epoch, step)
-    loss, bad = _micro_batches(run, batches)
-    received = torch.tensor(float(signals.received is not None), device=world.device)
-    loss_sum, bad_ranks, signalled = _all_reduce(torch.stack([loss, bad, received])).tolist()
-    if bad_ranks:
-        opt.optimizer.zero_grad(set_to_none=True)
-        raise FloatingPointError(
-            f"non-finite loss ({loss_sum / world.world_size}) at epoch {epoch + 1}, step {step + 1} "
-            f"(global step {s.global_step + 1}) on {bad_ranks:.0f} of {world.world_size} process(es); "
-            f"the weights were not updated; {_last_good(run)}: lower --lr, set --clip-grad, or use bf16/fp32 "
-            "instead of fp16")
+    run.unread.append(torch.stack(_micro_batches(run, batches)))
     if cfg.clip_grad:
         opt.scaler.unscale_(opt.optimizer)
         nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip_grad)
@@ -928,9 +919,46 @@ def _optimiser_step(run: _Run, batches, epoch: int, step: int, signals: _StopSig
     opt.optimizer.zero_grad(set_to_none=True)
     opt.scheduler.step()
     if opt.ema is not None:
-        opt.ema.update_parameters(run.model)
-    s.step, s.global_step, s.loss = step + 1, s.global_step + 1, loss_sum / world.world_size
-    s.epoch_losses.append(s.loss)
+        _update_ema(opt.ema, run.model, cfg.ema_decay, first=s.global_step == 0)
+    s.step, s.global_step = step + 1, s.global_step + 1
+
+
+def _update_ema(ema: AveragedModel, model: nn.Module, decay: float, first: bool) -> None:
+    """What `AveragedModel.update_parameters` does with an EMA average (a copy of the model at the first update,
+    then ema ← decay·ema + (1 − decay)·model for parameters and buffers), without its two host reads of
+    `n_averaged` per step: whether this is the first update is known on the host."""
+    with torch.no_grad():
+        averaged = [*ema.module.parameters(), *ema.module.buffers()]
+        current = [*model.parameters(), *model.buffers()]
+        if first:
+            torch._foreach_copy_(averaged, current)
+        else:
+            floats = [(a, c) for a, c in zip(averaged, current) if a.is_floating_point()]
+            torch._foreach_lerp_([a for a, _ in floats], [c for _, c in floats], 1 - decay)
+            for a, c in zip(averaged, current):  # integer buffers (counters) follow the model
+                if not a.is_floating_point():
+                    a.copy_(c)
+        ema.n_averaged += 1
+
+
+def _read_back(run: _Run, signals: _StopSignals) -> bool:
+    """The one host sync of a logging interval: the losses of the steps since the last one, summed over the
+    processes with the stop signals they received; raises on a non-finite loss. Returns whether any process
+    received a signal."""
+    s, world = run.state, run.world
+    received = torch.tensor([[float(signals.received is not None), 0.0]], device=world.device)
+    *steps, (signalled, _) = _all_reduce(torch.cat([*[t[None] for t in run.unread], received])).tolist()
+    run.unread.clear()
+    for i, (loss_sum, bad_ranks) in enumerate(steps):
+        if bad_ranks:
+            at = s.step - len(steps) + i + 1
+            raise FloatingPointError(
+                f"non-finite loss ({loss_sum / world.world_size}) at epoch {s.epoch + 1}, step {at} (global step "
+                f"{s.global_step - len(steps) + i + 1}) on {bad_ranks:.0f} of {world.world_size} process(es), "
+                f"read back {len(steps) - i - 1} step(s) later (losses are read every log_every steps); the weights "
+                f"were not saved; {_last_good(run)}: lower --lr, set --clip-grad, or use bf16/fp32 instead of fp16")
+    s.epoch_losses += [loss_sum / world.world_size for loss_sum, _ in steps]
+    s.loss = s.epoch_losses[-1] if steps else s.loss
     return bool(signalled)
 
 
@@ -948,14 +976,18 @@ def _run_epoch(run: _Run, epoch: int, progress: _Progress, signals: _StopSignals
     run.model.train()
     t0, images = time.perf_counter(), 0
     for step in progress.steps_of(range(s.step, d.steps_per_epoch)):
-        signalled = _optimiser_step(run, batches, epoch, step, signals)
+        _optimiser_step(run, batches, epoch, step)
         images += d.global_batch
         for cb in run.callbacks:
             cb.on_step_end(s)
+        checkpoint = bool(cfg.ckpt_every) and s.global_step % cfg.ckpt_every == 0
+        if not (s.step % cfg.log_every == 0 or s.step == d.steps_per_epoch or s.stop or checkpoint):
+            continue  # no host sync: the device runs ahead
+        signalled = _read_back(run, signals)
         progress.step(s, run.opt.optimizer.param_groups[0]["lr"], images / (time.perf_counter() - t0))
         if signalled or s.stop:
             return _why(signals, signalled), images, time.perf_counter() - t0
-        if cfg.ckpt_every and s.global_step % cfg.ckpt_every == 0:
+        if checkpoint:
             _checkpoint(run)
     return None, images, time.perf_counter() - t0
 

@@ -6,12 +6,14 @@ of the model, data and config.
 """
 
 import json
+import math
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -172,6 +174,43 @@ def test_eval_every_logs_evaluated_epochs_only_and_resumes_exactly(tmp_path):
     assert resumed.history[-1]["time_s"] > first.history[-1]["time_s"]  # the clock goes on across the resume
     with pytest.raises(ValueError, match="eval_every must be at least 1, got 0"):
         config(tmp_path, eval_every=0)
+
+
+def test_the_loop_reads_the_device_back_once_per_logging_interval(tmp_path, monkeypatch):
+    """On a GPU every read-back (.item(), .tolist(), bool(tensor)) stalls the queue: the optimiser step (forward,
+    MixUp/CutMix, backward, AdamW, EMA) makes none, and the loop reads back once per `log_every` steps."""
+    reads, inside_step, read_backs = [], [False], []
+    # Reads of tensors that live on the CPU whatever the device: non-fused AdamW's step counters (on CUDA the
+    # optimiser is fused), torchvision's random MixUp/CutMix parameters, and the labels' range check that
+    # MixupCutmix makes for CPU labels only. Everything else would be a read of the training device.
+    cpu_side = ("torch/optim/optimizer.py", "torch/optim/adam", "torchvision/transforms/v2/", "convit_edu/data.py")
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name):
+            if inside_step[0]:
+                frames = [f.filename for f in traceback.extract_stack()[:-1]]
+                if not any(part in frames[-1] for part in cpu_side):
+                    reads.append(f"{_name} in {frames[-1]}")
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    step, read_back = training._optimiser_step, training._read_back
+
+    def watched_step(*args):
+        inside_step[0] = True
+        try:
+            return step(*args)
+        finally:
+            inside_step[0] = False
+
+    monkeypatch.setattr(training, "_optimiser_step", watched_step)
+    monkeypatch.setattr(training, "_read_back", lambda run, signals: read_backs.append(run.state.step) or
+                        read_back(run, signals))
+    result = train(config(tmp_path, epochs=2, log_every=5, clip_grad=1.0), model=make_model(), datasets=make_data())
+    assert reads == []
+    assert read_backs == [5, 10, 12, 5, 10, 12]  # 12 steps per epoch: every 5th and the epoch's last
+    assert len(result.history) == 2 and all(math.isfinite(r["train_loss"]) for r in result.history)
 
 
 def test_resume_is_exact_for_a_built_convit_on_augmented_images(tmp_path):
@@ -608,3 +647,24 @@ def test_adamw_is_fused_on_a_gpu_and_the_model_and_its_ema_are_scored_in_one_pas
         models, *a, **kw))
     result = train(cfg, model=make_model(), datasets=make_data())
     assert passes == [["val", "ema"]] and {"val_top1", "ema_top1"} <= set(result.history[0])
+
+
+def test_the_ema_update_equals_averaged_models_own_without_reading_the_device():
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    from convit_edu.models import create_model
+    from convit_edu.training import _update_ema
+
+    torch.manual_seed(0)
+    model = create_model("convit_tiny", img_size=32, patch_size=8, embed_dim=48, num_heads=4, depth=2,
+                         local_up_to_layer=1, num_classes=5)
+    reference = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9), use_buffers=True)
+    ours = AveragedModel(model, use_buffers=True)
+    for i in range(3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        reference.update_parameters(model)
+        _update_ema(ours, model, 0.9, first=i == 0)
+        for (name, a), b in zip(reference.state_dict().items(), ours.state_dict().values()):
+            assert torch.equal(a, b), (i, name)
