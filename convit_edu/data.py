@@ -26,7 +26,7 @@ from torchvision.transforms import v2
 
 from convit_edu.checks import one_of, positive_int
 
-__all__ = ['IMG_EXTENSIONS', 'load_rgb', 'check_fraction', 'subsample_per_class', 'scaled_epochs', 'ImageFolderDataset', 'SyntheticImages', 'DATASETS', 'build_datasets', 'extract_subset', 'IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'RANDAUGMENT_MAX_MAGNITUDE', 'AugConfig', 'AUGMENTATIONS', 'AUGMENTATION_RENAMES', 'augmentation', 'build_transforms', 'MixupCutmix', 'build_mixup', 'RepeatAugSampler', 'build_loader', 'seed_from', 'KeyedSampler', 'SeededSamples', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader']
+__all__ = ['IMG_EXTENSIONS', 'load_rgb', 'check_fraction', 'subsample_per_class', 'scaled_epochs', 'ImageFolderDataset', 'SyntheticImages', 'DATASETS', 'build_datasets', 'extract_subset', 'IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'RANDAUGMENT_MAX_MAGNITUDE', 'AugConfig', 'AUGMENTATIONS', 'AUGMENTATION_RENAMES', 'augmentation', 'build_transforms', 'MixupCutmix', 'build_mixup', 'RepeatAugSampler', 'build_loader', 'DeviceTransforms', 'erasing_boxes', 'seed_from', 'KeyedSampler', 'SeededSamples', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader']
 
 
 # %% nbs/06_data.py 6
@@ -424,8 +424,11 @@ def augmentation(name: str, img_size: int, **overrides) -> AugConfig:
 
 
 # %% nbs/06_data.py 32
-def build_transforms(cfg: AugConfig) -> tuple[v2.Compose, v2.Compose]:
-    """``(train_transform, val_transform)`` of a recipe, PIL image in, normalised float tensor (3, S, S) out."""
+def build_transforms(cfg: AugConfig, on_device: bool = False) -> tuple[v2.Compose, v2.Compose]:
+    """``(train_transform, val_transform)`` of a recipe, PIL image in, normalised float tensor (3, S, S) out.
+
+    ``on_device``: both stop at the uint8 tensor (3, S, S) before normalisation, a quarter of the bytes to ship
+    from the loader workers; ``DeviceTransforms(cfg)`` then normalises (and erases) whole batches on the device."""
     interpolation = v2.InterpolationMode(cfg.interpolation)
     if cfg.crop == "random_resized":
         train = [v2.RandomResizedCrop(cfg.img_size, scale=cfg.scale, ratio=cfg.ratio, interpolation=interpolation,
@@ -440,9 +443,10 @@ def build_transforms(cfg: AugConfig) -> tuple[v2.Compose, v2.Compose]:
         op = v2.RandAugment(1, cfg.randaugment_magnitude, num_magnitude_bins=RANDAUGMENT_MAX_MAGNITUDE + 1,
                             interpolation=v2.InterpolationMode.BILINEAR, fill=fill)
         train += [v2.RandomApply([op], p=cfg.randaugment_prob) for _ in range(cfg.randaugment_ops)]
-    to_tensor = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(cfg.mean, cfg.std)]
+    to_tensor = [v2.ToImage(), v2.ToPureTensor()] if on_device else [
+        v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(cfg.mean, cfg.std)]
     train += to_tensor
-    if cfg.erasing > 0:
+    if cfg.erasing > 0 and not on_device:
         train.append(v2.RandomErasing(cfg.erasing, value="random"))  # per-pixel N(0, 1) in normalised space
     val = [v2.Resize(int(cfg.img_size / cfg.crop_ratio), interpolation=interpolation, antialias=True),
            v2.CenterCrop(cfg.img_size), *to_tensor]
@@ -579,6 +583,50 @@ def _ignore_stop_signals(worker_id: int) -> None:
 
 
 # %% nbs/06_data.py 58
+class DeviceTransforms:
+    """The end of a recipe, on uint8 batches (B, 3, S, S) on the training device: ``eval`` converts and
+    normalises, ``train`` also erases a random box of each image with probability ``cfg.erasing``."""
+
+    def __init__(self, cfg: AugConfig):
+        self.mean, self.std, self.erasing = torch.tensor(cfg.mean), torch.tensor(cfg.std), cfg.erasing
+
+    def eval(self, images: torch.Tensor) -> torch.Tensor:
+        if images.dtype != torch.uint8 or images.ndim != 4:
+            raise ValueError(f"DeviceTransforms expects uint8 batches (B, 3, H, W), got {images.dtype} "
+                             f"{tuple(images.shape)}: build the dataset with build_transforms(cfg, on_device=True)")
+        mean, std = (255 * t.to(images.device)[:, None, None] for t in (self.mean, self.std))
+        return (images.float() - mean) / std
+
+    def train(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.eval(images)
+        if self.erasing == 0:
+            return x
+        mask = erasing_boxes(x.shape[0], x.shape[-2:], self.erasing).to(x.device, non_blocking=True)
+        return torch.where(mask[:, None], torch.randn_like(x), x)
+
+
+def erasing_boxes(batch: int, size: tuple[int, int], p: float, scale: tuple[float, float] = (0.02, 1 / 3),
+                  ratio: tuple[float, float] = (0.3, 3.3), tries: int = 10) -> torch.Tensor:
+    """RandomErasing's boxes for a batch, as a (B, H, W) bool mask drawn on the CPU without a Python loop: each
+    image with probability ``p``, a box of ``scale`` of the area with aspect ratio in ``ratio`` (log-uniform),
+    the first of ``tries`` draws that fits (no box when none does)."""
+    h_img, w_img = size
+    area = h_img * w_img * torch.empty(batch, tries).uniform_(*scale)
+    aspect = torch.exp(torch.empty(batch, tries).uniform_(math.log(ratio[0]), math.log(ratio[1])))
+    h, w = (area * aspect).sqrt().round().long(), (area / aspect).sqrt().round().long()
+    fits = (h < h_img) & (w < w_img)
+    first = fits.float().argmax(1, keepdim=True)  # the first try that fits
+    h, w = h.gather(1, first)[:, 0], w.gather(1, first)[:, 0]
+    top = (torch.rand(batch) * (h_img - h + 1)).long()
+    left = (torch.rand(batch) * (w_img - w + 1)).long()
+    erase = (torch.rand(batch) < p) & fits.any(1)
+    ys, xs = torch.arange(h_img)[None, :, None], torch.arange(w_img)[None, None, :]
+    inside = ((ys >= top[:, None, None]) & (ys < (top + h)[:, None, None]) &
+              (xs >= left[:, None, None]) & (xs < (left + w)[:, None, None]))
+    return inside & erase[:, None, None]
+
+
+# %% nbs/06_data.py 62
 def seed_from(*keys: int) -> int:
     """A well-mixed 32-bit seed from a tuple of non-negative integers (numpy's SeedSequence)."""
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])
@@ -626,7 +674,7 @@ class SeededSamples(Dataset):
                 random.setstate(python_state)
 
 
-# %% nbs/06_data.py 60
+# %% nbs/06_data.py 64
 @dataclass
 class DataLoaders:
     """What ``build_loaders`` makes: the two loaders and the train sampler (call its ``set_epoch``)."""
@@ -653,7 +701,7 @@ def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_
         sampler=sampler)
 
 
-# %% nbs/06_data.py 66
+# %% nbs/06_data.py 70
 @dataclass
 class LoaderBenchmark:
     """Images per second of each pipeline stage, measured by ``benchmark_loader``."""

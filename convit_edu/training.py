@@ -44,6 +44,7 @@ from convit_edu.data import (
     DATASETS,
     AugConfig,
     DataLoaders,
+    DeviceTransforms,
     augmentation,
     build_datasets,
     build_loaders,
@@ -64,7 +65,7 @@ from convit_edu.models import (
     read_state_dict,
 )
 
-__all__ = ['PRECISIONS', 'PROGRESS', 'RUN_OWNED', 'setting', 'TrainConfig', 'per_device_batch', 'RECIPES', 'recipe', 'scaled_lr', 'deit_lr', 'param_groups', 'train_loss', 'CHECKPOINT_FORMAT', 'save_checkpoint', 'read_checkpoint', 'cpu_has_native_bf16', 'resolve_device', 'resolve_precision', 'evaluate', 'TrainState', 'Callback', 'TrainResult', 'gate_means', 'plot_history', 'build_teacher', 'train']
+__all__ = ['PRECISIONS', 'PROGRESS', 'RUN_OWNED', 'setting', 'TrainConfig', 'per_device_batch', 'RECIPES', 'recipe', 'scaled_lr', 'deit_lr', 'param_groups', 'train_loss', 'CHECKPOINT_FORMAT', 'save_checkpoint', 'read_checkpoint', 'cpu_has_native_bf16', 'resolve_device', 'resolve_precision', 'evaluate', 'finish_batch', 'TrainState', 'Callback', 'TrainResult', 'gate_means', 'plot_history', 'build_teacher', 'train']
 
 
 # %% nbs/07_training.py 6
@@ -439,9 +440,10 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
 # %% nbs/07_training.py 31
 def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset, *, batch_size: int = 256,
              device: str | torch.device = "cpu", precision: str = "fp32", num_workers: int = 0, rank: int = 0,
-             world_size: int = 1) -> dict[str, float] | dict[str, dict[str, float]]:
+             world_size: int = 1, finish: DeviceTransforms | None = None) -> dict[str, float] | dict[str, dict[str, float]]:
     """Mean cross-entropy, top-1 and top-5 accuracy (in %) of `model` on `dataset`, summed over processes. Given
-    a dict of models (the model and its EMA), scores each of them in the same pass over the data."""
+    a dict of models (the model and its EMA), scores each of them in the same pass over the data. A dataset of
+    uint8 images (`build_transforms(cfg, on_device=True)`) needs `finish`, which normalises them on the device."""
     models = model if isinstance(model, dict) else {"": model}
     device = torch.device(device)
     precision = resolve_precision(precision, device)
@@ -454,6 +456,7 @@ def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset, *, batch
             m.eval()
         for images, labels in loader:
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            images = finish_batch(images, finish, train=False)
             for i, m in enumerate(models.values()):
                 with autocast(device, precision):
                     logits = m(images).float()
@@ -469,6 +472,17 @@ def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset, *, batch
     scores = {name: {"loss": loss / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n}
               for name, (loss, top1, top5, n) in zip(models, rows)}
     return scores if isinstance(model, dict) else scores[""]
+
+
+def finish_batch(images: torch.Tensor, finish: DeviceTransforms | None, train: bool) -> torch.Tensor:
+    """A batch on the device ready for the model: uint8 images normalised (and, for training, erased) by
+    `finish`; float images, already prepared by their dataset's transform, as they are."""
+    if images.dtype != torch.uint8:
+        return images
+    if finish is None:
+        raise ValueError("the dataset gives uint8 images (build_transforms(cfg, on_device=True)) but no "
+                         "DeviceTransforms was given to normalise them: pass finish=DeviceTransforms(cfg)")
+    return finish.train(images) if train else finish.eval(images)
 
 
 # %% nbs/07_training.py 33
@@ -637,6 +651,7 @@ class _Data:
     val_set: Dataset
     num_classes: int
     mixup: Any  # data.MixupCutmix or None
+    finish: DeviceTransforms | None  # normalisation and erasing of the uint8 batches, on the device
     smoothing: float
     batch_size: int  # per process and micro-batch
     global_batch: int  # per optimiser step, over every process and micro-batch
@@ -649,7 +664,7 @@ def _build_data(cfg: TrainConfig, world: _World, datasets: tuple | None) -> _Dat
         if aug is None:
             raise ValueError("aug None (no augmentation) needs datasets passed to train(); the config's own "
                              f"datasets need an augmentation ({', '.join(AUGMENTATIONS)})")
-        train_tf, val_tf = build_transforms(aug)
+        train_tf, val_tf = build_transforms(aug, on_device=True)  # uint8 from the workers
         datasets = build_datasets(cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
                                   fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
     train_set, val_set, classes = datasets
@@ -666,7 +681,7 @@ def _build_data(cfg: TrainConfig, world: _World, datasets: tuple | None) -> _Dat
     loaders = build_loaders(train_set, val_set, batch_size=batch_size, num_workers=cfg.num_workers,
                             repeats=cfg.repeats, num_replicas=world.world_size, rank=world.rank, seed=cfg.seed)
     return _Data(loaders, val_set, len(classes), build_mixup(aug, len(classes)) if aug else None,
-                 aug.label_smoothing if aug else 0.0, batch_size, batch_size * cfg.accum_steps * world.world_size,
+                 DeviceTransforms(aug) if aug else None, aug.label_smoothing if aug else 0.0, batch_size, batch_size * cfg.accum_steps * world.world_size,
                  steps)
 
 
@@ -890,6 +905,7 @@ def _micro_batches(run: _Run, batches) -> tuple[torch.Tensor, torch.Tensor]:
     for micro in range(cfg.accum_steps):
         images, labels = next(batches)
         images, targets = images.to(run.world.device, non_blocking=True), labels.to(run.world.device, non_blocking=True)
+        images = finish_batch(images, d.finish, train=True)
         if d.mixup is not None:
             images, targets = d.mixup(images, targets)
         sync = micro == cfg.accum_steps - 1 or run.ddp is run.model
@@ -1037,7 +1053,7 @@ def _scores(run: _Run) -> dict:
     # inference keeps no activations for a backward pass: twice the training batch fits, with the run's workers
     result = evaluate(models, run.data.val_set, batch_size=2 * run.data.batch_size, device=world.device,
                       precision=run.precision, num_workers=run.cfg.num_workers, rank=world.rank,
-                      world_size=world.world_size)
+                      world_size=world.world_size, finish=run.data.finish)
     scores = {f"{name}_{key}": value for name, metrics in result.items() for key, value in metrics.items()}
     return {**scores, "gates": gate_means(run.model)}
 

@@ -655,8 +655,11 @@ assert augmentation("pad-crop-flip", 64, erasing=0.25) == replace(AUGMENTATIONS[
 
 # %%
 #| export
-def build_transforms(cfg: AugConfig) -> tuple[v2.Compose, v2.Compose]:
-    """``(train_transform, val_transform)`` of a recipe, PIL image in, normalised float tensor (3, S, S) out."""
+def build_transforms(cfg: AugConfig, on_device: bool = False) -> tuple[v2.Compose, v2.Compose]:
+    """``(train_transform, val_transform)`` of a recipe, PIL image in, normalised float tensor (3, S, S) out.
+
+    ``on_device``: both stop at the uint8 tensor (3, S, S) before normalisation, a quarter of the bytes to ship
+    from the loader workers; ``DeviceTransforms(cfg)`` then normalises (and erases) whole batches on the device."""
     interpolation = v2.InterpolationMode(cfg.interpolation)
     if cfg.crop == "random_resized":
         train = [v2.RandomResizedCrop(cfg.img_size, scale=cfg.scale, ratio=cfg.ratio, interpolation=interpolation,
@@ -671,9 +674,10 @@ def build_transforms(cfg: AugConfig) -> tuple[v2.Compose, v2.Compose]:
         op = v2.RandAugment(1, cfg.randaugment_magnitude, num_magnitude_bins=RANDAUGMENT_MAX_MAGNITUDE + 1,
                             interpolation=v2.InterpolationMode.BILINEAR, fill=fill)
         train += [v2.RandomApply([op], p=cfg.randaugment_prob) for _ in range(cfg.randaugment_ops)]
-    to_tensor = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(cfg.mean, cfg.std)]
+    to_tensor = [v2.ToImage(), v2.ToPureTensor()] if on_device else [
+        v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(cfg.mean, cfg.std)]
     train += to_tensor
-    if cfg.erasing > 0:
+    if cfg.erasing > 0 and not on_device:
         train.append(v2.RandomErasing(cfg.erasing, value="random"))  # per-pixel N(0, 1) in normalised space
     val = [v2.Resize(int(cfg.img_size / cfg.crop_ratio), interpolation=interpolation, antialias=True),
            v2.CenterCrop(cfg.img_size), *to_tensor]
@@ -1060,6 +1064,86 @@ def _ignore_stop_signals(worker_id: int) -> None:
     after it has saved its checkpoint."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+# %% [markdown]
+# ### Ship uint8, finish on the device
+#
+# A worker that normalises ships float32: 4 bytes per channel and pixel, 602 KB per 224-px image, where the
+# same image as uint8 is 150 KB. Every byte crosses shared memory from the worker, then (pinned) the PCIe bus.
+# So the training loop asks `build_transforms(cfg, on_device=True)` for transforms that stop at the uint8
+# crop (decode, crop, flip, RandAugment: the per-image work that needs PIL or runs best on one image) and
+# finishes each batch where the model runs: `DeviceTransforms` converts to float, normalises, and applies
+# RandomErasing to the whole batch at once — each image with probability `erasing`, a box of 2–33 % of the
+# area and aspect 0.3–3.3 (torchvision's and timm's ranges, 10 tries to fit) filled with N(0, 1) noise in
+# normalised space (DeiT's "pixel" mode). MixUp/CutMix already ran batched on the device (above).
+#
+# Its random draws come from the process's global generators, which the training loop seeds from
+# (seed, rank, epoch, step) before every step (chapter 07): a resumed run draws the same boxes.
+
+# %%
+#| export
+class DeviceTransforms:
+    """The end of a recipe, on uint8 batches (B, 3, S, S) on the training device: ``eval`` converts and
+    normalises, ``train`` also erases a random box of each image with probability ``cfg.erasing``."""
+
+    def __init__(self, cfg: AugConfig):
+        self.mean, self.std, self.erasing = torch.tensor(cfg.mean), torch.tensor(cfg.std), cfg.erasing
+
+    def eval(self, images: torch.Tensor) -> torch.Tensor:
+        if images.dtype != torch.uint8 or images.ndim != 4:
+            raise ValueError(f"DeviceTransforms expects uint8 batches (B, 3, H, W), got {images.dtype} "
+                             f"{tuple(images.shape)}: build the dataset with build_transforms(cfg, on_device=True)")
+        mean, std = (255 * t.to(images.device)[:, None, None] for t in (self.mean, self.std))
+        return (images.float() - mean) / std
+
+    def train(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.eval(images)
+        if self.erasing == 0:
+            return x
+        mask = erasing_boxes(x.shape[0], x.shape[-2:], self.erasing).to(x.device, non_blocking=True)
+        return torch.where(mask[:, None], torch.randn_like(x), x)
+
+
+def erasing_boxes(batch: int, size: tuple[int, int], p: float, scale: tuple[float, float] = (0.02, 1 / 3),
+                  ratio: tuple[float, float] = (0.3, 3.3), tries: int = 10) -> torch.Tensor:
+    """RandomErasing's boxes for a batch, as a (B, H, W) bool mask drawn on the CPU without a Python loop: each
+    image with probability ``p``, a box of ``scale`` of the area with aspect ratio in ``ratio`` (log-uniform),
+    the first of ``tries`` draws that fits (no box when none does)."""
+    h_img, w_img = size
+    area = h_img * w_img * torch.empty(batch, tries).uniform_(*scale)
+    aspect = torch.exp(torch.empty(batch, tries).uniform_(math.log(ratio[0]), math.log(ratio[1])))
+    h, w = (area * aspect).sqrt().round().long(), (area / aspect).sqrt().round().long()
+    fits = (h < h_img) & (w < w_img)
+    first = fits.float().argmax(1, keepdim=True)  # the first try that fits
+    h, w = h.gather(1, first)[:, 0], w.gather(1, first)[:, 0]
+    top = (torch.rand(batch) * (h_img - h + 1)).long()
+    left = (torch.rand(batch) * (w_img - w + 1)).long()
+    erase = (torch.rand(batch) < p) & fits.any(1)
+    ys, xs = torch.arange(h_img)[None, :, None], torch.arange(w_img)[None, None, :]
+    inside = ((ys >= top[:, None, None]) & (ys < (top + h)[:, None, None]) &
+              (xs >= left[:, None, None]) & (xs < (left + w)[:, None, None]))
+    return inside & erase[:, None, None]
+
+
+# %% [markdown]
+# The same recipe both ways on one batch: the uint8 batch is a quarter of the bytes, and normalising it on the
+# device gives the worker's float tensors exactly; erased boxes cover about `erasing` × 17.5 % of the pixels
+# on average (the mean box area is (2 % + 33 %)/2, when a box fits).
+
+# %%
+cfg = augmentation("deit", 64)
+float_tf, float_val = build_transforms(cfg)
+uint8_tf, uint8_val = build_transforms(cfg, on_device=True)
+batch = torch.stack([uint8_val(photo) for _ in range(4)])
+print("bytes per image:", float_val(photo).nbytes, "as float32,", batch[0].nbytes, "as uint8")
+assert float_val(photo).nbytes == 4 * batch[0].nbytes
+finish = DeviceTransforms(cfg)
+assert torch.allclose(finish.eval(batch)[0], float_val(photo), atol=1e-5)
+torch.manual_seed(0)
+mask = erasing_boxes(20_000, (64, 64), p=cfg.erasing)
+print(f"share of pixels erased: {mask.float().mean():.3f} (erasing {cfg.erasing}: about {cfg.erasing * 0.175:.3f})")
+assert abs(mask.float().mean() - cfg.erasing * 0.175) < 0.01
+assert finish.train(batch).shape == (4, 3, 64, 64)
 
 # %% [markdown]
 # ### Augmentation that does not depend on the worker

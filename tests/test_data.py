@@ -585,3 +585,52 @@ def test_sample_keys_are_places_in_the_global_stream_whatever_the_number_of_proc
 
     assert keys(1) == keys(2) == keys(4)
     assert keys(1, start=12) == keys(2, start=12) == [k for k in keys(1) if k[1] >= 12]
+
+
+# ------------------------------------------------------------------ uint8 from the workers, finished on the device
+
+
+def test_on_device_transforms_ship_uint8_and_finish_to_the_float_pipelines_values(folder):
+    from convit_edu.data import DeviceTransforms, augmentation, load_rgb
+
+    cfg = augmentation("deit", 32)
+    _, float_val = build_transforms(cfg)
+    uint8_train, uint8_val = build_transforms(cfg, on_device=True)
+    image = load_rgb(folder / "train" / "cat" / "img_00.jpg")
+    shipped = uint8_val(image)
+    assert shipped.dtype == torch.uint8 and type(shipped) is torch.Tensor and shipped.shape == (3, 32, 32)
+    assert uint8_train(image).dtype == torch.uint8
+    finish = DeviceTransforms(cfg)
+    assert torch.allclose(finish.eval(shipped[None])[0], float_val(image), atol=1e-5)
+    with pytest.raises(ValueError, match="expects uint8 batches"):
+        finish.eval(float_val(image)[None])
+
+
+def test_erasing_boxes_follow_the_probability_and_the_area_range():
+    from convit_edu.data import erasing_boxes
+
+    torch.manual_seed(0)
+    masks = erasing_boxes(4000, (40, 60), p=0.5)
+    erased = masks.flatten(1).any(1)
+    assert abs(erased.float().mean() - 0.5) < 0.03
+    areas = masks.flatten(1).sum(1)[erased] / (40 * 60)
+    assert areas.min() >= 0.015 and areas.max() <= 0.35  # 2 %..33 %, up to rounding of the sides
+    for m in masks[erased][:50]:  # each is one axis-aligned box
+        rows, cols = m.any(1).nonzero()[:, 0], m.any(0).nonzero()[:, 0]
+        assert m.sum() == len(rows) * len(cols) and rows.max() - rows.min() + 1 == len(rows)
+    assert not erasing_boxes(100, (8, 8), p=0.0).any()
+
+
+def test_device_transforms_erase_with_noise_and_keep_the_rest(folder):
+    from convit_edu.data import DeviceTransforms, augmentation
+
+    cfg = augmentation("deit", 32, erasing=1.0)
+    batch = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
+    finish = DeviceTransforms(cfg)
+    torch.manual_seed(1)
+    trained = finish.train(batch)
+    clean = finish.eval(batch)
+    changed = (trained != clean).any(1)  # (B, H, W): where the noise went
+    assert changed.flatten(1).any(1).all()  # p = 1: every image has a box
+    torch.manual_seed(1)
+    assert torch.equal(finish.train(batch), trained)  # the global generator decides: resumable

@@ -637,7 +637,7 @@ def test_auto_device_is_cuda_then_mps_then_cpu(monkeypatch):
 
 def test_adamw_is_fused_on_a_gpu_and_the_model_and_its_ema_are_scored_in_one_pass(tmp_path, monkeypatch):
     cfg = config(tmp_path, epochs=1)
-    data = training._Data(None, None, 4, None, 0.0, 8, 8, 12)
+    data = training._Data(None, None, 4, None, None, 0.0, 8, 8, 12)
     model = make_model()
     assert training._build_optimisation(cfg, model, data, "fp32", torch.device("cuda")).optimizer.defaults["fused"]
     assert not training._build_optimisation(cfg, model, data, "fp32", torch.device("cpu")).optimizer.defaults["fused"]
@@ -668,3 +668,20 @@ def test_the_ema_update_equals_averaged_models_own_without_reading_the_device():
         _update_ema(ours, model, 0.9, first=i == 0)
         for (name, a), b in zip(reference.state_dict().items(), ours.state_dict().values()):
             assert torch.equal(a, b), (i, name)
+
+
+def test_the_runs_own_datasets_ship_uint8_and_a_uint8_batch_needs_its_finish(tmp_path):
+    from convit_edu.training import finish_batch
+
+    cfg = TrainConfig(model="deit_tiny", img_size=16, model_args={"patch_size": 4, "embed_dim": 16, "num_heads": 2,
+                                                                  "depth": 1}, data="fake",
+                      data_args={"num_train": 16, "num_val": 8, "num_classes": 2, "image_size": 16}, epochs=1,
+                      batch_size=8, num_workers=0, precision="fp32", progress="none", output=str(tmp_path))
+    data = training._build_data(cfg, training._World(0, 1, torch.device("cpu"), False), None)
+    images, _ = next(iter(data.loaders.train))
+    assert images.dtype == torch.uint8 and data.finish is not None
+    assert finish_batch(images, data.finish, train=True).dtype == torch.float32
+    with pytest.raises(ValueError, match="pass finish=DeviceTransforms"):
+        finish_batch(images, None, train=False)
+    floats = torch.rand(2, 3, 16, 16)
+    assert finish_batch(floats, None, train=True) is floats
