@@ -13,8 +13,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -25,11 +26,12 @@ from torch.profiler import ProfilerActivity, profile
 
 from convit_edu.attention import MHSA
 from convit_edu.checks import one_of, positive_int
+from convit_edu.data import benchmark_loader, build_datasets, build_transforms
 from convit_edu.gpsa import GPSA, GPSAReference
-from convit_edu.models import count_macs, create_model, model_config
-from convit_edu.training import autocast, resolve_precision
+from convit_edu.models import VisionTransformer, count_macs, create_model, model_config
+from convit_edu.training import TrainConfig, autocast, resolve_precision, train
 
-__all__ = ['interleaved_times', 'median', 'spread', 'saved_activation_bytes', 'GPSAOfficialForm', 'format_table', 'gpsa_layer_bench', 'resolution_sweep', 'measure_model', 'model_throughput', 'compiled_throughput', 'peak_matmul_flops', 'training_flops_per_image', 'H100_BF16_DENSE_FLOPS', 'h100_estimate', 'profile_step', 'BenchSizes', 'write_json', 'run_benchmarks']
+__all__ = ['interleaved_times', 'median', 'spread', 'saved_activation_bytes', 'GPSAOfficialForm', 'format_table', 'gpsa_layer_bench', 'resolution_sweep', 'measure_model', 'model_throughput', 'compiled_throughput', 'peak_matmul_flops', 'training_flops_per_image', 'H100_BF16_DENSE_FLOPS', 'h100_estimate', 'profile_step', 'pipeline_bench', 'BenchSizes', 'write_json', 'run_benchmarks']
 
 
 # %% nbs/11_performance.py 7
@@ -332,6 +334,38 @@ def profile_step(name: str, batch: int, img_size: int, top: int = 10) -> str:
 
 
 # %% nbs/11_performance.py 50
+def pipeline_bench(cfg: TrainConfig, steps: int, num_workers: int = 1) -> dict:
+    """The data pipeline against the model for the run ``cfg`` (an ImageFolder or CIFAR run), on this process's
+    threads: loader images/s per worker and bytes per image, float32 vs uint8; images/s of the model's
+    training step alone and of ``train`` end to end over ``steps`` optimiser steps of real batches; the share of
+    the end-to-end step the pipeline costs."""
+    aug = cfg.aug_config()
+    train_set, _, classes = build_datasets(cfg.data, cfg.data_root, max_classes=cfg.classes, download=False,
+                                           **cfg.data_args)
+    batch = cfg.global_batch or cfg.batch_size
+    result: dict = {}
+    for name, on_device in (("float32", False), ("uint8", True)):
+        transform, _ = build_transforms(aug, on_device=on_device)
+        loader = benchmark_loader(train_set, transform, batch_size=min(64, batch), num_batches=4,
+                                  num_workers=num_workers)
+        result[f"loader_{name}_images_per_s_per_worker"] = loader.loader / num_workers
+        result[f"{name}_bytes_per_image"] = transform(train_set[0][0]).nbytes
+    model = VisionTransformer(cfg.model_config(num_classes=len(classes), distilled=False))
+    result["model_images_per_s"] = measure_model(model, batch, cfg.img_size, steps=max(2, steps // 4),
+                                                 num_classes=len(classes), precision=cfg.precision)["train_images_per_s"]
+    smallest_class = min(Counter(train_set.targets).values())  # a fraction must keep an image of each class
+    fraction = min(1.0, max(steps * batch / len(train_set), 1 / smallest_class))
+    with tempfile.TemporaryDirectory() as output:
+        run = replace(cfg, epochs=1, fraction=fraction, output=output,
+                      progress="none", resume=None, eval_every=1, num_workers=num_workers)
+        history = train(run).history
+    result["end_to_end_images_per_s"] = history[-1]["images_per_s"]
+    result["end_to_end_vs_model"] = result["end_to_end_images_per_s"] / result["model_images_per_s"]
+    result["pipeline_share_of_step"] = max(0.0, 1 - result["end_to_end_vs_model"])
+    return result
+
+
+# %% nbs/11_performance.py 54
 @dataclass(frozen=True, kw_only=True)
 class BenchSizes:
     """How big and how often each benchmark runs: ``full()`` for real numbers, ``fast()`` for CI."""

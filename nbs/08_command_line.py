@@ -78,6 +78,7 @@ import torch
 
 from convit_edu.checks import positive_int
 from convit_edu.data import AugConfig, augmentation, benchmark_loader, build_datasets, build_mixup, build_transforms
+from convit_edu.bench import BenchSizes, measure_model, pipeline_bench, run_benchmarks, write_json
 from convit_edu.experiments import ABLATIONS, ablation_grid, run_grid, sample_efficiency_grid, sample_efficiency_scale
 from convit_edu.models import ModelConfig, VisionTransformer, create_model, mask_at_test_time, read_state_dict
 from convit_edu.training import (PRECISIONS, RECIPES, RUN_OWNED, TrainConfig, evaluate, read_checkpoint, recipe,
@@ -242,8 +243,6 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(positive_int("--threads", args.threads))
     if args.suite:  # chapter 11: GPSA layer, resolution sweep, ConViT vs DeiT throughput, peak fraction
-        from convit_edu.bench import BenchSizes, run_benchmarks  # chapter 11 comes after this one: import on use
-
         run_benchmarks(BenchSizes.fast() if args.suite == "fast" else BenchSizes.full(),
                        compile_timeout_s=args.compile_timeout if args.compile else None, json_path=args.json)
         return 0
@@ -256,12 +255,15 @@ def run_bench(args: argparse.Namespace) -> int:
         model = torch.compile(model)
     print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, "
           f"{resolve_precision(args.precision, device)} on {device}:")
-    from convit_edu.bench import measure_model  # chapter 11 comes after this one: import on use
-
     measured = measure_model(model, args.batch_size, args.img_size, steps=args.steps, device=device,
                              precision=args.precision, num_classes=args.num_classes)
+    if device.type == "cpu":  # is bf16 worth it on this CPU? (precision auto decides from its flags)
+        for precision in ("fp32", "bf16"):
+            measured[f"train_images_per_s_{precision}"] = measure_model(
+                model, args.batch_size, args.img_size, steps=args.steps, precision=precision,
+                num_classes=args.num_classes)["train_images_per_s"]
     for key, value in measured.items():
-        print(f"  {key:<22}{value:>10.1f}")
+        print(f"  {key:<28}{value:>10.1f}")
     aug = augmentation(args.aug, args.img_size)
     train_tf, _ = build_transforms(aug)
     data_args = dict(_key_value(item, "--data-arg") for item in args.data_arg)
@@ -270,11 +272,17 @@ def run_bench(args: argparse.Namespace) -> int:
     loader = benchmark_loader(train_set, train_tf, batch_size=args.batch_size, num_workers=args.num_workers,
                               mixup=build_mixup(aug, len(classes)) if len(classes) > 1 else None)
     print(loader)
+    cfg = TrainConfig(model=args.model, model_args=dict(_key_value(item, "--model-arg") for item in args.model_arg),
+                      img_size=args.img_size, data=args.data, data_root=str(args.data_root), data_args=data_args,
+                      aug=args.aug, batch_size=args.batch_size, num_workers=args.num_workers,
+                      precision=args.precision, device=args.device)
+    print(f"data pipeline against the model ({args.steps} steps of real batches through train):")
+    pipeline = pipeline_bench(cfg, steps=args.steps, num_workers=max(1, args.num_workers))
+    for key, value in pipeline.items():
+        print(f"  {key:<42}{value:>10.2f}")
     if args.json:
-        from convit_edu.bench import write_json  # chapter 11 comes after this one: import on use
-
         write_json({"model": args.model, "img_size": args.img_size, "batch_size": args.batch_size,
-                    "device": str(device), **measured, "loader": str(loader)}, args.json)
+                    "device": str(device), **measured, "loader": str(loader), "pipeline": pipeline}, args.json)
     return 0
 
 

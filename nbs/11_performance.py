@@ -696,6 +696,95 @@ def profile_step(name: str, batch: int, img_size: int, top: int = 10) -> str:
 print(profile_step("convit_tiny", 2, img))
 
 # %% [markdown]
+# ## Does the model wait for its data?
+#
+# A real step also decodes, crops and ships images. `pipeline_bench` measures that for one training run, on
+# its own data: a loader worker's images/s and bytes per image with the float32 pipeline (normalise in the
+# worker) and with the uint8 one (normalise and erase on the device, chapter 06's `DeviceTransforms`); the
+# model's training step alone on random tensors; and `train` itself over an epoch of real batches (the loader,
+# the device transforms and the optimiser, not the evaluation). The last two give the share of a real step
+# that goes to the data pipeline.
+
+# %%
+#| export
+from collections import Counter
+from dataclasses import replace
+
+from convit_edu.data import benchmark_loader, build_datasets, build_transforms
+from convit_edu.models import VisionTransformer
+from convit_edu.training import TrainConfig, train
+
+
+def pipeline_bench(cfg: TrainConfig, steps: int, num_workers: int = 1) -> dict:
+    """The data pipeline against the model for the run ``cfg`` (an ImageFolder or CIFAR run), on this process's
+    threads: loader images/s per worker and bytes per image, float32 vs uint8; images/s of the model's
+    training step alone and of ``train`` end to end over ``steps`` optimiser steps of real batches; the share of
+    the end-to-end step the pipeline costs."""
+    aug = cfg.aug_config()
+    train_set, _, classes = build_datasets(cfg.data, cfg.data_root, max_classes=cfg.classes, download=False,
+                                           **cfg.data_args)
+    batch = cfg.global_batch or cfg.batch_size
+    result: dict = {}
+    for name, on_device in (("float32", False), ("uint8", True)):
+        transform, _ = build_transforms(aug, on_device=on_device)
+        loader = benchmark_loader(train_set, transform, batch_size=min(64, batch), num_batches=4,
+                                  num_workers=num_workers)
+        result[f"loader_{name}_images_per_s_per_worker"] = loader.loader / num_workers
+        result[f"{name}_bytes_per_image"] = transform(train_set[0][0]).nbytes
+    model = VisionTransformer(cfg.model_config(num_classes=len(classes), distilled=False))
+    result["model_images_per_s"] = measure_model(model, batch, cfg.img_size, steps=max(2, steps // 4),
+                                                 num_classes=len(classes), precision=cfg.precision)["train_images_per_s"]
+    smallest_class = min(Counter(train_set.targets).values())  # a fraction must keep an image of each class
+    fraction = min(1.0, max(steps * batch / len(train_set), 1 / smallest_class))
+    with tempfile.TemporaryDirectory() as output:
+        run = replace(cfg, epochs=1, fraction=fraction, output=output,
+                      progress="none", resume=None, eval_every=1, num_workers=num_workers)
+        history = train(run).history
+    result["end_to_end_images_per_s"] = history[-1]["images_per_s"]
+    result["end_to_end_vs_model"] = result["end_to_end_images_per_s"] / result["model_images_per_s"]
+    result["pipeline_share_of_step"] = max(0.0, 1 - result["end_to_end_vs_model"])
+    return result
+
+
+# %% [markdown]
+# The run measured is one of chapter 10's: the ConViT of the sample-efficiency grid (width 72, 9 heads, depth
+# 6, 64-px Tiny ImageNet photographs, batch 128, crops and flips), with one thread and one loader worker — the
+# share of this 2-core machine each of the grid's two parallel runs has. (Without the shared archive, and in
+# FAST mode, a small generated folder stands in.)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import tempfile
+
+import numpy as np
+from PIL import Image
+
+from convit_edu.experiments import run_config, sample_efficiency_scale
+
+ARCHIVE = Path("../../shared/data/tiny-imagenet-100.tar.gz")
+if ARCHIVE.is_file() and not FAST:
+    from convit_edu.data import extract_subset
+
+    pipeline_root, classes = extract_subset(ARCHIVE, Path("../data/tiny-imagenet-100-first10"), max_classes=10), 10
+else:
+    classes = 2
+    pipeline_root = Path(tempfile.mkdtemp()) / "folder"
+    for split in ("train", "val"):
+        for c in range(2):
+            (pipeline_root / split / f"c{c}").mkdir(parents=True)
+            for i in range(140):
+                pixels = np.random.default_rng(i).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(pipeline_root / split / f"c{c}" / f"{i}.jpg")
+scale = sample_efficiency_scale(pipeline_root, classes=classes)
+pipeline_cfg = run_config(scale.run("convit", 1.0), "unused")
+threads = torch.get_num_threads()
+torch.set_num_threads(1)
+pipeline = pipeline_bench(pipeline_cfg, steps=2 if FAST else 24)
+torch.set_num_threads(threads)
+for key, value in pipeline.items():
+    print(f"{key:<42}{value:>10.2f}")
+
+# %% [markdown]
 # ## `convit-edu bench` and JSON
 #
 # `run_benchmarks` runs all of the above at a `BenchSizes` (full or FAST), prints the tables, and can write

@@ -219,3 +219,22 @@ def test_run_benchmarks_prints_tables_and_writes_json(tmp_path):
     assert [r["precision"] for r in saved["throughput"]] == ["fp32"] * 6 + ["bf16"] * 2
     assert any("throughput:" in p and "convit_small" in p for p in printed)
     assert "compiled" not in results
+
+
+def test_pipeline_bench_compares_float_and_uint8_loaders_and_the_model_with_train(tmp_path):
+    from convit_edu.bench import pipeline_bench
+    from convit_edu.training import TrainConfig
+
+    cfg = TrainConfig(model="deit_tiny", model_args={"patch_size": 4, "embed_dim": 16, "num_heads": 2, "depth": 1},
+                      img_size=16, data="fake", data_args={"num_train": 64, "num_val": 8, "num_classes": 2,
+                                                             "image_size": 16},
+                      batch_size=8, num_workers=0, precision="fp32", device="cpu", output=str(tmp_path / "x"))
+    result = pipeline_bench(cfg, steps=2, num_workers=1)
+    assert result["float32_bytes_per_image"] == 4 * result["uint8_bytes_per_image"] == 4 * 3 * 16 * 16
+    for key in ("loader_float32_images_per_s_per_worker", "loader_uint8_images_per_s_per_worker",
+                "model_images_per_s", "end_to_end_images_per_s"):
+        assert result[key] > 0, key
+    assert result["end_to_end_vs_model"] == pytest.approx(result["end_to_end_images_per_s"] /
+                                                          result["model_images_per_s"])
+    assert 0 <= result["pipeline_share_of_step"] <= 1
+    assert not (tmp_path / "x").exists()  # the end-to-end run trains in a temporary folder

@@ -109,7 +109,8 @@ def test_bench_reports_rates_memory_and_the_loader(capsys):
                  "--batch-size", "4", "--steps", "1", "--precision", "fp32", "--num-workers", "0",
                  "--data-arg", "num_train=16", "--data-arg", "image_size=16"]) == 0
     out = capsys.readouterr().out
-    for key in ("train_images_per_s", "infer_images_per_s", "peak_memory_mib", "loader", "slowest stage"):
+    for key in ("train_images_per_s", "infer_images_per_s", "peak_memory_mib", "loader", "slowest stage",
+                "train_images_per_s_bf16", "uint8_bytes_per_image", "pipeline_share_of_step"):
         assert key in out, key
 
 
