@@ -910,8 +910,11 @@ class _StopSignals:
 # ### The data
 #
 # The datasets (the config's, or the caller's), the per-process batch and the global batch it implies, chapter
-# 06's `build_loaders` for this process's share, and the batch mixing of the augmentation. The number of
-# optimiser steps per epoch is what every process can take in step with the others.
+# 06's `build_loaders` for this process's share, and the batch mixing of the augmentation. The config's own
+# datasets ship uint8 crops from the workers (`build_transforms(aug, on_device=True)`), and `finish_batch`
+# normalises and erases each batch on the device with chapter 06's `DeviceTransforms`; a caller's datasets that
+# already give float tensors pass through unchanged. The number of optimiser steps per epoch is what every
+# process can take in step with the others.
 
 # %%
 #| exporti

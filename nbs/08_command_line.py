@@ -182,9 +182,10 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 # %% [markdown]
-# ## The three commands
+# ## The four commands
 #
-# `main(argv)` returns an exit status: 0 when the work is done — including a training run that a SIGTERM or
+# `train`, `eval` and `bench` below; `experiment` runs chapter 10's grids (Table 2 and Table 3 at CPU scale)
+# and is built there, from that chapter's functions. `main(argv)` returns an exit status: 0 when the work is done — including a training run that a SIGTERM or
 # SIGINT stopped *with a checkpoint written* (resume it with `--resume auto`) — and 1 with a one-line
 # message, no traceback, for a bad input or a non-finite loss. Any other failure is one line too, with its
 # type and a pointer to `--debug`, which shows the full traceback (before or after the command:
@@ -522,9 +523,11 @@ for argv in (["train", "--model", "convit_huge"],
 # %% [markdown]
 # ## `bench`
 #
-# Training and inference images/s and peak memory of a model at a batch size on this machine, then the data
-# pipeline's images/s stage by stage (chapter 06's `benchmark_loader`). Here ConViT-Ti at 224 px with batch
-# 16 on this notebook's CPU (fp32: see chapter 07 on bf16 and CPUs; FAST mode: 64 px). Chapter 11 goes further.
+# Training and inference images/s and peak memory of a model at a batch size on this machine (on a CPU, fp32
+# and bf16 side by side: is bf16 worth it here?), then the data pipeline's images/s stage by stage (chapter
+# 06's `benchmark_loader`), and the pipeline against the model (chapter 11's `pipeline_bench`: a worker's
+# images/s and bytes per image in float32 and uint8, the model's step alone and `train` end to end). Here
+# ConViT-Ti at 224 px with batch 16 on this notebook's CPU (FAST mode: 64 px). Chapter 11 goes further.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
