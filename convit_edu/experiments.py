@@ -194,7 +194,7 @@ SAMPLE_EFFICIENCY_MODEL: dict[str, Any] = {"patch_size": 8, "embed_dim": 72, "nu
 SAMPLE_EFFICIENCY_RECIPE: dict[str, Any] = {  # TrainConfig and AugConfig fields (see the list above)
     "data": "imagefolder", "img_size": 64, "aug": "deit", "scale": (0.35, 1.0), "randaugment_magnitude": None,
     "erasing": 0.0, "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "crop_ratio": 1.0, "label_smoothing": 0.1,
-    "drop_path_rate": 0.05, "global_batch": 128, "lr": 4e-3, "weight_decay": 0.05}
+    "drop_path_rate": 0.05, "global_batch": 32, "lr": 1.6e-2, "weight_decay": 0.05}
 
 
 def sample_efficiency_scale(data_root: str | Path, classes: int = 10, images_per_run: int = 120_000,
