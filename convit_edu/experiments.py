@@ -28,9 +28,9 @@ from convit_edu.data import (
     subsample_per_class,
 )
 from convit_edu.models import MODEL_ZOO, ModelConfig, VisionTransformer
-from convit_edu.training import TrainConfig, evaluate, resolve_device, train
+from convit_edu.training import TrainConfig, deit_lr, evaluate, resolve_device, scaled_lr, train
 
-__all__ = ['RunSpec', 'train_command', 'Ablation', 'ABLATIONS', 'Scale', 'sample_efficiency_grid', 'ablation_grid', 'unique_runs', 'commands_script', 'SAMPLE_EFFICIENCY_MODEL', 'SAMPLE_EFFICIENCY_RECIPE', 'sample_efficiency_scale', 'run_config', 'scoring_sets', 'train_run', 'expected_hours', 'run_grid', 'RunResult', 'read_run', 'collect', 'relative_gain', 'unseen_top1', 'table_2', 'format_table_2', 'table_3', 'format_table_3', 'plot_table_2', 'locality_histories', 'write_summary', 'plot_ablation']
+__all__ = ['RunSpec', 'train_command', 'Ablation', 'ABLATIONS', 'Scale', 'sample_efficiency_grid', 'ablation_grid', 'unique_runs', 'commands_script', 'SAMPLE_EFFICIENCY_MODEL', 'SAMPLE_EFFICIENCY_RECIPE', 'sample_efficiency_scale', 'learning_rate_sum', 'run_config', 'scoring_sets', 'train_run', 'expected_hours', 'run_grid', 'RunResult', 'read_run', 'collect', 'relative_gain', 'unseen_top1', 'table_2', 'format_table_2', 'table_3', 'format_table_3', 'plot_table_2', 'locality_histories', 'write_summary', 'plot_ablation']
 
 
 # %% nbs/10_experiments.py 6
@@ -216,7 +216,16 @@ def sample_efficiency_scale(data_root: str | Path, classes: int = 10, images_per
                  common={**SAMPLE_EFFICIENCY_RECIPE, "data_root": str(data_root), "classes": classes, **common})
 
 
-# %% nbs/10_experiments.py 23
+# %% nbs/10_experiments.py 21
+def learning_rate_sum(cfg: TrainConfig, steps_per_epoch: int) -> float:
+    """The sum of the learning rates of every optimiser step of the run ``cfg``: about how far AdamW can move any
+    one parameter over the run (it moves each by at most about the learning rate per step)."""
+    total, warmup = steps_per_epoch * cfg.epochs, round(cfg.warmup_epochs * steps_per_epoch)
+    peak = scaled_lr(cfg.lr, cfg.global_batch or cfg.batch_size)
+    return sum(deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr) for t in range(total))
+
+
+# %% nbs/10_experiments.py 25
 def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConfig:
     """The validated ``TrainConfig`` of ``spec`` (its flags, then ``overrides``) training into ``folder``."""
     run_fields = {f.name for f in fields(TrainConfig)}
@@ -236,7 +245,7 @@ def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConf
     return TrainConfig(**values)
 
 
-# %% nbs/10_experiments.py 25
+# %% nbs/10_experiments.py 27
 def scoring_sets(cfg: TrainConfig) -> dict[str, Dataset]:
     """``val``, ``train`` (the images the run trains on) and ``heldout`` (the rest of the first ``cfg.classes``
     classes' training images; empty at f = 1) of an ImageFolder run, with the run's evaluation transform."""
@@ -290,7 +299,7 @@ def _write_json(path: Path, value: Any) -> None:
     tmp.replace(path)
 
 
-# %% nbs/10_experiments.py 27
+# %% nbs/10_experiments.py 29
 def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]:
     """Hours the unfinished ``runs`` should take here, and how that was estimated."""
     done = [json.loads(p.read_text()) for p in Path(output).glob("*/record.json")]
@@ -331,7 +340,7 @@ def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list
     return write_summary(output)
 
 
-# %% nbs/10_experiments.py 29
+# %% nbs/10_experiments.py 31
 @dataclass(frozen=True)
 class RunResult:
     """A run read back from its folder: the spec, the config `convit-edu train` recorded, one log row per epoch."""
@@ -398,7 +407,7 @@ def relative_gain(convit: float, deit: float) -> float:
     return 100 * (convit - deit) / deit
 
 
-# %% nbs/10_experiments.py 31
+# %% nbs/10_experiments.py 33
 def unseen_top1(record: dict) -> float:
     """Top-1 (%) on every image the run did not train on: its validation and held-out training images."""
     n_val, n_out = record["val_images"], record["heldout_images"]
@@ -472,7 +481,7 @@ def format_table_3(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# %% nbs/10_experiments.py 33
+# %% nbs/10_experiments.py 35
 def plot_table_2(records: list[dict], paper_gaps: dict[float, float] | None = None) -> Figure:
     """Left: test top-1 against f (each seed a dot, the mean a line). Right: the relative gain of the ConViT with
     its standard error, and the paper's (``paper_gaps``) for reference."""
@@ -527,7 +536,7 @@ def write_summary(output: str | Path, paper_gaps: dict[float, float] | None = No
     return records
 
 
-# %% nbs/10_experiments.py 35
+# %% nbs/10_experiments.py 37
 def plot_ablation(results: dict[str, RunResult], runs: list[RunSpec]) -> Figure:
     """Top-1 against epochs for each run of ``runs`` (Fig. 12, right), final top-1 in the legend; dashed for a
     model without GPSA layers (the DeiT)."""

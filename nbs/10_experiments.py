@@ -49,7 +49,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 
-from convit_edu.training import deit_lr, scaled_lr
+from convit_edu.training import scaled_lr
 
 torch.set_printoptions(precision=4, sci_mode=False)
 
@@ -372,6 +372,22 @@ def sample_efficiency_scale(data_root: str | Path, classes: int = 10, images_per
                  warmup_epochs=warmup_images / n, model_args=dict(SAMPLE_EFFICIENCY_MODEL),
                  convit_args={"local_up_to_layer": 4}, class_sizes=class_sizes,
                  common={**SAMPLE_EFFICIENCY_RECIPE, "data_root": str(data_root), "classes": classes, **common})
+# %% [markdown]
+# Pre-condition (3) needs the sum of a run's learning rates, from its schedule (chapter 07's `deit_lr`):
+
+# %%
+#| export
+from convit_edu.training import TrainConfig, deit_lr, scaled_lr
+
+
+def learning_rate_sum(cfg: TrainConfig, steps_per_epoch: int) -> float:
+    """The sum of the learning rates of every optimiser step of the run ``cfg``: about how far AdamW can move any
+    one parameter over the run (it moves each by at most about the learning rate per step)."""
+    total, warmup = steps_per_epoch * cfg.epochs, round(cfg.warmup_epochs * steps_per_epoch)
+    peak = scaled_lr(cfg.lr, cfg.global_batch or cfg.batch_size)
+    return sum(deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr) for t in range(total))
+
+
 # %%
 DATA_ROOT = Path("../data/tiny-imagenet-100-first10")  # made from ../shared/data, as the README says
 RESULTS = Path("results/sample-efficiency")  # nbs/results/sample-efficiency: the committed records
@@ -397,11 +413,9 @@ steps = {f: CPU.schedule(f)["epochs"] * (sum(math.floor(f * n + 1e-9) for n in C
 print("optimiser steps per run:", steps)
 assert max(steps.values()) - min(steps.values()) <= 0.01 * max(steps.values())  # the same compute at every f
 cfg = run_config(cpu_runs[0], "unused")
-per_epoch = steps[cfg.fraction] // cfg.epochs
-total, warmup = per_epoch * cfg.epochs, round(cfg.warmup_epochs * per_epoch)
-peak = scaled_lr(cfg.lr, cfg.global_batch)
-lr_sum = sum(deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr) for t in range(total))
-print(f"peak learning rate {peak:.1e} at batch {cfg.global_batch}; the {total} steps' learning rates sum to "
+lr_sum = learning_rate_sum(cfg, steps[cfg.fraction] // cfg.epochs)
+print(f"peak learning rate {scaled_lr(cfg.lr, cfg.global_batch):.1e} at batch {cfg.global_batch}; the "
+      f"{steps[cfg.fraction]} steps' learning rates sum to "
       f"{lr_sum:.2f}: σ(λ) can move from {torch.sigmoid(torch.tensor(1.0)):.2f} to "
       f"{torch.sigmoid(torch.tensor(1.0 - lr_sum)):.2f} (pre-condition 3)")
 assert lr_sum >= 1.5
@@ -422,7 +436,7 @@ from convit_edu.analysis import LocalityRecorder, plot_gate_history, plot_nonloc
 from convit_edu.bench import measure_model
 from convit_edu.data import AugConfig, ImageFolderDataset, build_transforms, subsample_per_class
 from convit_edu.models import ModelConfig, VisionTransformer
-from convit_edu.training import TrainConfig, evaluate, resolve_device, train
+from convit_edu.training import TrainConfig, deit_lr, evaluate, resolve_device, scaled_lr, train
 from matplotlib.figure import Figure
 
 from convit_edu.models import MODEL_ZOO
@@ -922,3 +936,24 @@ plot_nonlocality_history(histories)
 
 # %%
 plot_gate_history(histories["ConViT"])
+
+# %% [markdown]
+# ### The first version of the design, and why it changed
+#
+# The grid was first run at batch 128: 936 steps per run. Its f = 0.1 cells finished before the gates were
+# looked at — and the gates had not moved: every GPSA layer of both seeds ended within 0.02 of σ(1) = 0.73,
+# because that schedule's learning rates summed to 0.47. Pre-condition (3) did not exist yet; it was added, and
+# the batch changed to 32 (same images, four times the steps, learning-rate sum 1.89). Those runs stay in
+# `nbs/results/sample-efficiency-b128/`, read here:
+
+# %%
+first = json.loads(Path("results/sample-efficiency-b128/summary.json").read_text())
+print(format_table_2(table_2(first)))
+first_cfg = TrainConfig.from_dict(json.loads(Path("results/sample-efficiency-b128/convit_f0.1_s0/run.json").read_text())[
+    "config"])
+first_sum = learning_rate_sum(first_cfg, steps_per_epoch=500 // first_cfg.global_batch)
+print(f"batch {first_cfg.global_batch}, {first_cfg.epochs} epochs of {500 // first_cfg.global_batch} steps: "
+      f"learning rates sum to {first_sum:.2f}")
+moved = max(abs(g - torch.sigmoid(torch.tensor(1.0)).item()) for r in first for g in r["gates_end"])
+print(f"largest change of a layer's mean σ(λ) over those runs: {moved:.3f}")
+assert first_sum < 1.5 and moved < 0.03
