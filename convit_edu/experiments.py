@@ -245,7 +245,7 @@ def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConf
     return TrainConfig(**values)
 
 
-# %% nbs/10_experiments.py 27
+# %% nbs/10_experiments.py 29
 def scoring_sets(cfg: TrainConfig) -> dict[str, Dataset]:
     """``val``, ``train`` (the images the run trains on) and ``heldout`` (the rest of the first ``cfg.classes``
     classes' training images; empty at f = 1) of an ImageFolder run, with the run's evaluation transform."""
@@ -299,7 +299,7 @@ def _write_json(path: Path, value: Any) -> None:
     tmp.replace(path)
 
 
-# %% nbs/10_experiments.py 29
+# %% nbs/10_experiments.py 31
 def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]:
     """Hours the unfinished ``runs`` should take here, and how that was estimated."""
     done = [json.loads(p.read_text()) for p in Path(output).glob("*/record.json")]
@@ -340,7 +340,7 @@ def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list
     return write_summary(output)
 
 
-# %% nbs/10_experiments.py 31
+# %% nbs/10_experiments.py 33
 @dataclass(frozen=True)
 class RunResult:
     """A run read back from its folder: the spec, the config `convit-edu train` recorded, one log row per epoch."""
@@ -407,7 +407,7 @@ def relative_gain(convit: float, deit: float) -> float:
     return 100 * (convit - deit) / deit
 
 
-# %% nbs/10_experiments.py 33
+# %% nbs/10_experiments.py 35
 def unseen_top1(record: dict) -> float:
     """Top-1 (%) on every image the run did not train on: its validation and held-out training images."""
     n_val, n_out = record["val_images"], record["heldout_images"]
@@ -481,7 +481,7 @@ def format_table_3(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# %% nbs/10_experiments.py 35
+# %% nbs/10_experiments.py 37
 def plot_table_2(records: list[dict], paper_gaps: dict[float, float] | None = None) -> Figure:
     """Left: test top-1 against f (each seed a dot, the mean a line). Right: the relative gain of the ConViT with
     its standard error, and the paper's (``paper_gaps``) for reference."""
@@ -536,7 +536,7 @@ def write_summary(output: str | Path, paper_gaps: dict[float, float] | None = No
     return records
 
 
-# %% nbs/10_experiments.py 37
+# %% nbs/10_experiments.py 39
 def plot_ablation(results: dict[str, RunResult], runs: list[RunSpec]) -> Figure:
     """Top-1 against epochs for each run of ``runs`` (Fig. 12, right), final top-1 in the legend; dashed for a
     model without GPSA layers (the DeiT)."""

@@ -348,6 +348,10 @@ assert paper_script.count("torchrun") == 2 and "--fraction 0.05" in paper_script
 
 # %%
 #| export
+from collections import Counter
+
+from convit_edu.data import ImageFolderDataset
+
 SAMPLE_EFFICIENCY_MODEL: dict[str, Any] = {"patch_size": 8, "embed_dim": 72, "num_heads": 9, "depth": 6}
 SAMPLE_EFFICIENCY_RECIPE: dict[str, Any] = {  # TrainConfig and AugConfig fields (see the list above)
     "data": "imagefolder", "img_size": 64, "aug": "deit", "scale": (0.35, 1.0), "randaugment_magnitude": None,
@@ -412,13 +416,6 @@ steps = {f: CPU.schedule(f)["epochs"] * (sum(math.floor(f * n + 1e-9) for n in C
          for f in FRACTIONS}
 print("optimiser steps per run:", steps)
 assert max(steps.values()) - min(steps.values()) <= 0.01 * max(steps.values())  # the same compute at every f
-cfg = run_config(cpu_runs[0], "unused")
-lr_sum = learning_rate_sum(cfg, steps[cfg.fraction] // cfg.epochs)
-print(f"peak learning rate {scaled_lr(cfg.lr, cfg.global_batch):.1e} at batch {cfg.global_batch}; the "
-      f"{steps[cfg.fraction]} steps' learning rates sum to "
-      f"{lr_sum:.2f}: σ(λ) can move from {torch.sigmoid(torch.tensor(1.0)):.2f} to "
-      f"{torch.sigmoid(torch.tensor(1.0 - lr_sum)):.2f} (pre-condition 3)")
-assert lr_sum >= 1.5
 assert all(abs(n - 397_000) < 2_000 for n in sizes.values())
 
 # %%
@@ -477,6 +474,18 @@ def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConf
             raise ValueError(f"run {spec.name!r}: {key!r} is not a TrainConfig, ModelConfig or AugConfig field")
     return TrainConfig(**values)
 
+
+# %% [markdown]
+# With it, pre-condition (3) on the CPU grid, before any run: the learning rates of a run's schedule.
+
+# %%
+cfg = run_config(cpu_runs[0], "unused")
+lr_sum = learning_rate_sum(cfg, steps[cfg.fraction] // cfg.epochs)
+print(f"peak learning rate {scaled_lr(cfg.lr, cfg.global_batch):.1e} at batch {cfg.global_batch}; the "
+      f"{steps[cfg.fraction]} steps' learning rates sum to "
+      f"{lr_sum:.2f}: σ(λ) can move from {torch.sigmoid(torch.tensor(1.0)):.2f} to "
+      f"{torch.sigmoid(torch.tensor(1.0 - lr_sum)):.2f} (pre-condition 3)")
+assert lr_sum >= 1.5
 
 # %% [markdown]
 # The sets a run is scored on, all with the evaluation transform: the validation split, the training images
@@ -867,14 +876,16 @@ assert done.returncode == 0
 
 # %%
 tiny = json.loads((tiny_output / "summary.json").read_text())
-print(json.dumps(tiny[0], indent=1))
+print("a record's fields:", ", ".join(tiny[0]))  # (its numbers vary with the CPU: the asserts check them)
+print([(r["name"], r["heldout_images"], len(r["gates_end"])) for r in tiny])
 SCHEMA = {"model", "ablation", "fraction", "seed", "val_top1", "heldout_top1", "heldout_images", "gates_start",
           "gates_end"}
 assert len(tiny) == 4 and all(SCHEMA <= set(r) for r in tiny)
 assert {(r["model"], r["fraction"]) for r in tiny} == {(m, f) for m in ("convit", "deit") for f in (0.5, 1.0)}
 assert all(r["heldout_images"] == (192 if r["fraction"] == 0.5 else 0) for r in tiny)
 assert all(len(r["gates_end"]) == (4 if r["model"] == "convit" else 0) for r in tiny)
-print(format_table_2(table_2(tiny)))
+assert all(0 <= r["val_top1"] <= 100 and 0 <= r["train_top1"] <= 100 for r in tiny)
+assert [row["fraction"] for row in table_2(tiny)] == [0.5, 1.0]
 
 # %% [markdown]
 # ## Table 2 in miniature: the results
@@ -903,21 +914,12 @@ plot_table_2(records, PAPER_GAPS)
 # %% [markdown]
 # ### The pre-conditions
 #
-# Checked on the runs, as promised before the results: **(1)** data is scarce at f = 0.1 — the DeiT on 10 %
-# of the images is at least 10 points below the DeiT on all of them, on images neither saw; **(2)** the models
-# fit what they train on — training top-1 (evaluation transform) near 100 % at f = 0.1, far above the top-1
-# on unseen images.
+# Checked on the runs, as promised before the results. **(2)** the models fit what they train on: training
+# top-1 (evaluation transform) near 100 % at f = 0.1, far above the top-1 on images they did not train on.
+# **(1)** data is scarce at f = 0.1 — the DeiT on 10 % of the images at least 10 points below the DeiT on all
+# of them — needs the f = 1 runs (see the status below).
 
 # %%
-def mean_unseen(model: str, fraction: float) -> float | None:
-    runs = [unseen_top1(r) for r in table_runs if r["model"] == model and r["fraction"] == fraction]
-    return sum(runs) / len(runs) if runs else None
-
-
-deit_scarce, deit_full = mean_unseen("deit", 0.1), mean_unseen("deit", 1.0)
-print(f"(1) DeiT unseen top-1: f = 0.1 {deit_scarce:.1f} %, f = 1 {deit_full:.1f} %: "
-      f"{deit_full - deit_scarce:.1f} points apart")
-assert deit_full - deit_scarce >= 10
 for r in (r for r in table_runs if r["fraction"] == 0.1):
     print(f"(2) {r['name']:<16} trains at {r['train_top1']:5.1f} % on its {r['train_images']} images, "
           f"{unseen_top1(r):5.1f} % on {r['val_images'] + r['heldout_images']} unseen ones")
@@ -928,10 +930,10 @@ for r in (r for r in table_runs if r["fraction"] == 0.1):
 #
 # Every run recorded, about 20 times along its training, the nonlocality of each layer (Eq. 8, mean attention
 # distance in patches, averaged over heads, on 16 fixed validation images) and σ(λ) of every GPSA head. For the
-# runs on all the data, first seed: the DeiT and the ConViT side by side (Fig. 5), then the gates (Fig. 6).
+# runs on 10 % of the data, first seed: the DeiT and the ConViT side by side (Fig. 5), then the gates (Fig. 6).
 
 # %%
-histories = locality_histories(RESULTS, 1.0, 1)
+histories = locality_histories(RESULTS, 0.1, 0)
 plot_nonlocality_history(histories)
 
 # %%
@@ -957,3 +959,53 @@ print(f"batch {first_cfg.global_batch}, {first_cfg.epochs} epochs of {500 // fir
 moved = max(abs(g - torch.sigmoid(torch.tensor(1.0)).item()) for r in first for g in r["gates_end"])
 print(f"largest change of a layer's mean σ(λ) over those runs: {moved:.3f}")
 assert first_sum < 1.5 and moved < 0.03
+
+# %% [markdown]
+# ### What the finished runs say, and what they do not yet
+#
+# **Status.** When this chapter was last executed, the f = 0.1 cells of both seeds had finished and the grid
+# was still running (two runs at a time, about 23 minutes each): the f = 1 and f = 0.3 cells — and with them
+# pre-condition (1) and the trend of the gain with f — and the ablations (Table 3) come next, in the same
+# records. What follows is only what the finished runs support.
+#
+# * **At f = 0.1 the ConViT is ahead, but not beyond noise.** On the 5 000 images neither model trained on,
+#   the ConViT leads the DeiT in both seeds (by 1.7 and 1.1 points), +1.4 ± 0.8 points on average (+3 ± 2 %
+#   relative); two standard errors are 1.6 points, so the lead is within noise. The paper's gap at 10 % of
+#   ImageNet is +24 %. The validation split alone (500 images) could not tell the models apart at all
+#   (50.0 / 50.0 and 49.6 / 50.4 %): the held-out training images are what makes the comparison possible.
+# * **Both models fit their 500 training images** (98.6–100 %), so the f = 0.1 cell is the data-starved regime
+#   Table 2 needs, for both of them.
+# * **The gates moved, a little, in the paper's direction.** With learning rates summing to 1.89, λ could have
+#   moved by up to about 1.9 (σ down to 0.29). Every GPSA layer's mean σ(λ) went down — toward content
+#   attention — by 0.02 to 0.06, and in both seeds the 4th (last) GPSA layer ended lower than the 1st, as in
+#   Fig. 6 (late layers leave the positional prior first); the ConViT's GPSA layers' attention widened from
+#   1.98 to 2.2–2.4 patches, the later layers more (Fig. 5).
+# * **The DeiT's attention never became local.** At every layer it stayed at the 4.1 patches of uniform
+#   attention on this 8 × 8 grid, where the paper's DeiT turns local in its early layers (Fig. 5). At this
+#   budget the DeiT's attention barely trains, so the comparison is between a DeiT that mixes its tokens almost
+#   uniformly and a ConViT whose early layers keep a fixed-at-birth 3 × 3 local mixing. That the prior then
+#   helps only a little is a property of this budget until the full grid, and runs longer than 3 744 steps,
+#   say otherwise — not evidence against the paper.
+
+# %%
+(cell,) = [row for row in rows if row["fraction"] == 0.1]
+per_seed = {r["seed"]: unseen_top1(r) for r in table_runs if r["fraction"] == 0.1 and r["model"] == "convit"}
+per_seed = {s: c - unseen_top1(next(r for r in table_runs if r["fraction"] == 0.1 and r["model"] == "deit"
+                                     and r["seed"] == s)) for s, c in per_seed.items()}
+print("ConViT - DeiT at f = 0.1, per seed:", {s: round(d, 1) for s, d in per_seed.items()},
+      f"mean {cell['diff']:+.1f} ± {cell['diff_se']:.1f}")
+assert all(d > 0 for d in per_seed.values()) and abs(cell["diff"]) < 2 * cell["diff_se"]  # ahead, within noise
+val_gap = [abs(c["val_top1"] - d["val_top1"]) for c, d in ((
+    next(r for r in table_runs if r["name"] == f"convit_f0.1_s{s}"),
+    next(r for r in table_runs if r["name"] == f"deit_f0.1_s{s}")) for s in per_seed)]
+assert max(val_gap) <= 1.0  # the 500 validation images alone cannot tell them apart
+convit_01 = [r for r in table_runs if r["fraction"] == 0.1 and r["model"] == "convit"]
+for r in convit_01:
+    print(r["name"], "mean σ(λ) per GPSA layer:", [f"{g:.3f}" for g in r["gates_start"]], "->",
+          [f"{g:.3f}" for g in r["gates_end"]])
+    assert all(0.02 <= start - end <= 0.06 for start, end in zip(r["gates_start"], r["gates_end"]))
+    assert r["gates_end"][-1] < r["gates_end"][0]
+for name, records_ in histories.items():
+    width = torch.tensor(records_[-1]["nonlocality"]).mean(-1)
+    print(f"{name}: final nonlocality per layer", [f"{w:.2f}" for w in width.tolist()])
+assert (torch.tensor(histories["DeiT"][-1]["nonlocality"]).mean(-1) > 4.0).all()  # uniform: 4.14
