@@ -92,6 +92,7 @@ class ConvAsPSA(nn.Module):
     channels into every head (D_h = C_in), ``proj`` holds the taps of ``conv.weight`` and ``conv.bias``. The
     output approaches ``conv(images)`` as ``locality_strength`` (α) grows (error ~ e^{−α}). For even k the
     query is the pixel ⌊(k − 1)/2⌋ from the window's top-left corner, so every centre is an integer offset.
+    Its heads are as wide as the input (N_h · C_in value channels): a ConViT layer's are not (D_h = D/N_h).
     """
 
     def __init__(self, conv: nn.Conv2d, locality_strength: float):

@@ -49,9 +49,12 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # | with little data | strong | weak |
 # | with a lot of data | the bias can limit it | overtakes CNNs |
 #
-# Cordonnier et al. (2019) showed that a multi-head SA layer with N_h heads and *relative* positional
-# encodings can express any √N_h × √N_h convolution: each head attends to one offset of the kernel. So a
-# convolution is a special case of self-attention, one the optimiser is unlikely to find on its own.
+# Cordonnier et al. (2019) showed that a multi-head SA layer with N_h heads of width D_h, output width D_out
+# and *relative* positional encodings can express any √N_h × √N_h convolution with min(D_h, D_out) output
+# channels: each head attends to one offset of the kernel. So a convolution is a special case of
+# self-attention, one the optimiser is unlikely to find on its own — provided the heads are wide enough. A
+# ConViT layer's heads are not (D_h = D/N_h): at initialization it computes a narrower operation, a shift of
+# each head's channels by that head's offset followed by a 1 × 1 projection (chapter 03 shows the difference).
 #
 # ## Hard vs soft inductive bias
 #
@@ -74,8 +77,9 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # %% [markdown]
 # ## Table 1 of the paper: ConViT vs DeiT trained from scratch on ImageNet-1k
 #
-# Speed is images/s on one Quadro GP100 at batch 128; "Flops" are multiply-accumulates without the attention
-# matmuls (chapter 05 reproduces the Size and Flops columns). Top-5 was not reported for DeiT-Ti/S/B.
+# Speed is images/s on one Quadro GP100 at batch 128. The paper does not define "Flops"; counting
+# multiply-accumulates without the attention matmuls reproduces the column (chapter 05), so that is our reading
+# of it, inferred rather than stated. Top-5 was not reported for DeiT-Ti/S/B.
 
 # %%
 TABLE_1 = [  # (name, model, heads, embed_dim, size, flops, speed img/s, top-1, top-5)

@@ -20,7 +20,9 @@
 # score v_posᵀ r_δ to the content score (Eq. 4). This chapter chooses v_pos so that each head looks at one
 # offset of a convolution kernel (Eq. 5), draws the attention maps of Fig. 3 on a real image, and then proves,
 # by running it, the result the whole paper builds on (Cordonnier et al., 2019): a positional self-attention
-# layer with N_h = k² heads computes any k×k convolution.
+# layer with N_h = k² heads computes any k×k convolution — with as many output channels as a head is wide
+# (min(D_h, D_out)). That condition matters: a ConViT layer's heads are narrow (D_h = D/N_h), and the last
+# section shows the narrower operation such a layer computes at initialization.
 
 # %% tags=["parameters"]
 import os
@@ -320,9 +322,11 @@ plt.show()
 # %% [markdown]
 # ## Proof by execution: a PSA layer with k² heads *is* a k×k convolution
 #
-# Cordonnier et al. (2019) prove that multi-head self-attention with N_h heads and relative positional
-# encodings (D_pos ≥ 3) can express any √N_h × √N_h convolution. The construction is Eq. 5 with one head per
-# kernel tap:
+# Cordonnier et al. (2019, Theorem 1) prove that multi-head self-attention with N_h heads of width D_h, output
+# width D_out and relative positional encodings (D_pos ≥ 3) can express any √N_h × √N_h convolution with
+# min(D_h, D_out) output channels. Every head must carry enough channels for the whole kernel tap it applies;
+# `ConvAsPSA` meets the condition by making each head as wide as the input (D_h = C_in, so the value
+# projection has N_h · C_in outputs). The construction is Eq. 5 with one head per kernel tap:
 #
 # * the tokens are the pixels of the (zero-padded) input, so L = H·W and the features are the C_in channels;
 # * W_qry = W_key = 0, so the content score is 0 and the attention is the positional softmax alone;
@@ -354,6 +358,7 @@ class ConvAsPSA(nn.Module):
     channels into every head (D_h = C_in), ``proj`` holds the taps of ``conv.weight`` and ``conv.bias``. The
     output approaches ``conv(images)`` as ``locality_strength`` (α) grows (error ~ e^{−α}). For even k the
     query is the pixel ⌊(k − 1)/2⌋ from the window's top-left corner, so every centre is an integer offset.
+    Its heads are as wide as the input (N_h · C_in value channels): a ConViT layer's are not (D_h = D/N_h).
     """
 
     def __init__(self, conv: nn.Conv2d, locality_strength: float):
@@ -477,6 +482,45 @@ ax.set_ylabel("max |PSA − conv|")
 ax.legend()
 fig.tight_layout()
 plt.show()
+
+# %% [markdown]
+# ## What a ConViT layer computes at initialization
+#
+# A GPSA layer of the ConViT is initialised with Eq. 5 *and* W_val = I (`local_init`), but its heads share the
+# D channels: head h reads and writes only its own D_h = D/N_h of them. With W_qry = W_key = 0 (content
+# ignored) and a sharp α, head h's attention is one-hot on the pixel at offset Δ_h, so the heads' outputs put
+# together are the input with channel group h **shifted** by Δ_h — a convolution whose kernel holds one 1 per
+# channel, at its group's tap. The output projection W_out, a 1 × 1 convolution, comes after. So the layer is
+# `proj ∘ shift`: each input channel reaches the output through **one** tap of the k × k window, where a
+# general k × k convolution (what `ConvAsPSA` computes, with heads as wide as the input) sees every channel
+# through all k² taps. Checked on 9 heads of 2 channels each (D = 18), away from the border (where the softmax
+# renormalises over the keys that exist instead of reading zero padding):
+
+# %%
+heads, width, side = 9, 2, 7
+pos_proj, v = nn.Linear(3, heads), nn.Linear(heads * width, heads * width)
+local_init(pos_proj, v, 30.0)  # sharp: every head one-hot on its tap
+image_in = torch.randn(heads * width, side, side)
+attn = positional_attention(pos_proj, side, side).detach()  # (heads, L, L)
+values = rearrange(v(rearrange(image_in, "c h w -> (h w) c")), "l (n d) -> n l d", n=heads).detach()
+gpsa_out = rearrange(attn @ values, "n (h w) d -> (n d) h w", h=side)  # each head's channels, put together
+
+shift = torch.zeros(heads * width, heads * width, 3, 3)  # the convolution it equals: one tap per channel
+for h, (dx, dy) in enumerate(head_centres(heads).long().tolist()):
+    for c in range(h * width, (h + 1) * width):
+        shift[c, c, dy + 1, dx + 1] = 1.0
+conv_out = F.conv2d(image_in[None], shift, padding=1)[0]
+torch.testing.assert_close(gpsa_out[:, 1:-1, 1:-1], conv_out[:, 1:-1, 1:-1], atol=1e-5, rtol=0)
+reached = {"ConViT layer at init (proj ∘ shift)": int((shift != 0).any(dim=0).sum()),
+           "general 3x3 convolution (ConvAsPSA)": heads * width * 9}
+print("(input channel, tap) pairs that reach the output:", reached)
+assert reached["general 3x3 convolution (ConvAsPSA)"] == 9 * reached["ConViT layer at init (proj ∘ shift)"]
+
+# %% [markdown]
+# With the ConViT-Ti's 4 heads, the centres are (±½, ±½): each head averages the four pixels around its centre
+# (shown above), so the layer starts as a 2 × 2 box blur of each channel group, shifted by half a pixel in its
+# own direction, followed by the 1 × 1 projection. Training then widens what each head reads: content
+# attention (through the gate, next chapter) and W_val, W_out move away from their initial values.
 
 # %% [markdown]
 # ## Bad input

@@ -382,7 +382,8 @@ class PSA(_PositionalAttention):
 #
 # A layer of ConViT-Ti's size: D = 192, 4 heads (head_dim 48), a 14 × 14 grid. Copying the reference's
 # weights into the fast layer works because the checkpoint keys are the same — and `rel_indices` is not among
-# them. The parameter count is the one DESIGN.md lists for one GPSA layer of ConViT-Ti.
+# them. The parameter count, term by term: W_qry and W_key (2·D², no bias), W_val (D², no bias), the output
+# projection (D² + D), v_pos (3·N_h weights + N_h biases) and λ (N_h).
 
 # %%
 from convit_edu.gpsa import GPSA, PSA, GPSAReference
@@ -393,7 +394,8 @@ fast = GPSA(192, 4)
 fast.load_state_dict(ref.state_dict())
 print(sorted(ref.state_dict()))
 print("parameters:", sum(p.numel() for p in ref.parameters()))
-assert sum(p.numel() for p in ref.parameters()) == 147_668
+D, N_h = 192, 4
+assert sum(p.numel() for p in ref.parameters()) == 2 * D * D + D * D + (D * D + D) + (3 * N_h + N_h) + N_h == 147_668
 assert "rel_indices" not in ref.state_dict()
 
 def rel_err(a, b):
