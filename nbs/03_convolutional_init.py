@@ -234,13 +234,17 @@ for num_heads, alpha in ((9, 1.0), (4, 1.0)):
 # bilinear form of the query's and the key's tokens, so its map is a random read-out of each key patch's
 # content: the picture shows through (each head with its own random sign — one favours patches that look like
 # the query, another avoids them). The PSA maps depend only on position: they are the same for every image.
+# We use 9 heads, as ConViT-S does, rather than ConViT-Ti's 4: their centres are the 9 taps of a 3 × 3 kernel,
+# the query patch itself included, so each head visibly looks at a different neighbour; 4 heads centred at
+# (±½, ±½) would each straddle four patches next to the query and look much alike. The query patch is outlined
+# in red in every map.
 
 # %%
 with cbook.get_sample_data("grace_hopper.jpg") as f:
     photo = Image.open(f).convert("RGB").resize((224, 224), Image.BICUBIC)
 image = pil_to_tensor(photo)[None].float() / 255
 image = (image - image.mean()) / image.std()
-grid, patch, dim, heads = 14, 16, 192, 4
+grid, patch, dim, heads = 14, 16, 144, 9  # 9 heads: a 3 × 3 kernel whose taps are whole patches
 query_row, query_col = 5, 6
 query = query_row * grid + query_col
 
@@ -271,7 +275,7 @@ print({name: tuple(m.shape) for name, m in maps.items()})
 # %% [markdown]
 # The claims of the caption, checked: the SA maps change with the image (here, the image flipped left-right),
 # the PSA maps do not depend on it at all, and α = 2 is more concentrated than α = 0.5 (a larger share of
-# the attention on the four patches nearest the centre).
+# each head's attention on its four most-attended patches).
 #
 # And the picture shows through the SA maps: across the 196 keys, a head's log-attention follows how much each
 # key patch resembles the query patch (the cosine similarity of their tokens), with a sign of its own. We
@@ -304,7 +308,7 @@ assert (top4["PSA, α = 2.0"] > top4["PSA, α = 0.5"]).all()
 print({name: [round(v, 3) for v in t.tolist()] for name, t in top4.items()})
 
 # %%
-fig, axes = plt.subplots(3, heads + 1, figsize=(8.5, 5.4), dpi=80)
+fig, axes = plt.subplots(3, heads + 1, figsize=(15, 5), dpi=80)
 for row, (name, m) in enumerate(maps.items()):
     ax = axes[row, 0]
     ax.imshow(photo)
@@ -312,6 +316,7 @@ for row, (name, m) in enumerate(maps.items()):
     ax.set_ylabel(name)
     for h in range(heads):
         axes[row, h + 1].imshow(m[h].reshape(grid, grid), cmap="viridis")
+        axes[row, h + 1].add_patch(plt.Rectangle((query_col - 0.5, query_row - 0.5), 1, 1, fill=False, color="red"))
         axes[row, h + 1].set_title(f"head {h + 1}", fontsize=9)
 for ax in axes.flat:
     ax.set_xticks([])

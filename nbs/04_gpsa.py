@@ -498,6 +498,59 @@ for h, p in enumerate(peaks):
 print("every head peaks within half a patch of query + Δ_h")
 
 # %% [markdown]
+# ## Eq. 7 as the gate moves
+#
+# The gate slides each head's attention along a straight line between two maps: its content attention
+# (σ = 0, what a ViT head would do) and its positional attention (σ = 1, a blurred tap of a convolution).
+# Below, one head of a freshly initialised layer reads the Grace Hopper photograph (patches of 16 pixels
+# embedded by a random 16 × 16 convolution and a LayerNorm, as in chapter 03's Fig. 3), with its gate forced
+# to five values (`gate_override`, the hook chapter 09's masking uses), on one logarithmic colour scale. At
+# initialization (weights of standard deviation 0.02) the content map is nearly uniform; we scale W_qry and
+# W_key up 4 times so that it shows something, a random read-out of the picture — training (chapter 07) is
+# what makes it useful. The ConViT starts
+# at σ(1) = 0.73, the fourth panel: mostly the positional bump, with the picture faintly behind it.
+
+# %%
+from matplotlib import cbook
+from PIL import Image
+from torchvision.transforms.functional import pil_to_tensor
+
+with cbook.get_sample_data("grace_hopper.jpg") as f:
+    photo = Image.open(f).convert("RGB").resize((224, 224), Image.BICUBIC)
+pixels = pil_to_tensor(photo)[None].float() / 255
+torch.manual_seed(0)
+embed, norm = nn.Conv2d(3, 192, kernel_size=16, stride=16), nn.LayerNorm(192)
+tokens = norm(rearrange(embed((pixels - pixels.mean()) / pixels.std()), "1 d h w -> 1 (h w) d")).detach()
+layer = GPSAReference(192, 4)
+with torch.no_grad():
+    layer.qk.weight.mul_(4)  # init's std 0.02 makes content attention nearly uniform: give it something to show
+query, head, sigmas = 5 * 14 + 6, 0, (0.0, 0.27, 0.5, 0.73, 1.0)
+mixed = {}
+for sigma in sigmas:
+    layer.gate_override = sigma
+    with torch.no_grad():
+        mixed[sigma] = layer(tokens, return_attention=True)[1][0, head, query]
+layer.gate_override = None
+for sigma in sigmas[1:-1]:  # Eq. 7 is linear in σ: every map lies between the two ends
+    torch.testing.assert_close(mixed[sigma], (1 - sigma) * mixed[0.0] + sigma * mixed[1.0], atol=1e-6, rtol=0)
+from matplotlib.colors import LogNorm
+
+# (far from its centre the positional softmax underflows to 0: the scale starts at the content map's floor)
+scale = LogNorm(vmin=float(mixed[0.0].min()) / 10, vmax=max(float(m.max()) for m in mixed.values()), clip=True)
+fig, axes = plt.subplots(1, len(sigmas) + 1, figsize=(12, 2.3), dpi=80)
+axes[0].imshow(photo)
+axes[0].add_patch(plt.Rectangle((6 * 16, 5 * 16), 16, 16, fill=False, color="red", lw=2))
+for ax, sigma in zip(axes[1:], sigmas):
+    ax.imshow(mixed[sigma].reshape(14, 14), cmap="viridis", norm=scale)  # one log scale for all five
+    ax.add_patch(plt.Rectangle((6 - 0.5, 5 - 0.5), 1, 1, fill=False, color="red"))
+    ax.set_title({0.0: "σ = 0: content", 1.0: "σ = 1: position"}.get(sigma, f"σ = {sigma}"), fontsize=9)
+for ax in axes:
+    ax.set_xticks([]), ax.set_yticks([])
+fig.tight_layout()
+plt.show()
+print("every intermediate map equals (1 - σ)·content + σ·position")
+
+# %% [markdown]
 # ## Speed and memory
 #
 # How much faster and leaner the fast layer is than the official form and the reference is measured in
