@@ -9,7 +9,7 @@ import numbers
 import operator
 from collections.abc import Callable, Iterable
 
-__all__ = ['positive_int', 'number', 'one_of', 'expect_error']
+__all__ = ['positive_int', 'number', 'one_of', 'expect_error', 'WrongAnswer', 'check_answer']
 
 
 # %% nbs/00_index.py 19
@@ -64,3 +64,14 @@ def expect_error(call: Callable[[], object], *kinds: type[BaseException]) -> str
         return f"{type(e).__name__}: {e}"
     names = " or ".join(k.__name__ for k in kinds)
     raise AssertionError(f"expected {names}, but the call returned {result!r:.80}")
+
+
+# %% nbs/00_index.py 22
+class WrongAnswer(AssertionError):
+    """An exercise's answer failed its check; the message is a hint, not the answer."""
+
+
+def check_answer(correct: bool, hint: str) -> None:
+    """The verdict of an exercise's check: nothing when ``correct``, else ``WrongAnswer(hint)``."""
+    if not correct:
+        raise WrongAnswer(hint)

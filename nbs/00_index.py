@@ -322,3 +322,29 @@ print(expect_error(lambda: int("twelve")))
 print(expect_error(lambda: {}["key"], KeyError))
 assert expect_error(lambda: expect_error(lambda: 12), AssertionError) == (
     "AssertionError: expected ValueError, but the call returned 12")
+
+# %% [markdown]
+# ## Exercises
+#
+# The core chapters end with a few exercises. Each has three cells: a collapsed cell tagged `solution` with a
+# reference answer (expand it only after trying), an empty cell for your answer — run it and it replaces the
+# reference, since it defines the same name — and a cell that checks whatever is defined. A check passes
+# silently or raises `WrongAnswer` with a hint: what to look at, never the answer. Every check is also shown
+# failing once on a wrong answer (with `expect_error`), so a check that could not fail would break CI.
+
+# %%
+#| export
+class WrongAnswer(AssertionError):
+    """An exercise's answer failed its check; the message is a hint, not the answer."""
+
+
+def check_answer(correct: bool, hint: str) -> None:
+    """The verdict of an exercise's check: nothing when ``correct``, else ``WrongAnswer(hint)``."""
+    if not correct:
+        raise WrongAnswer(hint)
+
+
+# %%
+print(expect_error(lambda: check_answer(2 + 2 == 5, "count again"), WrongAnswer))
+check_answer(2 + 2 == 4, "count again")
+

@@ -382,3 +382,84 @@ for shape in [(197, 192), (2, 197, 96)]:
 # * `convit_edu.attention.MHSA(embed_dim, num_heads, qkv_bias, attn_drop, proj_drop)`: SDPA by default,
 #   attention maps on request, checkpoint-compatible names;
 # * the reason for the next chapter: SA is permutation-equivariant and needs to be told where patches are.
+
+# %% [markdown]
+# ## Exercises
+#
+# How they work (chapter 00): a collapsed `solution` cell, a cell for your answer that replaces it, a check.
+#
+# **1. Masked attention.** Write `masked_attention(q, k, v, mask)` for tensors (..., L, d) and a boolean
+# `mask` (L, L) where `True` means "query i may look at key j": Eq. 1 with the forbidden scores set to −∞
+# before the softmax. (Causal language models use exactly this; `F.scaled_dot_product_attention` takes the
+# same mask as `attn_mask`.)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
+
+
+# %%
+# your answer: def masked_attention(q, k, v, mask): ...
+
+# %%
+from convit_edu.checks import WrongAnswer, check_answer
+
+
+def check_masked_attention(fn) -> None:
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 6, 8, generator=g) for _ in range(3))
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()  # causal: each query sees itself and earlier keys
+    out = fn(q, k, v, mask)
+    check_answer(tuple(out.shape) == (2, 3, 6, 8), f"the output should have v's shape (2, 3, 6, 8), got {tuple(out.shape)}")
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    check_answer(torch.allclose(out, want, atol=1e-5), "forbidden keys must get -inf *before* the softmax (a "
+                 "zero after it leaves rows that do not sum to 1); and keep the 1/sqrt(d) scale")
+
+
+check_masked_attention(masked_attention)
+print(expect_error(lambda: check_masked_attention(lambda q, k, v, mask: attention(q, k, v)[0]), WrongAnswer))
+
+# %% [markdown]
+# **2. Splitting heads with einops.** Write `split_heads(x, num_heads)`: (B, L, D) → (B, N_h, L, D/N_h), head h
+# taking channels h·D/N_h … (h+1)·D/N_h − 1, the layout `MHSA` uses.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    return rearrange(x, "b l (h d) -> b h l d", h=num_heads)
+
+
+# %%
+# your answer: def split_heads(x, num_heads): ...
+
+# %%
+def check_split_heads(fn) -> None:
+    x = torch.arange(2 * 5 * 12.0).reshape(2, 5, 12)
+    out = fn(x, 3)
+    check_answer(tuple(out.shape) == (2, 3, 5, 4), f"expected shape (2, 3, 5, 4), got {tuple(out.shape)}")
+    check_answer(torch.equal(out[1, 2, 4], x[1, 4, 8:12]), "head 2 of token 4 should hold channels 8..11 of "
+                 "that token: split the last axis as (heads, head_dim), heads first, then move heads before L")
+
+
+check_split_heads(split_heads)
+print(expect_error(lambda: check_split_heads(lambda x, h: rearrange(x, "b l (d h) -> b h l d", h=h)), WrongAnswer))
+
+# %% [markdown]
+# **3. Counting parameters.** Without running `n_params`: how many parameters does one attention layer of
+# DeiT-S have, `MHSA(384, 6, qkv_bias=True)`? Set `deit_s_params` to your number.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+deit_s_params = 3 * 384 * 384 + 3 * 384 + 384 * 384 + 384  # qkv weights + biases, proj weights + bias
+
+# %%
+# your answer: deit_s_params = ...
+
+# %%
+def check_deit_s_params(answer: int) -> None:
+    want = n_params(MHSA(384, 6, qkv_bias=True))
+    check_answer(answer == want, "count the qkv Linear (D -> 3D, with bias) and the proj Linear (D -> D, with "
+                 "bias); the number of heads does not change the count" + (" — you are close" if abs(answer - want) <= 1536 else ""))
+
+
+check_deit_s_params(deit_s_params)
+print(expect_error(lambda: check_deit_s_params(4 * 384 * 384), WrongAnswer))

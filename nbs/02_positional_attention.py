@@ -351,3 +351,59 @@ print("positional_self_attention on a 6×6 grid for 35 tokens:",
 # * `positional_self_attention`: Eq. 4, content and positional scores summed before one softmax.
 #
 # Chapter 03 chooses v_pos so that N_h PSA heads together compute a convolution (Eq. 5).
+
+# %% [markdown]
+# ## Exercises
+#
+# **1. One offset by hand.** On a grid of 3 rows × 4 columns, the query is the patch in row 0, column 0 and
+# the key the patch in row 2, column 3. Without running `rel_indices`, write their r_δ = (δx, δy, ‖δ‖²) as a
+# tuple `r_by_hand`.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+r_by_hand = (3, 2, 13)  # δ = key − query: 3 columns right, 2 rows down
+
+# %%
+# your answer: r_by_hand = (..., ..., ...)
+
+# %%
+from convit_edu.checks import WrongAnswer, check_answer
+
+
+def check_r_by_hand(answer: tuple) -> None:
+    rows, cols = 3, 4
+    want = rel_indices(rows, cols)[0 * cols + 0, 2 * cols + 3]  # tokens are numbered row by row
+    check_answer(len(answer) == 3, "give three numbers: δx, δy and ‖δ‖²")
+    check_answer(torch.equal(torch.tensor(answer, dtype=want.dtype), want),
+                 "δ is key − query; δx counts columns and δy rows; the third number is the squared length")
+
+
+check_r_by_hand(r_by_hand)
+print(expect_error(lambda: check_r_by_hand((2, 3, 13)), WrongAnswer))
+
+# %% [markdown]
+# **2. A head that looks up.** Choose one head's positional embedding `v_up` (3 numbers, in `rel_indices`'
+# channel order) so that a PSA head with no content scores puts at least half of its attention on the patch
+# directly **above** the query (one row up, same column), for a query in the middle of a 5 × 5 grid. Hint for
+# thinking it through: v_posᵀ r_δ = a·δx + b·δy + c·‖δ‖², and −α‖δ − Δ‖² expands into that form.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+v_up = torch.tensor([0.0, -4.0, -2.0])  # = −2‖δ − (0, −1)‖² + const: a bump on δ = (0, −1), α = 2
+
+# %%
+# your answer: v_up = torch.tensor([..., ..., ...])
+
+# %%
+def check_v_up(v_pos: torch.Tensor) -> None:
+    middle = 2 * 5 + 2
+    zeros = torch.zeros(1, 1, 25, 4)
+    _, attn = positional_self_attention(zeros, zeros, zeros, rel_indices(5, 5), v_pos.reshape(1, 3).float())
+    row = attn[0, 0, middle]
+    above = middle - 5
+    check_answer(int(row.argmax()) == above, f"the head looks most at token {int(row.argmax())}, not at "
+                 f"{above} (one row up): the δy term's sign decides up or down")
+    check_answer(float(row[above]) >= 0.5, f"it looks up but puts only {float(row[above]):.2f} there: make the "
+                 "bump sharper (scale all three numbers up)")
+
+
+check_v_up(v_up)
+print(expect_error(lambda: check_v_up(torch.tensor([0.0, 4.0, -2.0])), WrongAnswer))

@@ -547,3 +547,89 @@ for bad in (0.0, -1.0, float("nan")):
 # `local_init` (used by every GPSA layer in the next chapter) and `ConvAsPSA` (the convolution written as
 # attention). Chapter 04 keeps this positional attention but adds the content attention back in, in a
 # separate softmax, with a learnable gate per head.
+
+# %% [markdown]
+# ## Exercises
+#
+# **1. A Sobel filter as attention.** The horizontal Sobel kernel [[−1, 0, 1], [−2, 0, 2], [−1, 0, 1]] finds
+# vertical edges. Build `sobel_psa`, a `ConvAsPSA` that computes it (one input channel, one output channel,
+# padding 1, no bias) to within 10⁻³ on a grey 32 × 32 version of the photograph; the solution draws what it
+# sees.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+sobel = nn.Conv2d(1, 1, kernel_size=3, padding=1, bias=False)
+with torch.no_grad():
+    sobel.weight.copy_(torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]))
+sobel_psa = ConvAsPSA(sobel, locality_strength=20.0)  # α large: each head one-hot on its tap
+
+grey = pil_to_tensor(photo.convert("L").resize((32, 32), Image.BICUBIC))[None].float() / 255
+with torch.no_grad():
+    edges = sobel_psa(grey)[0, 0]
+fig, axes = plt.subplots(1, 2, figsize=(5, 2.5), dpi=80)
+axes[0].imshow(grey[0, 0], cmap="gray"), axes[0].set_title("input", fontsize=9)
+axes[1].imshow(edges, cmap="RdBu"), axes[1].set_title("Sobel-x by 9 attention heads", fontsize=9)
+for ax in axes:
+    ax.set_xticks([]), ax.set_yticks([])
+plt.show()
+
+# %%
+# your answer: sobel_psa = ConvAsPSA(...)
+
+# %%
+from convit_edu.checks import WrongAnswer, check_answer
+
+
+def check_sobel_psa(layer: nn.Module) -> None:
+    check_answer(isinstance(layer, ConvAsPSA), "build it with ConvAsPSA(conv, locality_strength)")
+    image = pil_to_tensor(photo.convert("L").resize((32, 32), Image.BICUBIC))[None].float() / 255
+    kernel = torch.tensor([[[[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]]])
+    with torch.no_grad():
+        out = layer(image)
+    want = F.conv2d(image, kernel, padding=1)
+    check_answer(out.shape == want.shape, f"output {tuple(out.shape)}, expected {tuple(want.shape)}: one input "
+                 "and one output channel, padding 1")
+    error = float((out - want).abs().max())
+    check_answer(error < 1e-3, f"off by up to {error:.3g}: check the kernel's orientation (rows are y, columns x), "
+                 "the bias, and that α is large enough for each head to be one-hot on its tap")
+
+
+check_sobel_psa(sobel_psa)
+print(expect_error(lambda: check_sobel_psa(ConvAsPSA(sobel, locality_strength=1.0)), WrongAnswer))
+
+# %% [markdown]
+# **2. α and the size of a head's footprint.** For the 9 heads of a 3 × 3 kernel (`local_init`, query in the
+# middle of a 7 × 7 grid, no content), find the smallest α, to one decimal, at which *every* head puts at least
+# 90 % of its attention on its own centre patch. Predict it first from the softmax (the nearest other patches
+# are 1 away, the next ones √2), then compute it; set `alpha_90` to your value.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def centre_share(alpha: float) -> float:
+    """The smallest share of attention any of the 9 heads puts on its own centre patch."""
+    pos_proj = nn.Linear(3, 9)
+    local_init(pos_proj, nn.Linear(3, 3), alpha)
+    attn = positional_attention(pos_proj, 7, 7)[:, 3 * 7 + 3].detach()  # (heads, keys)
+    targets = [(3 + int(dy)) * 7 + 3 + int(dx) for dx, dy in head_centres(9).tolist()]
+    return float(attn[torch.arange(9), targets].min())
+
+
+alpha_90 = next(a / 10 for a in range(1, 200) if centre_share(a / 10) >= 0.9)
+# prediction: the 4 nearest patches alone give 4·e^(−α) = 1/9, α = ln 36 ≈ 3.6; the 4 diagonal ones add a little
+
+# %%
+# your answer: alpha_90 = ...
+
+# %%
+def check_alpha_90(answer: float) -> None:
+    def share(alpha: float) -> float:
+        pos_proj = nn.Linear(3, 9)
+        local_init(pos_proj, nn.Linear(3, 3), alpha)
+        attn = positional_attention(pos_proj, 7, 7)[:, 3 * 7 + 3].detach()
+        return float(attn.max(dim=-1).values.min())  # each head's peak is its centre (checked earlier)
+
+    check_answer(share(answer) >= 0.9, f"at α = {answer} some head keeps less than 90 % on its centre: larger")
+    check_answer(share(answer - 0.1) < 0.9, f"α = {answer - 0.1:.1f} already reaches 90 %: look for the smallest")
+
+
+check_alpha_90(alpha_90)
+print(f"alpha_90 = {alpha_90}")
+print(expect_error(lambda: check_alpha_90(2.0), WrongAnswer))

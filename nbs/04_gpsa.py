@@ -555,3 +555,76 @@ print("every intermediate map equals (1 - σ)·content + σ·position")
 #
 # How much faster and leaner the fast layer is than the official form and the reference is measured in
 # chapter 11, "One GPSA layer: official form, reference and fast".
+
+# %% [markdown]
+# ## Exercises
+#
+# **1. Predict, then look: λ = ±3.** What share of a head's attention is positional when its λ is −3, and when
+# it is +3? Write them as `sigma_pm3 = {-3: ..., 3: ...}` (two decimals are enough), then set head 0's
+# `gating_param` of the layer above to each value (the parameter itself, not `gate_override`) and draw the
+# query's map: which panel of the figure above does each look like?
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+sigma_pm3 = {-3: 0.05, 3: 0.95}  # σ(−3) = 1/(1 + e³) ≈ 0.047
+fig, axes = plt.subplots(1, 2, figsize=(5, 2.5), dpi=80)
+for ax, lam in zip(axes, (-3.0, 3.0)):
+    with torch.no_grad():
+        layer.gating_param[head] = lam
+        ax.imshow(layer(tokens, return_attention=True)[1][0, head, query].reshape(14, 14), norm=scale)
+    ax.set_title(f"λ = {lam:+.0f}: σ = {torch.sigmoid(torch.tensor(lam)):.2f}", fontsize=9)
+    ax.set_xticks([]), ax.set_yticks([])
+with torch.no_grad():
+    layer.gating_param[head] = 1.0  # back to the ConViT's initial value
+plt.show()
+
+# %%
+# your answer: sigma_pm3 = {-3: ..., 3: ...}
+
+# %%
+from convit_edu.checks import WrongAnswer, check_answer
+
+
+def check_sigma_pm3(answer: dict) -> None:
+    check_answer(set(answer) == {-3, 3}, "give a dict with the keys -3 and 3")
+    for lam, value in answer.items():
+        want = float(torch.sigmoid(torch.tensor(float(lam))))
+        check_answer(abs(value - want) < 0.006, f"σ({lam}) is not {value}: σ(λ) = 1 / (1 + exp(−λ)), and "
+                     "σ(−λ) = 1 − σ(λ)")
+
+
+check_sigma_pm3(sigma_pm3)
+print(expect_error(lambda: check_sigma_pm3({-3: 0.27, 3: 0.73}), WrongAnswer))
+
+# %% [markdown]
+# **2. The fast form by hand.** Write `mix(content, pos_attn, v, sigma)`: given the content attention's output
+# `content` = softmax(QKᵀ/√d)·V and the values `v`, both (B, N_h, L, d), the positional attention `pos_attn`
+# (N_h, L, L, the same for every image) and the gates `sigma` (N_h,), return Eq. 7's output per head,
+# (1 − σ)·content + σ·(P·V), as (B, N_h, L, d) — without making a copy of P per image.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def mix(content: torch.Tensor, pos_attn: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    position = torch.einsum("hqk,bhkd->bhqd", pos_attn, v)  # P is shared by the batch
+    return torch.lerp(content, position, sigma.view(-1, 1, 1))
+
+
+# %%
+# your answer: def mix(content, pos_attn, v, sigma): ...
+
+# %%
+def check_mix(fn) -> None:
+    torch.manual_seed(5)
+    ref = GPSAReference(32, 4).eval()
+    with torch.no_grad():
+        ref.gating_param.copy_(torch.tensor([-2.0, 0.0, 1.0, 3.0]))
+        x = torch.randn(2, 16, 32)
+        q, k, v = ref._projections(x)
+        got = ref._output(fn(F.scaled_dot_product_attention(q, k, v), ref.positional_softmax((4, 4)), v, ref.gate()))
+        want = ref(x)
+    check_answer(got.shape == want.shape, f"mix should return (B, N_h, L, d); the layer's output came out "
+                 f"{tuple(got.shape)}")
+    check_answer(torch.allclose(got, want, atol=1e-5), "each head's σ weighs the positional part and 1 − σ the "
+                 "content part; P·V multiplies over the key axis of P and the token axis of V")
+
+
+check_mix(mix)
+print(expect_error(lambda: check_mix(lambda c, p, v, s: torch.lerp(c, p @ v, 1 - s.view(-1, 1, 1))), WrongAnswer))
