@@ -828,3 +828,71 @@ if not FAST and ARCHIVE.exists():
     assert position_drop - content_drop > 2 * diff_se  # position matters more here, beyond noise
     print(f"pos embed masked: DeiT -{deit_drop:.1f}, ConViT -{convit_drop:.1f} points; all 4 GPSA layers: "
           f"position -{position_drop:.1f}, content -{content_drop:.1f}; SE of a difference {diff_se:.1f}")
+
+# %% [markdown]
+# ## Exercises
+#
+# **1. Eq. 8 from scratch.** Write `my_nonlocality(attn, rows, cols)`: for attention maps `attn` (N_h, L, L)
+# over the patches of a rows × cols grid (no class token, tokens row by row), each head's
+# (1/L) Σ_{q,k} A[q, k] ‖δ_qk‖ in patches, as a tensor (N_h,). Use only torch (no `rel_indices`).
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def my_nonlocality(attn: Tensor, rows: int, cols: int) -> Tensor:
+    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+    xy = torch.stack([c.flatten(), r.flatten()], dim=-1).float()  # (L, 2), row-major like the tokens
+    distance = torch.cdist(xy, xy)  # ‖δ_qk‖
+    return (attn * distance).sum(dim=(-2, -1)) / attn.shape[-1]
+
+
+# %%
+# your answer: def my_nonlocality(attn, rows, cols): ...
+
+# %%
+from convit_edu.checks import WrongAnswer, check_answer
+
+
+def check_my_nonlocality(fn) -> None:
+    g = torch.Generator().manual_seed(8)
+    attn = torch.randn(3, 15, 15, generator=g).mul(3).softmax(-1)  # 3 heads on a 3 × 5 grid
+    got, want = fn(attn, 3, 5), nonlocality(attn, (3, 5))
+    check_answer(tuple(got.shape) == (3,), f"one number per head: expected shape (3,), got {tuple(got.shape)}")
+    check_answer(torch.allclose(got, want, atol=1e-5), "the distance is Euclidean between (column, row) "
+                 "positions, tokens are numbered row by row (a 3 × 5 grid is not 5 × 3), and Eq. 8 divides by L "
+                 "(the attention of each query already sums to 1)")
+
+
+check_my_nonlocality(my_nonlocality)
+print(expect_error(lambda: check_my_nonlocality(lambda a, r, c: my_nonlocality(a, c, r)), WrongAnswer))
+
+# %% [markdown]
+# **2. Per head, on the trained ConViT.** Fig. 5 averages over heads; the heads of one layer need not agree.
+# Which head of the trained ConViT's **4th** GPSA layer attends the most widely (largest nonlocality) on the 64
+# probe images, and which the most locally? Set `widest, narrowest` (head numbers from 1). Then compare with
+# that layer's gates above: is the widest head the one that kept the least positional attention? (A head's
+# offset Δ_h matters too: a head centred on a corner tap has farther to look than the one on the query.)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+# NBVAL_IGNORE_OUTPUT
+# (the numbers depend on whether the shared Tiny ImageNet archive is present)
+per_head = model_nonlocality(loaded["ConViT"], probe)[3]  # layer 4: (heads,)
+widest, narrowest = int(per_head.argmax()) + 1, int(per_head.argmin()) + 1
+layer_4_gates = gates(loaded["ConViT"])[3]
+print(f"nonlocality per head: {per_head.numpy().round(2)}\nσ(λ) per head:        {layer_4_gates.numpy().round(2)}")
+print(f"widest head {widest} (σ = {layer_4_gates[widest - 1]:.2f}), narrowest head {narrowest} "
+      f"(σ = {layer_4_gates[narrowest - 1]:.2f}); least positional head: {int(layer_4_gates.argmin()) + 1}")
+
+# %%
+# your answer: widest, narrowest = ..., ...
+
+# %%
+def check_widest_narrowest(answer: tuple[int, int]) -> None:
+    per_head = model_nonlocality(loaded["ConViT"], probe)[3]
+    heads = per_head.numel()
+    check_answer(all(1 <= h <= heads for h in answer), f"head numbers run from 1 to {heads}")
+    check_answer(answer[0] == int(per_head.argmax()) + 1, "the widest head has the *largest* nonlocality of "
+                 "layer 4 (index 3 of model_nonlocality's first axis); number heads from 1")
+    check_answer(answer[1] == int(per_head.argmin()) + 1, "the narrowest head has the smallest nonlocality")
+
+
+check_widest_narrowest((widest, narrowest))
+print(expect_error(lambda: check_widest_narrowest((narrowest, widest)), WrongAnswer))
