@@ -26,7 +26,7 @@ from torchvision.transforms import v2
 
 from convit_edu.checks import one_of, positive_int
 
-__all__ = ['IMG_EXTENSIONS', 'load_rgb', 'check_fraction', 'subsample_per_class', 'scaled_epochs', 'ImageFolderDataset', 'SyntheticImages', 'DATASETS', 'build_datasets', 'extract_subset', 'IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'RANDAUGMENT_MAX_MAGNITUDE', 'AugConfig', 'AUGMENTATIONS', 'AUGMENTATION_RENAMES', 'augmentation', 'build_transforms', 'MixupCutmix', 'build_mixup', 'RepeatAugSampler', 'build_loader', 'DeviceTransforms', 'erasing_boxes', 'seed_from', 'KeyedSampler', 'SeededSamples', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader']
+__all__ = ['IMG_EXTENSIONS', 'load_rgb', 'check_fraction', 'subsample_per_class', 'scaled_epochs', 'ImageFolderDataset', 'SyntheticImages', 'DATASETS', 'build_datasets', 'extract_subset', 'IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'RANDAUGMENT_MAX_MAGNITUDE', 'AugConfig', 'AUGMENTATIONS', 'AUGMENTATION_RENAMES', 'augmentation', 'build_transforms', 'MixupCutmix', 'build_mixup', 'RepeatAugSampler', 'build_loader', 'DeviceTransforms', 'erasing_boxes', 'seed_from', 'KeyedSampler', 'SeededSamples', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader', 'LOADERS', 'DALI_INSTALL', 'dali_available', 'dali_train_pipeline', 'dali_eval_pipeline', 'DaliLoaders', 'DaliEvalBatches']
 
 
 # %% nbs/06_data.py 6
@@ -683,6 +683,12 @@ class DataLoaders:
     val: DataLoader
     sampler: KeyedSampler
 
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The train batches of ``epoch``, from this rank's sample ``start`` on (``sampler.set_epoch``, then the
+        loader)."""
+        self.sampler.set_epoch(epoch, start)
+        return iter(self.train)
+
 
 def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_workers: int = 4,
                   repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> DataLoaders:
@@ -761,3 +767,156 @@ def benchmark_loader(dataset: Dataset, transform: Callable, batch_size: int = 64
     return LoaderBenchmark(decode=n / (t1 - t0), augment=n / (t2 - t1), collate=collated / (t3 - t2),
                            loader=count / (t5 - t4) if count else float("nan"), num_workers=num_workers,
                            batch_size=batch_size)
+
+
+# %% nbs/06_data.py 74
+LOADERS = ("torchvision", "dali")
+DALI_INSTALL = 'pip install -e ".[dali]"'
+_DALI_INTERPOLATION = {"bicubic": "INTERP_CUBIC", "bilinear": "INTERP_LINEAR", "nearest": "INTERP_NN"}
+
+
+def dali_available() -> bool:
+    """Whether NVIDIA DALI (the optional extra ``dali``) can be imported here."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def dali_train_pipeline(files: Sequence[str], labels: Sequence[int], cfg: AugConfig, *, batch_size: int, seed: int,
+                        shard_id: int = 0, num_shards: int = 1, device_id: int | None = None, num_threads: int = 1,
+                        checkpoint: bytes | None = None):
+    """A built DALI pipeline of the recipe's per-image part: read (this shard of each shuffled pass), decode with a
+    RandomResizedCrop, resize to ``cfg.img_size``, flip, RandAugment (DeiT's strength, each op with probability
+    ``cfg.randaugment_prob``), uint8 CHW. ``device_id`` None: all on the CPU; a GPU index: decoded there
+    ("mixed") and augmented there. ``checkpoint``: the bytes of an earlier ``pipe.checkpoint()`` to go on from."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.auto_aug import rand_augment
+
+    interpolation, size = getattr(types, _DALI_INTERPOLATION[cfg.interpolation]), [cfg.img_size] * 2
+    fill = round(255 * sum(cfg.mean) / 3)  # one grey: DALI's RandAugment takes a single fill value
+
+    @pipeline_def(enable_conditionals=True, enable_checkpointing=True)
+    def pipeline():
+        jpegs, targets = fn.readers.file(files=list(files), labels=list(labels), shard_id=shard_id,
+                                         num_shards=num_shards, shuffle_after_epoch=True, name="reader")
+        images = fn.decoders.image_random_crop(
+            jpegs, device="cpu" if device_id is None else "mixed", output_type=types.RGB,
+            random_area=list(cfg.scale), random_aspect_ratio=list(cfg.ratio), num_attempts=10)
+        images = fn.resize(images, size=size, interp_type=interpolation, antialias=True)
+        if cfg.hflip > 0:
+            images = fn.flip(images, horizontal=fn.random.coin_flip(probability=cfg.hflip))
+        if cfg.randaugment_magnitude is not None:
+            for _ in range(cfg.randaugment_ops):
+                if fn.random.coin_flip(probability=cfg.randaugment_prob, dtype=types.BOOL):
+                    images = rand_augment.rand_augment(
+                        images, n=1, m=cfg.randaugment_magnitude, num_magnitude_bins=RANDAUGMENT_MAX_MAGNITUDE + 1,
+                        shape=size, max_translate_rel=0.45, fill_value=fill)
+        return fn.transpose(images, perm=[2, 0, 1]), targets
+
+    pipe = pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
+                    checkpoint=checkpoint)
+    pipe.build()
+    return pipe
+
+
+def dali_eval_pipeline(files: Sequence[str], labels: Sequence[int], cfg: AugConfig, *, batch_size: int,
+                       device_id: int | None = None, num_threads: int = 1):
+    """A built DALI pipeline of the evaluation view: the files in order (the last batch padded by repeating
+    the last file), the shorter side resized to ``img_size / crop_ratio``, the centre ``img_size`` crop, uint8 CHW."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def
+    def pipeline():
+        jpegs, targets = fn.readers.file(files=list(files), labels=list(labels), pad_last_batch=True, name="reader")
+        images = fn.decoders.image(jpegs, device="cpu" if device_id is None else "mixed", output_type=types.RGB)
+        images = fn.resize(images, resize_shorter=int(cfg.img_size / cfg.crop_ratio), antialias=True,
+                           interp_type=getattr(types, _DALI_INTERPOLATION[cfg.interpolation]))
+        images = fn.crop(images, crop=[cfg.img_size] * 2)  # centred by default
+        return fn.transpose(images, perm=[2, 0, 1]), targets
+
+    pipe = pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=0)
+    pipe.build()
+    return pipe
+
+
+def _dali_batch(pipe) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next (uint8 images, int64 labels) batch of ``pipe`` as torch tensors (images on the pipeline's GPU)."""
+    images, labels = pipe.run()
+    labels = torch.from_numpy(np.array(labels.as_array())).long().reshape(-1)
+    if pipe.device_id is None:
+        return torch.from_numpy(np.array(images.as_array())), labels  # np.array copies: DALI reuses its buffers
+    from nvidia.dali.plugin.pytorch import feed_ndarray
+
+    dense = images.as_tensor()
+    out = torch.empty(dense.shape(), dtype=torch.uint8, device=f"cuda:{pipe.device_id}")
+    feed_ndarray(dense, out, cuda_stream=torch.cuda.current_stream(pipe.device_id))
+    return out, labels
+
+
+# %% nbs/06_data.py 76
+class DaliLoaders:
+    """Train and val batches of two ImageNet-style folders (``ImageFolderDataset``s: their file lists, with
+    ``fraction`` and ``max_classes`` applied) from DALI pipelines, for rank ``rank`` of ``num_replicas``.
+
+    The file list is permuted once by ``seed`` (DALI's own per-pass shuffle does not take a seed); the
+    augmentation is seeded by (seed, rank). ``num_threads``: DALI's CPU threads (the loader workers' role)."""
+
+    def __init__(self, train_set: ImageFolderDataset, val_set: ImageFolderDataset, cfg: AugConfig, *,
+                 batch_size: int, num_threads: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0,
+                 device_id: int | None = None):
+        order = np.random.default_rng(seed).permutation(len(train_set.samples))
+        self.files = [train_set.samples[i][0] for i in order]
+        self.labels = [train_set.samples[i][1] for i in order]
+        self.val = DaliEvalBatches([p for p, _ in val_set.samples[rank::num_replicas]],
+                                   [t for _, t in val_set.samples[rank::num_replicas]], cfg, batch_size=2 * batch_size,
+                                   device_id=device_id, num_threads=num_threads)
+        self.cfg, self.batch_size, self.num_threads, self.device_id = cfg, batch_size, num_threads, device_id
+        self.rank, self.num_replicas, self.seed = rank, num_replicas, seed
+        self._pipe, self._resume_from = None, None
+
+    def _train_pipeline(self):
+        if self._pipe is None:
+            self._pipe = dali_train_pipeline(
+                self.files, self.labels, self.cfg, batch_size=self.batch_size, seed=seed_from(self.seed, self.rank),
+                shard_id=self.rank, num_shards=self.num_replicas, device_id=self.device_id,
+                num_threads=self.num_threads, checkpoint=self._resume_from)
+        return self._pipe
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Train batches, as many as the caller takes. Where the stream stands is the pipeline's own state (a
+        resumed run restores it), so ``epoch`` and ``start`` — which the torchvision path needs — are not used."""
+        pipe = self._train_pipeline()
+        while True:
+            yield _dali_batch(pipe)
+
+    def state(self) -> bytes:
+        """The train pipeline's checkpoint: after the batches handed out so far."""
+        return self._train_pipeline().checkpoint()
+
+    def restore(self, state: bytes) -> None:
+        """Go on from ``state`` (an earlier ``state()``): the train pipeline is rebuilt from it."""
+        self._pipe, self._resume_from = None, state
+
+
+class DaliEvalBatches:
+    """This rank's validation files as (uint8 images, labels) batches, each file once, in order."""
+
+    def __init__(self, files: list[str], labels: list[int], cfg: AugConfig, *, batch_size: int,
+                 device_id: int | None, num_threads: int):
+        self.files, self.labels, self.cfg, self.batch_size = files, labels, cfg, batch_size
+        self.device_id, self.num_threads = device_id, num_threads
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if not self.files:
+            return
+        pipe = dali_eval_pipeline(self.files, self.labels, self.cfg, batch_size=self.batch_size,
+                                  device_id=self.device_id, num_threads=self.num_threads)
+        for start in range(0, len(self.files), self.batch_size):
+            images, labels = _dali_batch(pipe)
+            keep = min(self.batch_size, len(self.files) - start)  # the padding of the last batch is dropped
+            yield images[:keep], labels[:keep]
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.files) / self.batch_size)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -41,8 +41,11 @@ from convit_edu.checks import number, one_of, positive_int
 from convit_edu.data import (
     AUGMENTATION_RENAMES,
     AUGMENTATIONS,
+    DALI_INSTALL,
     DATASETS,
+    LOADERS,
     AugConfig,
+    DaliLoaders,
     DataLoaders,
     DeviceTransforms,
     augmentation,
@@ -51,6 +54,7 @@ from convit_edu.data import (
     build_mixup,
     build_transforms,
     check_fraction,
+    dali_available,
     seed_from,
 )
 from convit_edu.gpsa import gate_values
@@ -103,7 +107,9 @@ class TrainConfig:
     fraction: float = setting(1.0, "keep this fraction of the training images of each class (Table 2)")
     classes: int | None = setting(None, "keep the first K classes")
     repeats: int = setting(1, "repeated augmentation: each image this many times per epoch (DeiT: 3)")
-    num_workers: int = setting(4, "data loader processes per GPU/process")
+    num_workers: int = setting(4, "data loader processes per GPU/process (loader dali: its CPU threads)")
+    loader: str = setting("torchvision", "torchvision (workers decode with PIL) or dali (NVIDIA DALI decodes, on the "
+                                         f"GPU when there is one; imagefolder data only; {DALI_INSTALL})")
     epochs: int = setting(300, "training epochs")
     eval_every: int = setting(1, "evaluate, log a row and update best.pt every N epochs, and after the last")
     batch_size: int = setting(64, "images per process and step (ignored when --global-batch is set)")
@@ -150,13 +156,15 @@ class TrainConfig:
         check_fraction(self.fraction)
         _check_device(self.device)
         for what, value, choices in (("precision", self.precision, PRECISIONS), ("progress", self.progress, PROGRESS),
-                                     ("dataset", self.data, DATASETS)):
+                                     ("dataset", self.data, DATASETS), ("loader", self.loader, LOADERS)):
             one_of(what, value, choices)
         if self.teacher_checkpoint is not None and not self.distill_teacher:
             raise ValueError(f"teacher_checkpoint {self.teacher_checkpoint} given without distill_teacher (the "
                              "teacher's model name)")
         self.model_config(num_classes=2, distilled=False)  # the model and augmentation it describes can be built
-        self.aug_config()
+        aug = self.aug_config()
+        if self.loader == "dali":
+            _check_dali(self, aug)
 
     def model_config(self, num_classes: int, distilled: bool) -> ModelConfig:
         """The model this run trains: zoo `model` with `model_args`, at the run's image size and drop path."""
@@ -184,6 +192,22 @@ class TrainConfig:
         values = dict(values)
         values["aug"] = AUGMENTATION_RENAMES.get(values.get("aug"), values.get("aug", "deit"))
         return cls(**values)
+
+
+def _check_dali(cfg: TrainConfig, aug: AugConfig | None) -> None:
+    """What the DALI loader (chapter 06) cannot do, refused when the config is made."""
+    if cfg.data != "imagefolder":
+        raise ValueError(f"loader 'dali' reads image files: it needs data 'imagefolder', not {cfg.data!r} "
+                         "(use loader 'torchvision')")
+    if aug is None or aug.crop != "random_resized":
+        raise ValueError(f"loader 'dali' implements the random-resized-crop recipe (aug 'deit'), not aug {cfg.aug!r} "
+                         "(use loader 'torchvision')")
+    if cfg.repeats != 1:
+        raise ValueError(f"loader 'dali' has no repeated augmentation: repeats {cfg.repeats} needs loader "
+                         "'torchvision'")
+    if not dali_available():
+        raise ImportError(f"loader 'dali' needs NVIDIA DALI, which is not installed: {DALI_INSTALL} (or use loader "
+                          "'torchvision')")
 
 
 def _check_device(device: str) -> None:
@@ -438,17 +462,21 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
 
 
 # %% nbs/07_training.py 31
-def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset, *, batch_size: int = 256,
+def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset | Iterable, *, batch_size: int = 256,
              device: str | torch.device = "cpu", precision: str = "fp32", num_workers: int = 0, rank: int = 0,
              world_size: int = 1, finish: DeviceTransforms | None = None) -> dict[str, float] | dict[str, dict[str, float]]:
     """Mean cross-entropy, top-1 and top-5 accuracy (in %) of `model` on `dataset`, summed over processes. Given
-    a dict of models (the model and its EMA), scores each of them in the same pass over the data. A dataset of
+    a dict of models (the model and its EMA), scores each of them in the same pass over the data. `dataset` may
+    also be an iterable of this process's (images, labels) batches (the DALI loader's `val`). A dataset of
     uint8 images (`build_transforms(cfg, on_device=True)`) needs `finish`, which normalises them on the device."""
     models = model if isinstance(model, dict) else {"": model}
     device = torch.device(device)
     precision = resolve_precision(precision, device)
-    part = Subset(dataset, range(rank, len(dataset), world_size))
-    loader = DataLoader(part, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
+    if isinstance(dataset, Dataset):
+        part = Subset(dataset, range(rank, len(dataset), world_size))
+        loader = DataLoader(part, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
+    else:  # this process's batches already (the DALI loader's `val`)
+        loader = dataset
     modes = {name: m.training for name, m in models.items()}
     sums = torch.zeros(len(models), 4, dtype=torch.float64, device=device)  # loss, top-1, top-5 hits, images
     with torch.no_grad():
@@ -647,8 +675,8 @@ class _StopSignals:
 # %% nbs/07_training.py 40
 @dataclass
 class _Data:
-    loaders: DataLoaders
-    val_set: Dataset
+    loaders: DataLoaders | DaliLoaders
+    val_set: Dataset | Iterable  # a dataset, or this process's batches (the DALI loader's `val`)
     num_classes: int
     mixup: Any  # data.MixupCutmix or None
     finish: DeviceTransforms | None  # normalisation and erasing of the uint8 batches, on the device
@@ -664,9 +692,12 @@ def _build_data(cfg: TrainConfig, world: _World, datasets: tuple | None) -> _Dat
         if aug is None:
             raise ValueError("aug None (no augmentation) needs datasets passed to train(); the config's own "
                              f"datasets need an augmentation ({', '.join(AUGMENTATIONS)})")
-        train_tf, val_tf = build_transforms(aug, on_device=True)  # uint8 from the workers
+        train_tf, val_tf = build_transforms(aug, on_device=True) if cfg.loader == "torchvision" else (None, None)
         datasets = build_datasets(cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
                                   fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
+    elif cfg.loader == "dali":
+        raise ValueError("loader 'dali' reads the config's own image folder (data_root): datasets passed to train() "
+                         "need loader 'torchvision'")
     train_set, val_set, classes = datasets
     if len(classes) < 2:
         raise ValueError(f"the dataset has {len(classes)} class(es) ({', '.join(map(str, classes))}): a classifier "
@@ -678,8 +709,14 @@ def _build_data(cfg: TrainConfig, world: _World, datasets: tuple | None) -> _Dat
         raise ValueError(
             f"each of the {world.world_size} processes gets {share} samples per epoch, fewer than one "
             f"optimiser step of batch {batch_size} × accum_steps {cfg.accum_steps}: lower the batch")
-    loaders = build_loaders(train_set, val_set, batch_size=batch_size, num_workers=cfg.num_workers,
-                            repeats=cfg.repeats, num_replicas=world.world_size, rank=world.rank, seed=cfg.seed)
+    if cfg.loader == "dali":
+        loaders = DaliLoaders(train_set, val_set, aug, batch_size=batch_size, num_threads=max(1, cfg.num_workers),
+                              num_replicas=world.world_size, rank=world.rank, seed=cfg.seed,
+                              device_id=world.device.index if world.device.type == "cuda" else None)
+        val_set = loaders.val
+    else:
+        loaders = build_loaders(train_set, val_set, batch_size=batch_size, num_workers=cfg.num_workers,
+                                repeats=cfg.repeats, num_replicas=world.world_size, rank=world.rank, seed=cfg.seed)
     return _Data(loaders, val_set, len(classes), build_mixup(aug, len(classes)) if aug else None,
                  DeviceTransforms(aug) if aug else None, aug.label_smoothing if aug else 0.0, batch_size, batch_size * cfg.accum_steps * world.world_size,
                  steps)
@@ -831,6 +868,12 @@ def _restore(run: _Run, ckpt: dict, path: Path) -> None:
     s.epoch_losses, s.history, run.best_top1 = ckpt["epoch_losses"], ckpt["history"], ckpt["best_top1"]
     s.pending, s.seconds = ckpt.get("pending"), ckpt.get("seconds", 0.0)  # (earlier versions have neither)
     _set_rng_states(ckpt["rng"])
+    if isinstance(run.data.loaders, DaliLoaders):
+        if len(ckpt["dali"]) != run.world.world_size:
+            raise ValueError(f"checkpoint {path} holds the DALI pipelines of {len(ckpt['dali'])} process(es): loader "
+                             f"'dali' resumes with as many processes (each reads its own shard), not "
+                             f"{run.world.world_size}")
+        run.data.loaders.restore(ckpt["dali"][run.world.rank])
     if run.world.main:
         print(f"resumed from {path}: epoch {s.epoch + 1}, step {s.step}/{run.data.steps_per_epoch}", flush=True)
 
@@ -883,6 +926,7 @@ def _checkpoint(run: _Run, name: str = "last.pt") -> None:
             f"the weights became non-finite ({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}) by "
             f"optimiser step {s.global_step} and were not saved; {_last_good(run)}: lower --lr, set --clip-grad, "
             "or use bf16/fp32 instead of fp16")
+    dali = _dali_states(run)
     if not run.world.main:
         return
     save_checkpoint({
@@ -891,11 +935,21 @@ def _checkpoint(run: _Run, name: str = "last.pt") -> None:
         "scaler": opt.scaler.state_dict(), "ema": opt.ema.state_dict() if opt.ema is not None else None,
         "epoch": s.epoch, "step": s.step, "global_step": s.global_step,
         "sampler": {"epoch": s.epoch, "start": s.step * run.cfg.accum_steps * d.batch_size},
-        "world_size": run.world.world_size, "global_batch": d.global_batch, "rng": _rng_states(),
+        "dali": dali, "world_size": run.world.world_size, "global_batch": d.global_batch, "rng": _rng_states(),
         "epoch_losses": s.epoch_losses, "history": s.history, "pending": s.pending, "best_top1": run.best_top1,
         "seconds": s.seconds,
         "num_classes": d.num_classes,
     }, run.output / name)
+
+
+def _dali_states(run: _Run) -> list[bytes] | None:
+    """Every process's DALI pipeline state (rank order), gathered to all: each process reads its own shard."""
+    if not isinstance(run.data.loaders, DaliLoaders):
+        return None
+    states = [run.data.loaders.state()] * run.world.world_size
+    if run.world.world_size > 1:
+        dist.all_gather_object(states, states[0])
+    return states
 
 
 # %% nbs/07_training.py 51
@@ -987,8 +1041,7 @@ def _run_epoch(run: _Run, epoch: int, progress: _Progress, signals: _StopSignals
     """Optimiser steps until the epoch ends or a stop is asked for: (why it stopped or None, images, seconds)."""
     cfg, s, d = run.cfg, run.state, run.data
     s.epoch = epoch
-    d.loaders.sampler.set_epoch(epoch, start=s.step * cfg.accum_steps * d.batch_size)
-    batches = iter(d.loaders.train)
+    batches = d.loaders.epoch(epoch, start=s.step * cfg.accum_steps * d.batch_size)
     run.model.train()
     t0, images = time.perf_counter(), 0
     for step in progress.steps_of(range(s.step, d.steps_per_epoch)):
