@@ -1362,3 +1362,59 @@ with torch.no_grad():
     torch.testing.assert_close(convit_ti(images), base)
 assert (masked - base).abs().max() > 1e-3  # 100x the tolerance of the comparisons above
 print("masked positional embedding = a zero pos_embed; the logits move by more than 1e-3; model restored")
+
+# %% [markdown]
+# ## Exercises
+#
+# **1. Where the class token joins.** In `convit_tiny` at 224 px (10 GPSA blocks, then 2 SA blocks), how many
+# tokens does the attention of block 1 see, and of block 12? Set `tokens_block_1, tokens_block_12` without
+# running the model.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+tokens_block_1, tokens_block_12 = 196, 197  # 14 × 14 patches; the class token joins after the last GPSA block
+
+# %%
+# your answer: tokens_block_1, tokens_block_12 = ..., ...
+
+# %%
+from convit_edu.checks import WrongAnswer, check_answer
+
+
+def check_tokens(answer: tuple[int, int]) -> None:
+    with torch.no_grad():
+        record = create_model("convit_tiny").eval().forward_features(torch.zeros(1, 3, 224, 224), return_attention=True)
+    want = (record.attentions[0].shape[-1], record.attentions[-1].shape[-1])
+    check_answer(answer[0] == want[0], "block 1 sees the patches of a 224-px image cut into 16-px patches — and "
+                 "is there a class token yet?")
+    check_answer(answer[1] == want[1], "by block 12 something has joined the patches")
+
+
+check_tokens((tokens_block_1, tokens_block_12))
+print(expect_error(lambda: check_tokens((197, 197)), WrongAnswer))
+
+# %% [markdown]
+# **2. ConViT-Ti against DeiT-Ti, parameter by parameter.** The two have the same width, depth and MLPs. Predict
+# `difference` = (parameters of `convit_tiny`) − (parameters of `deit_tiny`) from what differs: the GPSA
+# layers' extra parameters (chapter 04), the attention biases (the official ConViT has no qkv bias, DeiT has),
+# and the positional embedding (who has a slot for the class token?).
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+D, heads, gpsa_layers, depth, patches = 192, 4, 10, 12, 196
+difference = (gpsa_layers * (3 * heads + heads + heads)  # v_pos weights and biases, λ, per GPSA layer
+              - depth * 3 * D  # DeiT's qkv biases
+              - D)  # DeiT's positional embedding also covers the class token: 197 × D against 196 × D
+
+# %%
+# your answer: difference = ...
+
+# %%
+def check_difference(answer: int) -> None:
+    want = count_params(model_config("convit_tiny")) - count_params(model_config("deit_tiny"))
+    check_answer(answer == want, f"not quite: {'too high' if answer > want else 'too low'}. Per GPSA layer: "
+                 "pos_proj (3 -> N_h, with bias) and one λ per head; per DeiT block: the qkv bias (3·D); and "
+                 "one positional embedding slot of width D")
+
+
+check_difference(difference)
+print(f"ConViT-Ti has {-difference:,} parameters fewer than DeiT-Ti")
+print(expect_error(lambda: check_difference(gpsa_layers * 5 * heads), WrongAnswer))
