@@ -443,6 +443,7 @@ print(text)
 # %%
 status, text, _ = captured(["train", "--help"])
 assert status == 0 and "--local-up-to-layer" in text and "--mixup-alpha" in text and "--warmup-epochs" in text
+assert "--loader STR" in text and "dali" in text  # chapter 06's optional DALI loader
 print(text)
 
 # %% [markdown]
