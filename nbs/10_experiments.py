@@ -1123,3 +1123,62 @@ assert all(abs(v) < 2.1 for v in differences.values())  # none clearly beyond no
 no_trainable_gpsa = ("deit", "frozen_gpsa", "frozen_gpsa_no_conv_init")
 assert max(ours[n] for n in no_trainable_gpsa) < min(v for n, v in ours.items() if n not in no_trainable_gpsa)
 assert all(g == 0.5 for n in ("frozen_gate", "frozen_gate_no_conv_init") for g in ablation_gates[n])
+
+# %% [markdown]
+# ## Exercises
+#
+# **1. Pre-condition 3 at another batch.** Keep the design but train with `global_batch=64`: the same epochs,
+# so about the same images and half the steps; the base learning rate unchanged, so DeiT's linear scaling rule
+# doubles the peak. Predict first: does the learning-rate sum go up, down or stay? Then compute it for the f = 0.1 run
+# with `run_config` and `learning_rate_sum` and set `lr_sum_64`.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+cfg_64 = run_config(CPU.run("convit", 0.1, 0), "unused", global_batch=64)
+lr_sum_64 = learning_rate_sum(cfg_64, steps_per_epoch=500 // 64)
+print(f"batch 64: {cfg_64.epochs * (500 // 64)} steps, learning rates summing to {lr_sum_64:.2f} "
+      f"(batch 32: {lr_sum:.2f}) — twice the rate for half the steps")
+
+# %%
+# your answer: lr_sum_64 = ...
+
+# %%
+from convit_edu.checks import WrongAnswer, check_answer, expect_error
+
+
+def check_lr_sum_64(answer: float) -> None:
+    cfg = run_config(CPU.run("convit", 0.1, 0), "unused", global_batch=64)
+    want = learning_rate_sum(cfg, steps_per_epoch=500 // 64)
+    check_answer(abs(answer - want) < 0.01, "build the config with run_config(..., global_batch=64); an epoch of "
+                 "500 images is 500 // 64 steps (the last partial batch is dropped)")
+
+
+check_lr_sum_64(lr_sum_64)
+print(expect_error(lambda: check_lr_sum_64(lr_sum / 2), WrongAnswer))
+
+# %% [markdown]
+# **2. A standard error by hand.** Recompute the f = 0.3 cell's `diff_se` from its four records: the
+# seed-to-seed standard error of the per-seed differences (ConViT − DeiT of the same seed, on the unseen
+# images), combined in quadrature with the binomial standard error of the mean difference (each of the four
+# top-1s p on n images contributes p(100 − p)/n, and the mean of two differences divides by 2). Set `se_03`.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+pairs_03 = [(by_name[f"convit_f0.3_s{s}"], by_name[f"deit_f0.3_s{s}"]) for s in SEEDS]
+diffs_03 = [unseen_top1(c) - unseen_top1(d) for c, d in pairs_03]
+seed_se = statistics.stdev(diffs_03) / math.sqrt(len(diffs_03))
+binomial_se = math.sqrt(sum(unseen_top1(r) * (100 - unseen_top1(r)) / (r["val_images"] + r["heldout_images"])
+                            for pair in pairs_03 for r in pair)) / len(pairs_03)
+se_03 = math.hypot(seed_se, binomial_se)
+print(f"seed-to-seed {seed_se:.2f}, binomial {binomial_se:.2f}: {se_03:.2f} points")
+
+# %%
+# your answer: se_03 = ...
+
+# %%
+def check_se_03(answer: float) -> None:
+    (row,) = [r for r in table_2(records) if r["fraction"] == 0.3]
+    check_answer(abs(answer - row["diff_se"]) < 0.01, "two parts in quadrature: the standard deviation of the "
+                 "two per-seed differences over √2, and √(Σ p(100 − p)/n over the four runs) / 2")
+
+
+check_se_03(se_03)
+print(expect_error(lambda: check_se_03(seed_se), WrongAnswer))
