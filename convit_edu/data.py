@@ -19,6 +19,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from matplotlib.figure import Figure
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from torchvision import datasets
@@ -26,7 +27,7 @@ from torchvision.transforms import v2
 
 from convit_edu.checks import one_of, positive_int
 
-__all__ = ['IMG_EXTENSIONS', 'load_rgb', 'check_fraction', 'subsample_per_class', 'scaled_epochs', 'ImageFolderDataset', 'SyntheticImages', 'DATASETS', 'build_datasets', 'extract_subset', 'IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'RANDAUGMENT_MAX_MAGNITUDE', 'AugConfig', 'AUGMENTATIONS', 'AUGMENTATION_RENAMES', 'augmentation', 'build_transforms', 'MixupCutmix', 'build_mixup', 'RepeatAugSampler', 'build_loader', 'DeviceTransforms', 'erasing_boxes', 'seed_from', 'KeyedSampler', 'SeededSamples', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader', 'LOADERS', 'DALI_INSTALL', 'dali_available', 'dali_train_pipeline', 'dali_eval_pipeline', 'DaliLoaders', 'DaliEvalBatches']
+__all__ = ['IMG_EXTENSIONS', 'load_rgb', 'check_fraction', 'subsample_per_class', 'scaled_epochs', 'ImageFolderDataset', 'SyntheticImages', 'DATASETS', 'build_datasets', 'extract_subset', 'IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'RANDAUGMENT_MAX_MAGNITUDE', 'AugConfig', 'AUGMENTATIONS', 'AUGMENTATION_RENAMES', 'augmentation', 'build_transforms', 'MixupCutmix', 'build_mixup', 'RepeatAugSampler', 'build_loader', 'DeviceTransforms', 'erasing_boxes', 'seed_from', 'KeyedSampler', 'SeededSamples', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader', 'plot_loader_benchmarks', 'LOADERS', 'DALI_INSTALL', 'dali_available', 'dali_train_pipeline', 'dali_eval_pipeline', 'DaliLoaders', 'DaliEvalBatches']
 
 
 # %% nbs/06_data.py 6
@@ -769,7 +770,28 @@ def benchmark_loader(dataset: Dataset, transform: Callable, batch_size: int = 64
                            batch_size=batch_size)
 
 
-# %% nbs/06_data.py 74
+def plot_loader_benchmarks(results: dict[str, LoaderBenchmark]) -> Figure:
+    """The pipeline's stages as one stacked bar per benchmark (milliseconds of one process per image: decode,
+    augment, collate), beside the end-to-end loader's time per image with its workers."""
+    fig = Figure(figsize=(8, 0.9 + 0.6 * len(results)), dpi=80)
+    ax = fig.subplots()
+    names = list(results)
+    left = [0.0] * len(names)
+    for stage, colour in (("decode", "C0"), ("augment", "C1"), ("collate", "C2")):
+        ms = [1000 / getattr(results[n], stage) for n in names]
+        ax.barh(names, ms, left=left, color=colour, label=f"{stage} (1 process)")
+        left = [a + b for a, b in zip(left, ms)]
+    for i, n in enumerate(names):
+        loader_ms = 1000 / results[n].loader
+        ax.plot([loader_ms, loader_ms], [i - 0.4, i + 0.4], color="black", linewidth=2,
+                label="loader end to end" if i == 0 else None)
+    ax.set(xlabel="milliseconds per image", title="where an image's time goes")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+# %% nbs/06_data.py 76
 LOADERS = ("torchvision", "dali")
 DALI_INSTALL = 'pip install -e ".[dali]"'
 _DALI_INTERPOLATION = {"bicubic": "INTERP_CUBIC", "bilinear": "INTERP_LINEAR", "nearest": "INTERP_NN"}
@@ -855,7 +877,7 @@ def _dali_batch(pipe) -> tuple[torch.Tensor, torch.Tensor]:
     return out, labels
 
 
-# %% nbs/06_data.py 76
+# %% nbs/06_data.py 78
 class DaliLoaders:
     """Train and val batches of two ImageNet-style folders (``ImageFolderDataset``s: their file lists, with
     ``fraction`` and ``max_classes`` applied) from DALI pipelines, for rank ``rank`` of ``num_replicas``.

@@ -1288,6 +1288,9 @@ print("the first batch is identical with 0 and 2 workers, and when read again")
 
 # %%
 #| export
+from matplotlib.figure import Figure
+
+
 @dataclass
 class LoaderBenchmark:
     """Images per second of each pipeline stage, measured by ``benchmark_loader``."""
@@ -1348,6 +1351,27 @@ def benchmark_loader(dataset: Dataset, transform: Callable, batch_size: int = 64
                            loader=count / (t5 - t4) if count else float("nan"), num_workers=num_workers,
                            batch_size=batch_size)
 
+
+def plot_loader_benchmarks(results: dict[str, LoaderBenchmark]) -> Figure:
+    """The pipeline's stages as one stacked bar per benchmark (milliseconds of one process per image: decode,
+    augment, collate), beside the end-to-end loader's time per image with its workers."""
+    fig = Figure(figsize=(8, 0.9 + 0.6 * len(results)), dpi=80)
+    ax = fig.subplots()
+    names = list(results)
+    left = [0.0] * len(names)
+    for stage, colour in (("decode", "C0"), ("augment", "C1"), ("collate", "C2")):
+        ms = [1000 / getattr(results[n], stage) for n in names]
+        ax.barh(names, ms, left=left, color=colour, label=f"{stage} (1 process)")
+        left = [a + b for a, b in zip(left, ms)]
+    for i, n in enumerate(names):
+        loader_ms = 1000 / results[n].loader
+        ax.plot([loader_ms, loader_ms], [i - 0.4, i + 0.4], color="black", linewidth=2,
+                label="loader end to end" if i == 0 else None)
+    ax.set(xlabel="milliseconds per image", title="where an image's time goes")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    return fig
+
 # %% [markdown]
 # The benchmark on this machine (its numbers change from run to run, and with the CPU). Decoding a 64×64 JPEG
 # is cheap; the augmentations at 224 px dominate — RandomResizedCrop's bicubic upsampling and RandAugment —
@@ -1357,11 +1381,20 @@ def benchmark_loader(dataset: Dataset, transform: Callable, batch_size: int = 64
 # %%
 # NBVAL_IGNORE_OUTPUT
 n_batches = 2 if FAST else 8
+benchmarks = {}
 for name, dataset in (("deit", train_ds), ("pad-crop-flip", SyntheticImages(4096, 100, 32))):
     tf, _ = build_transforms(AUGMENTATIONS[name])
-    result = benchmark_loader(dataset, tf, batch_size=64, num_batches=n_batches, num_workers=2,
-                              mixup=build_mixup(AUGMENTATIONS[name], 100))
-    print(f"--- augmentation {name}\n{result}")
+    benchmarks[name] = benchmark_loader(dataset, tf, batch_size=64, num_batches=n_batches, num_workers=2,
+                                        mixup=build_mixup(AUGMENTATIONS[name], 100))
+    print(f"--- augmentation {name}\n{benchmarks[name]}")
+
+# %% [markdown]
+# The same as a picture: each bar is one process's time per image, stage by stage; the black tick is the whole
+# loader's time per image with its 2 workers (below the bar's end when the workers overlap the work).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+plot_loader_benchmarks(benchmarks)
 
 # %% [markdown]
 # ## Decoding with NVIDIA DALI (optional)

@@ -16,6 +16,7 @@ from convit_edu.data import (
     AUGMENTATIONS,
     KeyedSampler,
     AugConfig,
+    LoaderBenchmark,
     MixupCutmix,
     RepeatAugSampler,
     benchmark_loader,
@@ -25,6 +26,7 @@ from convit_edu.data import (
     build_mixup,
     build_transforms,
     extract_subset,
+    plot_loader_benchmarks,
     scaled_epochs,
     subsample_per_class,
 )
@@ -509,6 +511,15 @@ def test_benchmark_reports_every_stage_and_restores_the_transform():
                               mixup=build_mixup(AugConfig(), 10))
     assert all(v > 0 for v in (result.decode, result.augment, result.collate, result.loader))
     assert train.transform is None and "slowest stage" in str(result)
+
+
+def test_plot_loader_benchmarks_stacks_each_stage_per_image():
+    fast = LoaderBenchmark(decode=1000, augment=500, collate=2000, loader=900, num_workers=2, batch_size=64)
+    slow = LoaderBenchmark(decode=250, augment=100, collate=1000, loader=200, num_workers=2, batch_size=64)
+    ax = plot_loader_benchmarks({"fast": fast, "slow": slow}).axes[0]
+    bars = [(round(p.get_x(), 6), round(p.get_width(), 6)) for p in ax.patches]  # decode, augment, collate
+    assert bars == [(0, 1), (0, 4), (1, 2), (4, 10), (3, 0.5), (14, 1)]  # milliseconds, stacked
+    assert [round(line.get_xdata()[0], 6) for line in ax.lines] == [round(1000 / 900, 6), 5]  # the loader's time per image
 
 
 def test_build_loaders_goes_from_datasets_to_batches_for_each_rank(folder):
