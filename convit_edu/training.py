@@ -628,7 +628,8 @@ def _write_logs(history: list[dict], output: Path) -> None:
 
 # %% nbs/07_training.py 36
 def plot_history(history: list[dict]):
-    """The curves of a run (loss; top-1 and top-5 of the model and its EMA; mean σ(λ) per layer) as a figure."""
+    """The curves of a run as a figure: loss with the learning rate of the schedule (right axis); top-1 and top-5
+    of the model and its EMA; mean σ(λ) per layer."""
     epochs = [row["epoch"] for row in history]
     gates = [row["gates"] for row in history if row.get("gates")]
     fig = Figure(figsize=(11 if gates else 7.5, 3), dpi=80)
@@ -636,6 +637,9 @@ def plot_history(history: list[dict]):
     axes[0].plot(epochs, [r["train_loss"] for r in history], "o-", label="train")
     axes[0].plot(epochs, [r["val_loss"] for r in history], "o-", label="val")
     axes[0].set(xlabel="epoch", ylabel="loss")
+    schedule = axes[0].twinx()
+    schedule.plot(epochs, [r["lr"] for r in history], ":", color="grey")
+    schedule.set_ylabel("learning rate (dotted)", color="grey")
     for key in ("val_top1", "val_top5", "ema_top1", "ema_top5"):
         if key in history[0]:
             axes[1].plot(epochs, [r[key] for r in history], "o-", label=key)
