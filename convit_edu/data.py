@@ -837,9 +837,13 @@ def dali_train_pipeline(files: Sequence[str], labels: Sequence[int], cfg: AugCon
                         shape=size, max_translate_rel=0.45, fill_value=fill)
         return fn.transpose(images, perm=[2, 0, 1]), targets
 
-    pipe = pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
-                    checkpoint=checkpoint)
-    pipe.build()
+    with warnings.catch_warnings(record=True) as caught:
+        pipe = pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
+                        checkpoint=checkpoint)
+        pipe.build()
+    for w in caught:  # DALI's RandAugment calls operators DALI has deprecated, warning past the caller's filters
+        if not (issubclass(w.category, DeprecationWarning) and "nvidia.dali.fn.experimental" in str(w.message)):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return pipe
 
 

@@ -71,6 +71,12 @@ def test_dali_batches_are_uint8_chw_with_the_labels_of_their_files(folder):
         assert (red - 20 - 4 * label) % 24 in (0, 1, 23)  # the image's colour belongs to its label's class
 
 
+def test_dali_training_pipeline_keeps_dalis_own_deprecation_notices_out_of_the_log(folder, recwarn):
+    pytest.importorskip("nvidia.dali")
+    next(loaders(folder, cfg=data.augmentation("deit", 16)).epoch(0))  # RandAugment on
+    assert not [w for w in recwarn if "nvidia.dali.fn.experimental" in str(w.message)]
+
+
 def test_dali_reads_the_subset_the_torchvision_path_reads(folder):
     pytest.importorskip("nvidia.dali")
     keep = [(c, i) for c in range(2) for i in range(PER_CLASS // 2)]  # classes 2, fraction 0.5: 8 files
