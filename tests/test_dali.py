@@ -13,7 +13,8 @@ import torch
 from PIL import Image
 
 from convit_edu import data, training
-from convit_edu.training import Callback, TrainConfig, train
+from convit_edu.training import TrainConfig, train
+from training_checks import StopAt, assert_same_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CLASSES, PER_CLASS = 3, 8
@@ -130,15 +131,6 @@ def dali_config(folder, output, **changes) -> TrainConfig:
     return replace(base, **changes)
 
 
-class StopAt(Callback):
-    def __init__(self, epoch: int, step: int):
-        self.epoch, self.step = epoch, step
-
-    def on_step_end(self, state):
-        if (state.epoch, state.step) == (self.epoch, self.step):
-            state.stop = True
-
-
 @pytest.mark.parametrize("stop_epoch, stop_step", [(0, 6), (1, 3)], ids=["after epoch 1", "mid-epoch 2"])
 def test_dali_training_resumed_gives_weights_identical_to_an_uninterrupted_run(folder, tmp_path, stop_epoch,
                                                                                stop_step):
@@ -148,8 +140,7 @@ def test_dali_training_resumed_gives_weights_identical_to_an_uninterrupted_run(f
     stopped = train(dali_config(folder, tmp_path / "b"), callbacks=[StopAt(stop_epoch, stop_step)])
     assert stopped.stopped == "callback"
     resumed = train(dali_config(folder, tmp_path / "b", resume="auto"))
-    sa, sb = straight.model.state_dict(), resumed.model.state_dict()
-    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert_same_weights(straight.model, resumed.model)
     assert [r["val_top1"] for r in straight.history] == [r["val_top1"] for r in resumed.history]
 
 

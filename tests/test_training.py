@@ -32,6 +32,7 @@ from convit_edu.training import (
     save_checkpoint,
     train,
 )
+from training_checks import StopAt, assert_same_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_CLASSES = 4
@@ -104,24 +105,6 @@ def config(output, **changes) -> TrainConfig:
                        ema_decay=0.9, precision="fp32", device="cpu", num_workers=0, output=str(output),
                        progress="none", img_size=8)
     return replace(base, **changes)
-
-
-def assert_same_weights(a: nn.Module, b: nn.Module) -> None:
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys()
-    for k in sa:
-        assert torch.equal(sa[k], sb[k]), f"{k} differs"
-
-
-class StopAt(Callback):
-    """Ask for a clean stop after optimiser step `step` of epoch `epoch` (0-based epoch)."""
-
-    def __init__(self, epoch: int, step: int):
-        self.epoch, self.step = epoch, step
-
-    def on_step_end(self, state):
-        if (state.epoch, state.step) == (self.epoch, self.step):
-            state.stop = True
 
 
 def test_loss_falls_on_a_small_learnable_problem(tmp_path):
