@@ -589,7 +589,7 @@ def check_sobel_psa(layer: nn.Module) -> None:
     check_answer(out.shape == want.shape, f"output {tuple(out.shape)}, expected {tuple(want.shape)}: one input "
                  "and one output channel, padding 1")
     error = float((out - want).abs().max())
-    check_answer(error < 1e-3, f"off by up to {error:.3g}: check the kernel's orientation (rows are y, columns x), "
+    check_answer(error < 1e-3, f"off by up to {error:.2g}: check the kernel's orientation (rows are y, columns x), "
                  "the bias, and that α is large enough for each head to be one-hot on its tap")
 
 

@@ -1373,7 +1373,8 @@ def plot_loader_benchmarks(results: dict[str, LoaderBenchmark]) -> Figure:
     return fig
 
 # %% [markdown]
-# The benchmark on this machine (its numbers change from run to run, and with the CPU). Decoding a 64×64 JPEG
+# The benchmark on this machine (its numbers change from run to run, and with the CPU; the committed ones come
+# from an AMD EPYC, Zen 3 with AVX2, 2 cores, with nothing else running). Decoding a 64×64 JPEG
 # is cheap; the augmentations at 224 px dominate — RandomResizedCrop's bicubic upsampling and RandAugment —
 # so `num_workers` should be as large as the CPU cores allow (DeiT used 10 per GPU). At 32 px the same
 # pipeline is an order of magnitude faster.
@@ -1598,8 +1599,9 @@ class DaliEvalBatches:
 
 # %% [markdown]
 # One batch from each loader on the same folder, side by side, and images/s of each — the torchvision loader
-# with as many workers as DALI has threads (the numbers change from run to run and with the CPU; this cell
-# runs only where DALI is installed).
+# with as many workers as DALI has threads (the numbers change from run to run and with the CPU; the committed
+# ones come from an AMD EPYC, Zen 3 with AVX2, 2 cores, with nothing else running; this cell runs only where
+# DALI is installed).
 
 # %%
 # NBVAL_IGNORE_OUTPUT

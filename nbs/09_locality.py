@@ -773,9 +773,9 @@ assert all(layer.gate_override is None for layer in model.local_layers) and not 
 #   layers (3 and 4) climb more than the earlier ones (1 and 2), in both seeds — the paper's ordering, where
 #   the last GPSA layers escape locality most. None of it comes near the paper's swings.
 # * **Gates (Fig. 6).** In the paper σ(λ) falls in every layer, to about 0 in the last ones. Ours fell by
-#   0.01 to 0.025 from σ(1) = 0.731 (chapter 10: 0.02 to 0.06 at f = 10 %). In logit units the gates moved
-#   by less than 0.1 of the 1.89 that this schedule's learning rates would let AdamW move them: the gradient
-#   on λ is small, not the room to move. The ConViT's GPSA layers are still mostly positional — mostly a fixed
+#   0.01 to 0.025 from σ(1) = 0.731 (chapter 10: 0.02 to 0.06 at f = 10 %). In logit units a layer's mean
+#   gate moved by at most 0.12 of the 1.89 that this schedule's learning rates would let AdamW move it: the
+#   gradient on λ is small, not the room to move. The ConViT's GPSA layers are still mostly positional — mostly a fixed
 #   3 × 3 averaging. Escaping the convolutional start is slow, which is why GPSA needs its gate (App. A) and
 #   many epochs.
 # * **The logging bug** changes the measured nonlocality of the deeper layers by up to a tenth of a patch
@@ -800,11 +800,14 @@ def layer_nonlocality(record: dict) -> Tensor:
 for seed in (0, 1):
     deit_rec = read_locality(RESULTS / f"deit_f1_s{seed}" / "locality.json")
     convit_rec = read_locality(RESULTS / f"convit_f1_s{seed}" / "locality.json")
-    assert (layer_nonlocality(deit_rec[-1]) < layer_nonlocality(deit_rec[0])).all()  # SA drifts local
+    drift = layer_nonlocality(deit_rec[0]) - layer_nonlocality(deit_rec[-1])
+    assert ((drift > 0.02) & (drift < 0.2)).all()  # every SA layer drifts local, by 0.03 to 0.19 patch
     rise = (layer_nonlocality(convit_rec[-1]) - layer_nonlocality(convit_rec[0]))[:4]
-    assert (rise > 0.1).all() and rise[2:].min() > rise[:2].max()  # GPSA escapes, later layers most
-    fall = torch.sigmoid(torch.tensor(1.0)) - torch.tensor(convit_rec[-1]["gates"]).mean(1)
+    assert ((rise > 0.1) & (rise < 0.2)).all() and rise[2:].min() > rise[:2].max()  # later layers most
+    end = torch.tensor(convit_rec[-1]["gates"]).mean(1)
+    fall = torch.sigmoid(torch.tensor(1.0)) - end
     assert ((fall > 0.005) & (fall < 0.03)).all()
+    assert (1 - torch.logit(end)).max() < 0.13  # λ (a layer's mean) moved by 0.12 at most
     print(f"seed {seed}: GPSA nonlocality rise {rise.numpy().round(2)}, gate fall {fall.numpy().round(3)}")
 
 # %%

@@ -1035,7 +1035,7 @@ assert min(speed[32]) >= 0.9 * max(speed[128])  # no slower per image at batch 3
 # ## What the runs say
 #
 # The whole grid ran: 12 Table 2 runs (3 fractions × 2 models × 2 seeds) and 6 more for Table 3 and App. A,
-# 18 runs of 3 744 steps, about 20–25 minutes each, two at a time. What the numbers above support, each with
+# 18 runs of 3 744 steps, 16 to 33 minutes each (the longest while other work shared the cores), two at a time. What the numbers above support, each with
 # its uncertainty:
 #
 # * **The ConViT is ahead where data is scarce, by about a point — within noise.** On the images neither model
@@ -1082,6 +1082,9 @@ assert min(speed[32]) >= 0.9 * max(speed[128])  # no slower per image at batch 3
 
 # %%
 by_name = {r["name"]: r for r in records}
+minutes = sorted(60 * r["hours"] for r in records)
+print(f"{len(records)} runs, {minutes[0]:.0f} to {minutes[-1]:.0f} minutes each")
+assert len(records) == 18 and 15 < minutes[0] and minutes[-1] < 35
 for f in FRACTIONS:
     (row,) = [r for r in rows if r["fraction"] == f]
     per_seed = [unseen_top1(by_name[f"convit_f{f:g}_s{s}"]) - unseen_top1(by_name[f"deit_f{f:g}_s{s}"])
