@@ -54,7 +54,7 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # channels: each head attends to one offset of the kernel. So a convolution is a special case of
 # self-attention, one the optimiser is unlikely to find on its own — provided the heads are wide enough. A
 # ConViT layer's heads are not (D_h = D/N_h): at initialization it computes a narrower operation, a shift of
-# each head's channels by that head's offset followed by a 1 × 1 projection (chapter 03 shows the difference).
+# each head's channels by that head's offset followed by a 1 × 1 projection (chapter 04 shows the difference).
 #
 # ## Hard vs soft inductive bias
 #
@@ -78,7 +78,7 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # ## Table 1 of the paper: ConViT vs DeiT trained from scratch on ImageNet-1k
 #
 # Speed is images/s on one Quadro GP100 at batch 128. The paper does not define "Flops"; counting
-# multiply-accumulates without the attention matmuls reproduces the column (chapter 05), so that is our reading
+# multiply-accumulates without the attention matmuls reproduces the column (chapter 07), so that is our reading
 # of it, inferred rather than stated. Top-5 was not reported for DeiT-Ti/S/B.
 
 # %%
@@ -107,7 +107,7 @@ for name, model, heads, dim, size, flops, speed, top1, top5 in TABLE_1:
 # heads (4, 9, 16 are perfect squares, so every head can sit on one tap of a 2×2, 3×3 or 4×4 kernel); the "+"
 # models use the same heads and width 64 per head for both architectures, so the gain is not just more heads.
 # And every ConViT beats the DeiT of its size, while being slower per image in the official implementation —
-# chapter 11 shows how much of that slowness is the implementation, not the idea. The cell below checks
+# chapter 26 shows how much of that slowness is the implementation, not the idea. The cell below checks
 # both claims on the table.
 
 # %%
@@ -156,33 +156,65 @@ assert gaps == sorted(gaps, reverse=True)
 print("top-1 gain recomputed:", {f"{f:.0%}": f"{100 * (c1 - d1) / d1:.1f}%" for f, d1, c1, *_ in TABLE_2})
 
 # %% [markdown]
-# ## The map of the course
+# ## The map of the course: two tracks
 #
 # Each chapter is a pair `nbs/NN_name.py` (the source you read and review) + `nbs/NN_name.ipynb` (the same
-# cells with their outputs), and exports one module of `convit_edu`. The list is read from this folder, so a
-# chapter that is not written yet shows as *coming* (so adding a chapter means re-running this one: nbval
-# notices when the committed map is out of date).
+# cells with their outputs), and most export one module of `convit_edu`. Each is meant to be read in one
+# sitting. The course has two tracks:
+#
+# * the **core path**, for the ideas: attention, positions, the convolutional initialisation, GPSA, the model,
+#   a training run that finishes in minutes, the locality analyses and the paper's experiments. Its chapters end
+#   with exercises, and use the training machinery as a tool;
+# * the **engineering track**, for training for real: checkpoints, the data pipeline's internals, the training
+#   loop's machinery, the command line and clusters, performance.
+#
+# The numbers follow the core path first; an engineering chapter can be read whenever its tool is used (the
+# first training run of chapter 08 uses the loop that chapters 19-23 open up). The cell below reads the
+# module each chapter exports from the chapter itself, and fails if a chapter is missing from the map.
 
 # %%
+import re
 from pathlib import Path
 
-CHAPTERS = [
-    ("01_self_attention", "attention", "Eq. 1-3: scaled dot-product and multi-head self-attention, MHSA"),
-    ("02_positional_attention", "positional", "relative positions on an HxW patch grid, Eq. 4 PSA"),
-    ("03_convolutional_init", "conv_init", "Eq. 5: head centres, locality strength, PSA = convolution"),
-    ("04_gpsa", "gpsa", "Eq. 6-7: gated positional self-attention, reference and fast"),
-    ("05_convit", "models", "the ConViT and DeiT zoo, Table 1, checkpoints, resolutions"),
-    ("06_data", "data", "CIFAR-100, ImageNet folders, subsampling, the DeiT recipe"),
-    ("07_training", "training", "one training loop from CPU to many GPUs, exact resume"),
-    ("08_command_line", "cli", "convit-edu train / eval / bench, torchrun and SLURM"),
-    ("09_locality", "analysis", "nonlocality (Eq. 8), gating, attention maps, masking"),
-    ("10_experiments", "experiments", "Table 2 and Table 3 in miniature"),
-    ("11_performance", "bench", "why GPSA is slow and how to make it fast"),
+CORE = [
+    ("01_self_attention", "Eq. 1-3: scaled dot-product and multi-head self-attention"),
+    ("02_positional_attention", "relative positions on an HxW patch grid, Eq. 4 PSA"),
+    ("03_convolutional_init", "Eq. 5: head centres and locality strength, Fig. 3"),
+    ("04_convolution_as_attention", "k² PSA heads compute a k×k convolution; a ConViT layer at init"),
+    ("05_gpsa", "Eq. 6-7: gated positional self-attention, reference and fast"),
+    ("06_convit", "the ConViT and DeiT models: embedding, blocks, class token"),
+    ("07_model_zoo", "Table 1 by name: parameters, MACs, resolutions, ablation switches"),
+    ("08_first_training_run", "a small ConViT and DeiT trained in minutes"),
+    ("09_locality", "nonlocality (Eq. 8) and the gates during training, Figs. 5-6"),
+    ("10_attention_maps", "attention maps (Fig. 7) and masking at test time (Tables 5-6)"),
+    ("11_experiment_design", "Tables 2 and 3 at any scale; a design a CPU can run"),
+    ("13_experiment_results", "Tables 2 and 3 in miniature: the results"),
 ]
-written = {p.stem for p in Path(".").glob("[0-9][0-9]_*.py")}
-for stem, module, topic in CHAPTERS:
-    status = "ready " if stem in written else "coming"
-    print(f"[{status}] {stem:<25} -> convit_edu/{module + '.py':<16} {topic}")
+ENGINEERING = [
+    ("12_running_experiments", "one command per grid; from logs to tables and figures"),
+    ("14_pretrained_checkpoints", "official and timm checkpoints; hard distillation"),
+    ("15_datasets", "CIFAR-100, ImageNet folders, a fraction of each class"),
+    ("16_augmentation", "the DeiT recipe: RandAugment, erasing, MixUp / CutMix"),
+    ("17_loaders", "samplers for many processes, loaders, which stage limits"),
+    ("18_dali", "decoding with NVIDIA DALI (optional)"),
+    ("19_train_config", "a run is a config; the paper's recipes"),
+    ("20_optimisation", "the schedule, the loss, randomness, checkpoints"),
+    ("21_processes", "processes, precision, evaluation, progress, clean stops"),
+    ("22_training_loop", "`train`, piece by piece"),
+    ("23_training_checks", "exact resume, hooks, a NaN, two processes: checked"),
+    ("24_command_line", "convit-edu train / eval / bench"),
+    ("25_clusters", "torchrun, many nodes, SLURM"),
+    ("26_performance", "why GPSA is slow and how to make it fast"),
+    ("27_performance_limits", "compile, the machine's peak, the data, convit-edu bench"),
+]
+written = sorted(p.stem for p in Path(".").glob("[0-9][0-9]_*.py") if p.stem != "00_index")
+assert sorted(stem for stem, _ in CORE + ENGINEERING) == written, "the map and nbs/ differ"
+for track, chapters in (("core path", CORE), ("engineering track", ENGINEERING)):
+    print(track)
+    for stem, topic in chapters:
+        exported = re.search(r"^#\| default_exp (\w+)", Path(f"{stem}.py").read_text(), re.M)
+        module = f"convit_edu/{exported.group(1)}.py" if exported else "(no module)"
+        print(f"  {stem:<28} {module:<27} {topic}")
 
 # %% [markdown]
 # ## How to run the notebooks
@@ -232,7 +264,8 @@ print("this run is in", "FAST" if FAST else "full", "mode")
 #
 # Conventions every chapter follows: the first code cell is the `parameters` cell; seeds are set and numbers
 # printed at fixed precision; every claim in the prose is checked by a cell that would fail if it were false;
-# plots end with `plt.show()`; later chapters import earlier modules (`from convit_edu.gpsa import GPSA`).
+# plots end with `plt.show()`; modules import each other with absolute imports (`from convit_edu.gpsa import
+# GPSA`), and never in a circle (`tests/test_project.py` checks that the import graph is one-way).
 
 # %% [markdown]
 # ## Bad input, refused early and shown honestly

@@ -313,7 +313,7 @@ plt.show()
 # moderate content signal still moves the attention; with a large α the positional term swamps it, and the
 # head attends where it is told regardless of the image. This is the limitation that App. A of the paper
 # observes in training (a PSA-ConViT "stays in the convolutional configuration and ignores the content") and
-# that GPSA (chapter 04) removes by giving content and position separate softmaxes and a learned gate. We
+# that GPSA (chapter 05) removes by giving content and position separate softmaxes and a learned gate. We
 # measure how far content moves the attention away from the purely positional map (total variation distance,
 # averaged over queries), for the same random queries and keys at growing α:
 
@@ -350,7 +350,7 @@ print("positional_self_attention on a 6×6 grid for 35 tokens:",
 # * `rel_indices(H, W)`: r_δ = (δx, δy, ‖δ‖²) for every (query, key) pair, δ = key − query, on any H×W grid;
 # * `positional_self_attention`: Eq. 4, content and positional scores summed before one softmax.
 #
-# Chapter 03 chooses v_pos so that N_h PSA heads together compute a convolution (Eq. 5).
+# Chapter 03 chooses v_pos (Eq. 5); chapter 04 shows that N_h PSA heads so initialised compute a convolution.
 
 # %% [markdown]
 # ## Exercises

@@ -8,19 +8,13 @@ import pytest
 import torch
 from torch.optim.swa_utils import AveragedModel
 
-from convit_edu.analysis import (
-    LocalityRecorder,
-    attention_maps,
-    format_masking,
-    gates,
-    masking_table,
-    model_nonlocality,
-    nonlocality,
-    patch_distances,
-    read_locality,
-)
-from convit_edu.models import create_model
-from convit_edu.training import TrainConfig, evaluate, train
+from convit_edu.analysis import (LocalityRecorder, gates, model_nonlocality, nonlocality, patch_distances,
+                                 read_locality)
+from convit_edu.config import TrainConfig
+from convit_edu.maps import attention_maps, format_masking, masking_table
+from convit_edu.runtime import evaluate
+from convit_edu.training import train
+from convit_edu.zoo import create_model
 
 SIZE = dict(img_size=16, patch_size=4, embed_dim=16, num_heads=4, depth=3, num_classes=3)
 
@@ -186,7 +180,7 @@ def test_locality_recorder_records_before_training_every_n_steps_and_at_the_end(
                       data="fake", data_args={"num_train": 40, "num_val": 8, "num_classes": 3, "image_size": 16},
                       aug=None, epochs=1, batch_size=8, num_workers=0, precision="fp32", progress="none",
                       warmup_epochs=0, output=str(tmp_path / "run"))
-    from convit_edu.data import build_datasets
+    from convit_edu.datasets import build_datasets
 
     datasets = build_datasets("fake", train_transform=_to_tensor, val_transform=_to_tensor, num_train=40, num_val=8,
                               num_classes=3, image_size=16)
@@ -206,7 +200,7 @@ def test_a_resumed_recorder_keeps_the_points_its_checkpoint_reached(tmp_path):
                                       "local_up_to_layer": 1},
                           num_workers=0, precision="fp32", progress="none", warmup_epochs=0, resume=resume,
                           output=str(tmp_path / "run"))
-        from convit_edu.data import build_datasets
+        from convit_edu.datasets import build_datasets
 
         datasets = build_datasets("fake", train_transform=_to_tensor, val_transform=_to_tensor, num_train=40,
                                   num_val=8, num_classes=3, image_size=16)

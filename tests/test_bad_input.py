@@ -1,6 +1,7 @@
 """A battery of bad inputs a user could plausibly give, through the API and the command line: each is refused
 early with a message that names the value (and, through the CLI, with exit status 1, one line, no traceback)."""
 
+import re
 import urllib.error
 from pathlib import Path
 
@@ -9,9 +10,12 @@ import torch
 import torchvision
 from torch.utils.data import TensorDataset
 
-from convit_edu import analysis, cli, models, training
-from convit_edu.data import AugConfig, RepeatAugSampler, build_datasets, build_loaders
-from convit_edu.training import TrainConfig, per_device_batch, read_checkpoint, recipe
+from convit_edu import analysis, cli, pretrained, runtime, training, zoo
+from convit_edu.augment import AugConfig
+from convit_edu.config import TrainConfig, per_device_batch, recipe
+from convit_edu.datasets import build_datasets
+from convit_edu.loaders import RepeatAugSampler, build_loaders
+from convit_edu.optimisation import read_checkpoint
 
 TINY = dict(model="deit_tiny", model_args={"patch_size": 4, "depth": 1}, img_size=8)
 
@@ -19,7 +23,7 @@ TINY = dict(model="deit_tiny", model_args={"patch_size": 4, "depth": 1}, img_siz
 def files(tmp: Path) -> dict[str, Path]:
     """A truncated checkpoint, random bytes, a pickle that is not safe to load, and a foreign torch file."""
     good = tmp / "good.pt"
-    torch.save({"model": models.create_model("deit_tiny", patch_size=4, depth=1, img_size=8).state_dict()}, good)
+    torch.save({"model": zoo.create_model("deit_tiny", patch_size=4, depth=1, img_size=8).state_dict()}, good)
     made = {"truncated": good.read_bytes()[: good.stat().st_size // 2], "random": bytes(range(256)) * 8}
     for name, content in made.items():
         (tmp / f"{name}.pt").write_bytes(content)
@@ -47,6 +51,8 @@ API = [
     (lambda t: TrainConfig(aug_args={"scale": (0.9, 0.1)}), ValueError, "scale \\(0.9, 0.1\\) must be an increasing"),
     (lambda t: TrainConfig(aug_args={"scale": (0.5, 2.0)}), ValueError, "its upper end must be at most 1"),
     (lambda t: TrainConfig(model_args={"img_size": 32}), ValueError, "'img_size', which the run owns"),
+    (lambda t: TrainConfig(model_args={"locality_strength": -1.0}), ValueError,
+     "locality_strength \\(α\\) must be > 0, got -1.0"),
     (lambda t: TrainConfig(ema_decay=1.0), ValueError, "ema_decay must be a finite number in \\(0, 1\\)"),
     (lambda t: TrainConfig(clip_grad=0.0), ValueError, "clip_grad must be a finite number in \\(0, inf\\]"),
     (lambda t: TrainConfig(drop_path_rate=1.0), ValueError, "drop_path_rate must be a finite number in \\[0, 1\\)"),
@@ -55,27 +61,30 @@ API = [
      "unknown setting\\(s\\) \\['learning_rate'\\]"),
     (lambda t: recipe("cifar10"), ValueError, "unknown recipe 'cifar10': choose one of deit"),
     (lambda t: per_device_batch(TrainConfig(global_batch=100), 3), ValueError, "global_batch 100 is not divisible"),
-    (lambda t: models.create_model("convit_tiny")(torch.zeros(1, 3, 224, 224, dtype=torch.uint8)), TypeError,
+    (lambda t: zoo.create_model("convit_tiny")(torch.zeros(1, 3, 224, 224, dtype=torch.uint8)), TypeError,
      "got torch.uint8: pass x.float\\(\\) / 255"),
-    (lambda t: models.create_model("convit_tiny")(torch.zeros(1, 3, 224, 224, dtype=torch.float64)), TypeError,
+    (lambda t: zoo.create_model("convit_tiny")(torch.zeros(1, 3, 224, 224, dtype=torch.float64)), TypeError,
      "expected torch.float32 images like the model's weights, got torch.float64"),
-    (lambda t: models.create_model("convit_tiny", embed_dim=100, num_heads=3), ValueError,
+    (lambda t: zoo.create_model("convit_tiny", embed_dim=100, num_heads=3), ValueError,
      "embed_dim 100 is not divisible by num_heads 3"),
-    (lambda t: models.load_checkpoint(models.create_model("deit_tiny"), files(t)["truncated"]), ValueError,
+    (lambda t: pretrained.load_checkpoint(zoo.create_model("deit_tiny"), files(t)["truncated"]), ValueError,
      "truncated.pt is truncated or not a torch checkpoint"),
-    (lambda t: models.load_checkpoint(models.create_model("deit_tiny"), files(t)["random"]), ValueError,
+    (lambda t: pretrained.load_checkpoint(zoo.create_model("deit_tiny"), files(t)["random"]), ValueError,
      "random.pt is truncated or not a torch checkpoint"),
-    (lambda t: models.load_file(files(t)["unsafe"]), ValueError, "cannot be loaded safely"),
+    (lambda t: pretrained.load_file(files(t)["unsafe"]), ValueError, "cannot be loaded safely"),
     (lambda t: analysis.gates(files(t)["truncated"]), ValueError, "is truncated or not a torch checkpoint"),
     (lambda t: read_checkpoint(files(t)["foreign"]), ValueError, "not a convit-edu training checkpoint"),
     (lambda t: read_checkpoint(t / "missing.pt"), FileNotFoundError, "no checkpoint file at"),
     (lambda t: build_datasets("fake", fraction=1.5), ValueError, "fraction 1.5 is outside \\(0, 1\\]"),
-    (lambda t: build_datasets("cifar100", t, download=False), FileNotFoundError, "CIFAR-100 not found"),
+    (lambda t: build_datasets("fake", num_train=100, fraction=0.05), ValueError,
+     "fraction 0.05 keeps none of the 10 images of class 0; use fraction >= 0.1"),
+    (lambda t: build_datasets("fake", max_classes=1000), ValueError,
+     "max_classes 1000 is larger than the 10 classes of the fake data"),
     (lambda t: AugConfig(hflip=1.5), ValueError, "hflip 1.5 is a probability"),
     (lambda t: RepeatAugSampler(10, 2, 2), ValueError, "rank 2 must lie in 0..1"),
     (lambda t: build_loaders(TensorDataset(torch.zeros(2)), TensorDataset(torch.zeros(2)), batch_size=1,
                              num_replicas=3), ValueError, "3 processes but the training set has only 2 samples"),
-    (lambda t: training.evaluate(torch.nn.Linear(2, 2), TensorDataset(torch.zeros(0, 2), torch.zeros(0).long())),
+    (lambda t: runtime.evaluate(torch.nn.Linear(2, 2), TensorDataset(torch.zeros(0, 2), torch.zeros(0).long())),
      ValueError, "the evaluation set is empty"),
     (lambda t: training.train(TrainConfig(**TINY, aug=None, output=str(t / "run"), progress="none"),
                               datasets=(TensorDataset(torch.zeros(8, 3, 8, 8), torch.zeros(8).long()),
@@ -89,6 +98,16 @@ def test_the_api_refuses_bad_input_naming_the_value(tmp_path, call, error, match
     with pytest.raises(error, match=match) as caught:
         call(tmp_path)
     assert "weights_only=False" not in str(caught.value)
+
+
+def test_a_dataset_that_is_not_there_is_refused_naming_the_folder(tmp_path):
+    missing = tmp_path / "imagenet"
+    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(str(missing))} has no train/ and val/ folders "
+                                                 r"\(folder missing\)"):
+        build_datasets("imagefolder", missing)
+    with pytest.raises(FileNotFoundError, match=re.escape(f"CIFAR-100 not found (or its checksums do not match) "
+                                                          f"under {tmp_path}/cifar-100-python")):
+        build_datasets("cifar100", tmp_path, download=False)
 
 
 def test_a_failed_cifar_download_says_what_to_do_offline(tmp_path, monkeypatch):

@@ -8,30 +8,15 @@ import os
 
 import pytest
 import torch
-
-from convit_edu import bench
-from convit_edu.bench import (
-    H100_BF16_DENSE_FLOPS,
-    BenchSizes,
-    GPSAOfficialForm,
-    compiled_throughput,
-    format_table,
-    gpsa_layer_bench,
-    h100_estimate,
-    interleaved_times,
-    median,
-    model_throughput,
-    peak_matmul_flops,
-    resolution_sweep,
-    run_benchmarks,
-    saved_activation_bytes,
-    spread,
-    training_flops_per_image,
-)
-from convit_edu.gpsa import GPSA, GPSAReference
-from convit_edu.models import count_macs, model_config
 from gpsa_checks import grads, perturb, rel_err
 
+from convit_edu import bench
+from convit_edu.bench import (H100_BF16_DENSE_FLOPS, BenchSizes, compiled_throughput, h100_estimate,
+                              peak_matmul_flops, run_benchmarks, training_flops_per_image)
+from convit_edu.gpsa import GPSA, GPSAReference
+from convit_edu.throughput import (GPSAOfficialForm, format_table, gpsa_layer_bench, interleaved_times, median,
+                                   model_throughput, resolution_sweep, saved_activation_bytes, spread)
+from convit_edu.zoo import count_macs, model_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -223,7 +208,7 @@ def test_run_benchmarks_prints_tables_and_writes_json(tmp_path):
 
 def test_pipeline_bench_compares_float_and_uint8_loaders_and_the_model_with_train(tmp_path):
     from convit_edu.bench import pipeline_bench
-    from convit_edu.training import TrainConfig
+    from convit_edu.config import TrainConfig
 
     cfg = TrainConfig(model="deit_tiny", model_args={"patch_size": 4, "embed_dim": 16, "num_heads": 2, "depth": 1},
                       img_size=16, data="fake", data_args={"num_train": 64, "num_val": 8, "num_classes": 2,

@@ -8,9 +8,11 @@ import time
 
 import pytest
 
-from convit_edu.cli import SBATCH_SCRIPT, build_parser, main
-from convit_edu.models import list_models
-from convit_edu.training import RECIPES, RUN_OWNED, TrainConfig, read_checkpoint
+from convit_edu.cli import build_parser, main
+from convit_edu.config import RECIPES, RUN_OWNED, TrainConfig
+from convit_edu.launch import SBATCH_SCRIPT
+from convit_edu.optimisation import read_checkpoint
+from convit_edu.zoo import list_models
 
 TINY = ["--model", "convit_tiny", "--img-size", "16", "--patch-size", "4", "--embed-dim", "48", "--depth", "2",
         "--local-up-to-layer", "1", "--data", "fake", "--data-arg", "num_train=64", "--data-arg", "num_val=32",
@@ -37,7 +39,7 @@ def test_help_names_the_commands_and_one_flag_per_config_field(capsys):
 def test_every_setting_has_exactly_one_described_flag():
     from dataclasses import MISSING, fields
 
-    from convit_edu.data import AugConfig
+    from convit_edu.augment import AugConfig
     from convit_edu.models import ModelConfig
 
     train = build_parser()._subparsers._group_actions[0].choices["train"]

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from convit_edu.conv_init import ConvAsPSA, head_centres, local_init, v_pos
+from convit_edu.conv_attention import ConvAsPSA
+from convit_edu.conv_init import head_centres, local_init, v_pos
 from convit_edu.gpsa import GPSA
 from convit_edu.positional import rel_indices
 

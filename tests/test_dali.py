@@ -1,4 +1,4 @@
-"""Tests of the optional NVIDIA DALI loader (chapter 06's `DaliLoaders`, `TrainConfig(loader="dali")`), on the CPU.
+"""Tests of the optional NVIDIA DALI loader (chapter 18's `DaliLoaders`, `TrainConfig(loader="dali")`), on the CPU.
 
 They need the extra (`pip install -e ".[dali]"`) and skip without it, except the checks of the config, which
 hold either way.
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
-from convit_edu import data, training
-from convit_edu.training import TrainConfig, train
 from training_checks import StopAt, assert_same_weights
+
+from convit_edu import augment, config, dali, datasets, loaders, optimisation
+from convit_edu.config import TrainConfig
+from convit_edu.training import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CLASSES, PER_CLASS = 3, 8
@@ -38,9 +39,9 @@ def folder(tmp_path) -> Path:
     return tmp_path
 
 
-def plain(img_size: int = 8) -> data.AugConfig:
+def plain(img_size: int = 8) -> augment.AugConfig:
     """Crop and flip only: colours stay as they are."""
-    return data.augmentation("deit", img_size, randaugment_magnitude=None)
+    return augment.augmentation("deit", img_size, randaugment_magnitude=None)
 
 
 def seen(batches) -> list[tuple[int, int]]:
@@ -52,9 +53,9 @@ def expected(keep: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return sorted((shade(c, i), c) for c, i in keep)
 
 
-def loaders(folder, fraction=1.0, classes=None, batch_size=4, **kwargs) -> data.DaliLoaders:
-    train_set, val_set, _ = data.build_datasets("imagefolder", folder, fraction=fraction, max_classes=classes)
-    return data.DaliLoaders(train_set, val_set, kwargs.pop("cfg", plain()), batch_size=batch_size, **kwargs)
+def loaders(folder, fraction=1.0, classes=None, batch_size=4, **kwargs) -> dali.DaliLoaders:
+    train_set, val_set, _ = datasets.build_datasets("imagefolder", folder, fraction=fraction, max_classes=classes)
+    return dali.DaliLoaders(train_set, val_set, kwargs.pop("cfg", plain()), batch_size=batch_size, **kwargs)
 
 
 def take(it, n: int) -> list:
@@ -63,10 +64,10 @@ def take(it, n: int) -> list:
 
 def test_dali_batches_are_uint8_chw_with_the_labels_of_their_files(folder):
     pytest.importorskip("nvidia.dali")
-    images, labels = next(loaders(folder, cfg=data.augmentation("deit", 16)).epoch(0))
+    images, labels = next(loaders(folder, cfg=augment.augmentation("deit", 16)).epoch(0))
     assert images.dtype == torch.uint8 and images.shape == (4, 3, 16, 16)
     assert labels.dtype == torch.int64 and labels.shape == (4,)
-    finish = data.DeviceTransforms(data.augmentation("deit", 16))
+    finish = loaders.DeviceTransforms(augment.augmentation("deit", 16))
     assert finish.train(images).shape == (4, 3, 16, 16)
     for (red, label) in seen([next(loaders(folder).epoch(0))]):
         assert (red - 20 - 4 * label) % 24 in (0, 1, 23)  # the image's colour belongs to its label's class
@@ -74,7 +75,7 @@ def test_dali_batches_are_uint8_chw_with_the_labels_of_their_files(folder):
 
 def test_dali_training_pipeline_keeps_dalis_own_deprecation_notices_out_of_the_log(folder, recwarn):
     pytest.importorskip("nvidia.dali")
-    next(loaders(folder, cfg=data.augmentation("deit", 16)).epoch(0))  # RandAugment on
+    next(loaders(folder, cfg=augment.augmentation("deit", 16)).epoch(0))  # RandAugment on
     assert not [w for w in recwarn if "nvidia.dali.fn.experimental" in str(w.message)]
 
 
@@ -99,7 +100,7 @@ def test_dali_shards_split_each_pass_between_processes(folder):
 
 def test_dali_augmentation_follows_the_seed(folder):
     pytest.importorskip("nvidia.dali")
-    cfg = data.augmentation("deit", 16)
+    cfg = augment.augmentation("deit", 16)
 
     def first(seed):
         return take(loaders(folder, cfg=cfg, seed=seed).epoch(0), 2)
@@ -111,7 +112,7 @@ def test_dali_augmentation_follows_the_seed(folder):
 
 def test_dali_pipeline_goes_on_from_its_checkpoint_exactly(folder):
     pytest.importorskip("nvidia.dali")
-    cfg = data.augmentation("deit", 16)
+    cfg = augment.augmentation("deit", 16)
     whole = loaders(folder, cfg=cfg)
     it = whole.epoch(0)
     take(it, 5)  # past the end of the first pass of 24 files
@@ -153,7 +154,7 @@ def test_dali_config_is_refused_early_with_the_reason(folder, monkeypatch):
         TrainConfig(loader="dali", data="imagefolder", repeats=3)
     with pytest.raises(ValueError, match="not aug 'pad-crop-flip'"):
         TrainConfig(loader="dali", data="imagefolder", aug="pad-crop-flip")
-    monkeypatch.setattr(training, "dali_available", lambda: False)
+    monkeypatch.setattr(config, "dali_available", lambda: False)
     with pytest.raises(ImportError, match=r'pip install -e "\.\[dali\]"'):
         TrainConfig(loader="dali", data="imagefolder")
 
@@ -167,4 +168,4 @@ def test_the_command_line_trains_with_loader_dali(folder, tmp_path):
                  "--depth", "2", "--local-up-to-layer", "1", "--data", "imagefolder", "--data-root", str(folder), "--loader", "dali",
                  "--epochs", "1", "--batch-size", "4", "--num-workers", "1", "--device", "cpu", "--precision",
                  "fp32", "--progress", "none", "--output", str(out)]) == 0
-    assert training.read_checkpoint(out / "last.pt")["config"]["loader"] == "dali"
+    assert optimisation.read_checkpoint(out / "last.pt")["config"]["loader"] == "dali"

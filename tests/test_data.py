@@ -1,8 +1,10 @@
-"""Tests for convit_edu.data (notebook nbs/06_data): datasets, subsampling, the DeiT recipe, samplers, loaders."""
+"""Tests for the data chapters 15-17 (convit_edu.datasets, augment, loaders): datasets, subsampling, the DeiT
+recipe, samplers, loaders."""
 
 import hashlib
 import math
 import pickle
+import tarfile
 import warnings
 from pathlib import Path
 
@@ -12,24 +14,10 @@ import torch
 from PIL import Image
 from torchvision import datasets
 
-from convit_edu.data import (
-    AUGMENTATIONS,
-    KeyedSampler,
-    AugConfig,
-    LoaderBenchmark,
-    MixupCutmix,
-    RepeatAugSampler,
-    benchmark_loader,
-    build_datasets,
-    build_loader,
-    build_loaders,
-    build_mixup,
-    build_transforms,
-    extract_subset,
-    plot_loader_benchmarks,
-    scaled_epochs,
-    subsample_per_class,
-)
+from convit_edu.augment import AUGMENTATIONS, AugConfig, MixupCutmix, build_mixup, build_transforms
+from convit_edu.datasets import build_datasets, extract_subset, first_classes, scaled_epochs, subsample_per_class
+from convit_edu.loaders import (KeyedSampler, LoaderBenchmark, RepeatAugSampler, benchmark_loader, build_loader,
+                                build_loaders, plot_loader_benchmarks)
 
 TINY_IMAGENET = Path(__file__).resolve().parents[2] / "shared" / "data" / "tiny-imagenet-100.tar.gz"
 CLASSES = ["cat", "dog", "eel"]
@@ -585,6 +573,21 @@ def test_tiny_imagenet_subset_loads_through_the_whole_pipeline(tmp_path):
         extract_subset(TINY_IMAGENET, tmp_path / "tin", max_classes=2)
 
 
+def test_first_classes_extracts_an_archive_when_there_is_one_and_falls_back_to_synthetic_images(folder, tmp_path):
+    archive = tmp_path / "small.tar.gz"
+    with tarfile.open(archive, "w:gz") as tf:
+        tf.add(folder / "train", arcname="small/train")
+        tf.add(folder / "val", arcname="small/val")
+    real = first_classes(archive, tmp_path / "first2", 2)
+    assert real == {"data": "imagefolder", "data_root": str(tmp_path / "first2"), "data_args": {}}
+    train, _, names = build_datasets(real["data"], real["data_root"], **real["data_args"])
+    assert names == sorted(CLASSES)[:2] and len(train) == 2 * TRAIN_PER_CLASS
+    fake = first_classes(tmp_path / "absent.tar.gz", tmp_path / "unused", 3, num_train=30, num_val=6, image_size=8)
+    train, val, names = build_datasets(fake["data"], fake["data_root"], **fake["data_args"])
+    assert fake["data"] == "fake" and len(names) == 3 and (len(train), len(val)) == (30, 6)
+    assert not (tmp_path / "unused").exists()
+
+
 def test_sample_keys_are_places_in_the_global_stream_whatever_the_number_of_processes():
     def keys(world: int, start: int = 0) -> list[tuple[int, int, int]]:
         out = []
@@ -602,7 +605,9 @@ def test_sample_keys_are_places_in_the_global_stream_whatever_the_number_of_proc
 
 
 def test_on_device_transforms_ship_uint8_and_finish_to_the_float_pipelines_values(folder):
-    from convit_edu.data import DeviceTransforms, augmentation, load_rgb
+    from convit_edu.augment import augmentation
+    from convit_edu.datasets import load_rgb
+    from convit_edu.loaders import DeviceTransforms
 
     cfg = augmentation("deit", 32)
     _, float_val = build_transforms(cfg)
@@ -618,7 +623,7 @@ def test_on_device_transforms_ship_uint8_and_finish_to_the_float_pipelines_value
 
 
 def test_erasing_boxes_follow_the_probability_and_the_area_range():
-    from convit_edu.data import erasing_boxes
+    from convit_edu.loaders import erasing_boxes
 
     torch.manual_seed(0)
     masks = erasing_boxes(4000, (40, 60), p=0.5)
@@ -633,7 +638,8 @@ def test_erasing_boxes_follow_the_probability_and_the_area_range():
 
 
 def test_device_transforms_erase_with_noise_and_keep_the_rest(folder):
-    from convit_edu.data import DeviceTransforms, augmentation
+    from convit_edu.augment import augmentation
+    from convit_edu.loaders import DeviceTransforms
 
     cfg = augmentation("deit", 32, erasing=1.0)
     batch = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)

@@ -7,28 +7,10 @@ import shlex
 import pytest
 
 from convit_edu.cli import build_parser
-from convit_edu.experiments import (
-    ABLATIONS,
-    RunSpec,
-    Scale,
-    ablation_grid,
-    collect,
-    commands_script,
-    expected_hours,
-    format_table_2,
-    format_table_3,
-    read_run,
-    relative_gain,
-    run_config,
-    run_grid,
-    sample_efficiency_grid,
-    sample_efficiency_scale,
-    table_2,
-    table_3,
-    unseen_top1,
-    train_command,
-    unique_runs,
-)
+from convit_edu.experiments import (collect, expected_hours, format_table_2, format_table_3, read_run, relative_gain,
+                                    run_config, run_grid, table_2, table_3, unseen_top1)
+from convit_edu.grids import (ABLATIONS, RunSpec, Scale, ablation_grid, commands_script, sample_efficiency_grid,
+                              sample_efficiency_scale, train_command, unique_runs)
 
 SCALE = Scale(convit="convit_tiny", deit="deit_tiny", epochs=10, warmup_epochs=1,
               model_args={"patch_size": 8, "embed_dim": 64}, convit_args={"local_up_to_layer": 4},

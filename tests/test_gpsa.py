@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from gpsa_checks import grads, perturb, rel_err
 
 from convit_edu.conv_init import head_centres
 from convit_edu.gpsa import GPSA, PSA, GPSAReference
 from convit_edu.positional import positional_self_attention, rel_indices
-from gpsa_checks import grads, perturb, rel_err
 
 
 def pair(embed_dim=48, num_heads=4, dtype=torch.float32, seed=0, **kwargs):

@@ -5,27 +5,14 @@ import functools
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
-
 from torch.optim.swa_utils import AveragedModel
+from torch.utils.flop_counter import FlopCounterMode
 
 from convit_edu import gpsa
 from convit_edu.conv_init import head_centres, v_pos
-from convit_edu.models import (
-    MODEL_ZOO,
-    ForwardRecord,
-    ModelConfig,
-    VisionTransformer,
-    count_macs,
-    count_params,
-    create_model,
-    guess_architecture,
-    list_models,
-    load_checkpoint,
-    mask_at_test_time,
-    read_state_dict,
-    resize_pos_embed,
-)
+from convit_edu.models import ForwardRecord, ModelConfig, VisionTransformer, resize_pos_embed
+from convit_edu.pretrained import guess_architecture, load_checkpoint, read_state_dict
+from convit_edu.zoo import MODEL_ZOO, count_macs, count_params, create_model, list_models, mask_at_test_time
 
 timm = pytest.importorskip("timm")
 

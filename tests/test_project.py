@@ -104,3 +104,36 @@ def test_the_portability_pass_really_changes_torchs_kernels_and_threads():
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["DEFAULT", "1"], out
+
+
+def package_imports() -> dict[str, set[str]]:
+    """Each module of the package and the package modules it imports, anywhere in its code."""
+    graph = {}
+    for module in pkgutil.iter_modules(convit_edu.__path__):
+        text = (ROOT / "convit_edu" / f"{module.name}.py").read_text()
+        graph[module.name] = set(re.findall(r"^\s*from convit_edu\.(\w+) import", text, re.M)) - {module.name}
+    return graph
+
+
+def test_the_package_import_graph_is_one_way():
+    graph, done, path = package_imports(), set(), []
+
+    def visit(name: str) -> None:
+        assert name not in path, f"circular imports: {' -> '.join([*path[path.index(name):], name])}"
+        if name in done:
+            return
+        path.append(name)
+        for imported in sorted(graph[name]):
+            visit(imported)
+        path.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name)
+    assert graph["training"] >= {"config", "runtime", "optimisation", "loaders"}  # the graph was read at all
+
+
+def test_a_cycle_in_the_import_graph_would_be_caught(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "package_imports", lambda: {"a": {"b"}, "b": {"a"}})
+    with pytest.raises(AssertionError, match="circular imports: a -> b -> a"):
+        test_the_package_import_graph_is_one_way()

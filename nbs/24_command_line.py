@@ -14,19 +14,20 @@
 # ---
 
 # %% [markdown]
-# # The command line: `convit-edu train / eval / bench`, torchrun and SLURM
+# # The command line: `convit-edu train / eval / bench`
 #
-# Chapter 07 wrote one training loop, `train(TrainConfig)`. This chapter puts a command in front of it, so
-# that the same run starts from a terminal on a laptop, on one GPU, on the 8 GPUs of a node with `torchrun`,
-# or on many nodes under SLURM:
+# Chapters 19-23 wrote one training loop, `train(TrainConfig)`. This chapter puts a command in front of it, so
+# that the same run starts from a terminal:
 #
 # * `convit-edu train` — every field of `TrainConfig`, of the model's `ModelConfig` and of the augmentation
 #   recipe's `AugConfig` is a flag of the same name; **presets** fill in the paper's recipes and print what
 #   they expand to;
-# * `convit-edu eval` — top-1/top-5 of a checkpoint, with the test-time masking switches of chapter 05
+# * `convit-edu eval` — top-1/top-5 of a checkpoint, with the test-time masking switches of chapter 07
 #   (SM F, Tables 5-6);
 # * `convit-edu bench` — training and inference images/s and peak memory of a model on this machine, and the
 #   data loader's images/s.
+#
+# Chapter 25 launches the same command on one GPU, a node, many nodes and SLURM.
 
 # %% tags=["parameters"]
 import os
@@ -50,7 +51,7 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # %% [markdown]
 # ## Presets: the paper's recipes by name
 #
-# `--preset NAME` applies one of chapter 07's `RECIPES` over the defaults. `deit` is DeiT's ImageNet recipe as
+# `--preset NAME` applies one of chapter 19's `RECIPES` over the defaults. `deit` is DeiT's ImageNet recipe as
 # the ConViT paper uses it unchanged (§4): 300 epochs, global batch 1024 (so lr = 5·10⁻⁴ × 1024/512 = 10⁻³),
 # 5 warm-up epochs, cosine to 10⁻⁵, AdamW wd 0.05, drop path 0.1, RandAugment, random erasing, Mixup/CutMix
 # with label smoothing, repeated augmentation ×3. `imagenet` is `deit` on an ImageNet folder. `cifar100-224` is
@@ -76,13 +77,21 @@ from typing import Any
 
 import torch
 
+from convit_edu.augment import AugConfig, augmentation, build_mixup, build_transforms
+from convit_edu.bench import BenchSizes, pipeline_bench, run_benchmarks, write_json
 from convit_edu.checks import positive_int
-from convit_edu.data import AugConfig, augmentation, benchmark_loader, build_datasets, build_mixup, build_transforms
-from convit_edu.bench import BenchSizes, measure_model, pipeline_bench, run_benchmarks, write_json
-from convit_edu.experiments import ABLATIONS, ablation_grid, run_grid, sample_efficiency_grid, sample_efficiency_scale
-from convit_edu.models import ModelConfig, VisionTransformer, create_model, mask_at_test_time, read_state_dict
-from convit_edu.training import (PRECISIONS, RECIPES, RUN_OWNED, TrainConfig, evaluate, read_checkpoint, recipe,
-                                 resolve_device, resolve_precision, train)
+from convit_edu.config import PRECISIONS, RECIPES, RUN_OWNED, TrainConfig, recipe
+from convit_edu.datasets import build_datasets
+from convit_edu.experiments import run_grid
+from convit_edu.grids import ABLATIONS, ablation_grid, sample_efficiency_grid, sample_efficiency_scale
+from convit_edu.loaders import benchmark_loader
+from convit_edu.models import ModelConfig, VisionTransformer
+from convit_edu.optimisation import read_checkpoint
+from convit_edu.pretrained import read_state_dict
+from convit_edu.runtime import evaluate, resolve_device, resolve_precision
+from convit_edu.throughput import measure_model
+from convit_edu.training import train
+from convit_edu.zoo import create_model, mask_at_test_time
 
 
 # %% [markdown]
@@ -94,7 +103,7 @@ from convit_edu.training import (PRECISIONS, RECIPES, RUN_OWNED, TrainConfig, ev
 # fields are those names again. The help of a run flag is the field's own (`TrainConfig`'s `setting(…,
 # help)`). A dict field of `TrainConfig` gathers the flags of the dataclass it overrides: the architecture
 # flags fill `model_args`, the augmentation flags `aug_args`, and `--data-arg KEY=VALUE` fills `data_args`.
-# The fields of those dataclasses that the run owns (`training.RUN_OWNED`: the image size, the classes, the
+# The fields of those dataclasses that the run owns (`config.RUN_OWNED`: the image size, the classes, the
 # distillation head, drop path) are the run's flags only — one flag per setting.
 
 # %%
@@ -102,7 +111,7 @@ from convit_edu.training import (PRECISIONS, RECIPES, RUN_OWNED, TrainConfig, ev
 _OVERRIDES = {  # TrainConfig field: (the dataclass it overrides, the prefix of its flags' dests, the group's title)
     "model_args": (ModelConfig, "model", "model architecture (convit_edu.models.ModelConfig; defaults shown are "
                                          "ConViT-Ti's, unset flags keep those of --model)"),
-    "aug_args": (AugConfig, "aug", "augmentation (convit_edu.data.AugConfig; defaults shown are those of the deit "
+    "aug_args": (AugConfig, "aug", "augmentation (convit_edu.augment.AugConfig; defaults shown are those of the deit "
                                    "augmentation, unset flags keep those of --aug)")}
 
 
@@ -184,7 +193,7 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
 # %% [markdown]
 # ## The four commands
 #
-# `train`, `eval` and `bench` below; `experiment` runs chapter 10's grids (Table 2 and Table 3 at CPU scale)
+# `train`, `eval` and `bench` below; `experiment` runs chapter 12's grids (Table 2 and Table 3 at CPU scale)
 # and is built there, from that chapter's functions. `main(argv)` returns an exit status: 0 when the work is done — including a training run that a SIGTERM or
 # SIGINT stopped *with a checkpoint written* (resume it with `--resume auto`) — and 1 with a one-line
 # message, no traceback, for a bad input or a non-finite loss. Any other failure is one line too, with its
@@ -243,7 +252,7 @@ def run_eval(args: argparse.Namespace) -> int:
 def run_bench(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(positive_int("--threads", args.threads))
-    if args.suite:  # chapter 11: GPSA layer, resolution sweep, ConViT vs DeiT throughput, peak fraction
+    if args.suite:  # chapters 26-27: GPSA layer, resolution sweep, ConViT vs DeiT throughput, peak fraction
         run_benchmarks(BenchSizes.fast() if args.suite == "fast" else BenchSizes.full(),
                        compile_timeout_s=args.compile_timeout if args.compile else None, json_path=args.json)
         return 0
@@ -299,7 +308,7 @@ def _key_value(item: str, flag: str) -> tuple[str, Any]:
 # %%
 #| export
 def run_experiment(args: argparse.Namespace) -> int:
-    """`experiment sample-efficiency` (Table 2) or `experiment ablations` (Table 3, App. A): chapter 10's grid."""
+    """`experiment sample-efficiency` (Table 2) or `experiment ablations` (Table 3, App. A): chapter 12's grid."""
     common = {"num_workers": args.num_workers, "device": args.device, "progress": args.progress}
     scale = sample_efficiency_scale(args.data_root, args.classes, args.images_per_run, **common)
     if args.grid == "sample-efficiency":
@@ -312,7 +321,7 @@ def run_experiment(args: argparse.Namespace) -> int:
 
 
 def _experiment_parser(sub) -> None:
-    e = sub.add_parser("experiment", help="a grid of the paper's experiments at CPU scale (chapter 10)")
+    e = sub.add_parser("experiment", help="a grid of the paper's experiments at CPU scale (chapter 12)")
     grids = e.add_subparsers(dest="grid", required=True)
     for name, what in (("sample-efficiency", "Table 2: ConViT and DeiT on fractions of the data"),
                        ("ablations", "Table 3 and App. A: the ConViT taken apart, on one fraction")):
@@ -381,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--aug", default="deit", help="augmentation for the loader benchmark (data.AUGMENTATIONS)")
     b.add_argument("--num-workers", type=int, default=4)
     b.add_argument("--suite", choices=["fast", "full"],
-                   help="instead: chapter 11's whole suite (GPSA layer, resolution, ConViT vs DeiT throughput)")
+                   help="instead: chapter 27's whole suite (GPSA layer, resolution, ConViT vs DeiT throughput)")
     b.add_argument("--compile-timeout", type=float, default=120.0,
                    help="with --suite --compile: seconds allowed for torch.compile")
     b.add_argument("--threads", type=int, help="torch threads (1 gives steadier numbers on a shared CPU)")
@@ -421,8 +430,7 @@ if __name__ == "__main__" and Path(sys.argv[0]).name == "cli.py":  # `python -m 
 # the augmentation recipe's `AugConfig` (their defaults are those of `--model` and `--aug`).
 
 # %%
-from convit_edu.cli import build_parser, main
-from convit_edu.training import RECIPES
+from convit_edu.config import RECIPES
 
 
 def captured(argv: list[str]) -> tuple[int, str, str]:
@@ -443,7 +451,7 @@ print(text)
 # %%
 status, text, _ = captured(["train", "--help"])
 assert status == 0 and "--local-up-to-layer" in text and "--mixup-alpha" in text and "--warmup-epochs" in text
-assert "--loader STR" in text and "dali" in text  # chapter 06's optional DALI loader
+assert "--loader STR" in text and "dali" in text  # chapter 18's optional DALI loader
 print(text)
 
 # %% [markdown]
@@ -526,9 +534,9 @@ for argv in (["train", "--model", "convit_huge"],
 #
 # Training and inference images/s and peak memory of a model at a batch size on this machine (on a CPU, fp32
 # and bf16 side by side: is bf16 worth it here?), then the data pipeline's images/s stage by stage (chapter
-# 06's `benchmark_loader`), and the pipeline against the model (chapter 11's `pipeline_bench`: a worker's
+# 17's `benchmark_loader`), and the pipeline against the model (chapter 27's `pipeline_bench`: a worker's
 # images/s and bytes per image in float32 and uint8, the model's step alone and `train` end to end). Here
-# ConViT-Ti at 224 px with batch 16 on this notebook's CPU (FAST mode: 64 px). Chapter 11 goes further.
+# ConViT-Ti at 224 px with batch 16 on this notebook's CPU (FAST mode: 64 px). Chapters 26-27 go further.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -540,7 +548,7 @@ assert status == 0, err
 print(text)
 
 # %% [markdown]
-# `convit-edu bench --suite fast|full [--threads 1] [--json FILE]` runs chapter 11's measurements instead:
+# `convit-edu bench --suite fast|full [--threads 1] [--json FILE]` runs the measurements of chapters 26-27 instead:
 # one GPSA layer (reference vs fast) at ConViT-Ti and ConViT-S sizes, cost against resolution, ConViT vs DeiT
 # training throughput in fp32 and bf16, and the fraction of this machine's matmul peak; `--compile` adds a
 # `torch.compile` measurement, capped at `--compile-timeout` seconds. The FAST suite, as a smoke test:
@@ -551,103 +559,3 @@ status, text, err = captured(["bench", "--suite", "fast", "--threads", "1"])
 assert status == 0, err
 assert "gpsa_layer:" in text and "throughput:" in text
 print(text)
-
-# %% [markdown]
-# ## Launching at every scale
-#
-# **Your laptop, one epoch of CIFAR-100** (downloads it into `data/` the first time, 161 MB):
-#
-# ```bash
-# convit-edu train --preset cifar100-32 --model convit_tiny --epochs 1 --warmup-epochs 0 --output runs/quickstart
-# ```
-#
-# **One GPU**, ImageNet in `data/imagenet/{train,val}` — the `imagenet` preset's global batch of 1024 is
-# reached with 8 accumulation steps of 128:
-#
-# ```bash
-# convit-edu train --preset imagenet --model convit_tiny --accum-steps 8 --output runs/convit_tiny
-# ```
-#
-# (With a `global_batch`, as the ImageNet presets have, `--batch-size` is not used: each process runs
-# global_batch / (accum_steps × processes) images at once. `--global-batch none --batch-size B` switches back.)
-#
-# **One node with 8 GPUs** — `torchrun` starts one process per GPU, each takes 1024 / 8 = 128 images:
-#
-# ```bash
-# torchrun --nproc_per_node=8 -m convit_edu.cli train --preset imagenet --model convit_small \
-#     --data-root /datasets/imagenet --output runs/convit_small --resume auto
-# ```
-#
-# **Many nodes under SLURM.** `SBATCH_SCRIPT` below asks for 4 nodes of 8 GPUs, starts one `torchrun` per node
-# with `srun`, and lets them meet through the c10d rendezvous on the first node. What makes it safe:
-#
-# * *The time limit.* SLURM sends USR1 to the batch shell five minutes before the limit (`--signal=B:USR1@300`).
-#   Its trap stops the training step (SIGTERM to `srun`, which forwards it to every task: each rank finishes
-#   its step, writes `last.pt` and exits 0) and then **requeues the job** with `scontrol requeue` — a job that
-#   simply ends at its limit is *completed*, and `--requeue` alone would not bring it back. The requeued job
-#   runs the same script, and `--resume auto` continues where it stopped.
-# * *torchrun's grace period.* torchrun forwards SIGTERM to its workers and kills them 30 s later by default;
-#   writing a checkpoint of a large model to a shared file system can take longer, so `--shutdown-timeout`
-#   gives them four minutes (inside the five the signal leaves).
-# * *Pre-emption* sends SIGTERM to every process of the job, loader workers included: the loop saves as above
-#   (workers ignore the signal, chapter 06) and SLURM requeues a pre-empted job itself.
-#
-# (The alternative without torchrun — `srun --ntasks-per-node=8 --gpus-per-task=1 python -m convit_edu.cli
-# train …` with `MASTER_ADDR`/`MASTER_PORT` exported — works too: chapter 07 reads SLURM's variables.)
-
-# %%
-#| export
-SBATCH_SCRIPT = r"""#!/bin/bash
-#SBATCH --job-name=convit_small
-#SBATCH --nodes=4
-#SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node=8
-#SBATCH --cpus-per-task=64
-#SBATCH --time=24:00:00
-#SBATCH --signal=B:USR1@300
-#SBATCH --requeue
-#SBATCH --open-mode=append
-#SBATCH --output=slurm-%j.out
-
-# five minutes before the time limit: stop the step (every rank saves last.pt), then requeue the job
-requeue=0
-trap 'requeue=1; kill -TERM "$step" 2>/dev/null' USR1
-
-head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=8 --shutdown-timeout=240 \
-    --rdzv-backend=c10d --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" \
-    -m convit_edu.cli train --preset imagenet --model convit_small \
-    --data-root /datasets/imagenet --num-workers 8 --output runs/convit_small --resume auto &
-step=$!
-status=0
-wait "$step" || status=$?
-while kill -0 "$step" 2>/dev/null; do  # the trap interrupted `wait`: the step is still saving
-    status=0
-    wait "$step" || status=$?
-done
-if [ "$requeue" = 1 ]; then
-    scontrol requeue "$SLURM_JOB_ID"
-fi
-exit "$status"
-"""
-
-# %%
-print(SBATCH_SCRIPT)
-
-# %% [markdown]
-# The flags of every command above are checked against the parser here (with `--print-config`, which stops
-# before any work):
-
-# %%
-COMMANDS = [
-    "train --preset cifar100-32 --model convit_tiny --epochs 1 --warmup-epochs 0 --output runs/quickstart",
-    "train --preset imagenet --model convit_tiny --accum-steps 8 --output runs/convit_tiny",
-    "train --preset imagenet --model convit_small --data-root /datasets/imagenet --output runs/convit_small --resume auto",
-    "train " + SBATCH_SCRIPT.split(" train ", 1)[1].split("&")[0].replace("\\\n", " "),  # the sbatch script's
-]
-for command in COMMANDS:
-    status, text, err = captured([*command.split(), "--print-config"])
-    assert status == 0, (command, err)
-    cfg = json.loads(text[text.index("{\n"):])
-    print(f"{cfg['model']:<13} {cfg['data']:<12} epochs {cfg['epochs']:>3}  global batch {cfg['global_batch']}"
-          f"  accum {cfg['accum_steps']}  resume {cfg['resume']}")
