@@ -78,7 +78,7 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # ## Table 1 of the paper: ConViT vs DeiT trained from scratch on ImageNet-1k
 #
 # Speed is images/s on one Quadro GP100 at batch 128. The paper does not define "Flops"; counting
-# multiply-accumulates without the attention matmuls reproduces the column (chapter 07), so that is our reading
+# multiply-accumulates without the attention matmuls reproduces the column (chapter 08), so that is our reading
 # of it, inferred rather than stated. Top-5 was not reported for DeiT-Ti/S/B.
 
 # %%
@@ -107,7 +107,7 @@ for name, model, heads, dim, size, flops, speed, top1, top5 in TABLE_1:
 # heads (4, 9, 16 are perfect squares, so every head can sit on one tap of a 2×2, 3×3 or 4×4 kernel); the "+"
 # models use the same heads and width 64 per head for both architectures, so the gain is not just more heads.
 # And every ConViT beats the DeiT of its size, while being slower per image in the official implementation —
-# chapter 26 shows how much of that slowness is the implementation, not the idea. The cell below checks
+# chapter 27 shows how much of that slowness is the implementation, not the idea. The cell below checks
 # both claims on the table.
 
 # %%
@@ -169,7 +169,7 @@ print("top-1 gain recomputed:", {f"{f:.0%}": f"{100 * (c1 - d1) / d1:.1f}%" for 
 #   loop's machinery, the command line and clusters, performance.
 #
 # The numbers follow the core path first; an engineering chapter can be read whenever its tool is used (the
-# first training run of chapter 08 uses the loop that chapters 19-23 open up). The cell below reads the
+# first training run of chapter 09 uses the loop that chapters 20-24 open up). The cell below reads the
 # module each chapter exports from the chapter itself, and fails if a chapter is missing from the map.
 
 # %%
@@ -182,30 +182,31 @@ CORE = [
     ("03_convolutional_init", "Eq. 5: head centres and locality strength, Fig. 3"),
     ("04_convolution_as_attention", "k² PSA heads compute a k×k convolution; a ConViT layer at init"),
     ("05_gpsa", "Eq. 6-7: gated positional self-attention, reference and fast"),
-    ("06_convit", "the ConViT and DeiT models: embedding, blocks, class token"),
-    ("07_model_zoo", "Table 1 by name: parameters, MACs, resolutions, ablation switches"),
-    ("08_first_training_run", "a small ConViT and DeiT trained in minutes"),
-    ("09_locality", "nonlocality (Eq. 8) and the gates during training, Figs. 5-6"),
-    ("10_attention_maps", "attention maps (Fig. 7) and masking at test time (Tables 5-6)"),
-    ("11_experiment_design", "Tables 2 and 3 at any scale; a design a CPU can run"),
-    ("13_experiment_results", "Tables 2 and 3 in miniature: the results"),
+    ("06_convit_layers", "patch embedding, MLP, stochastic depth, the pre-norm block"),
+    ("07_convit", "the ConViT and DeiT models: configuration, class token, forward"),
+    ("08_model_zoo", "Table 1 by name: parameters, MACs, resolutions, ablation switches"),
+    ("09_first_training_run", "a small ConViT and DeiT trained in minutes"),
+    ("10_locality", "nonlocality (Eq. 8) and the gates during training, Figs. 5-6"),
+    ("11_attention_maps", "attention maps (Fig. 7) and masking at test time (Tables 5-6)"),
+    ("12_experiment_design", "Tables 2 and 3 at any scale; a design a CPU can run"),
+    ("14_experiment_results", "Tables 2 and 3 in miniature: the results"),
 ]
 ENGINEERING = [
-    ("12_running_experiments", "one command per grid; from logs to tables and figures"),
-    ("14_pretrained_checkpoints", "official and timm checkpoints; hard distillation"),
-    ("15_datasets", "CIFAR-100, ImageNet folders, a fraction of each class"),
-    ("16_augmentation", "the DeiT recipe: RandAugment, erasing, MixUp / CutMix"),
-    ("17_loaders", "samplers for many processes, loaders, which stage limits"),
-    ("18_dali", "decoding with NVIDIA DALI (optional)"),
-    ("19_train_config", "a run is a config; the paper's recipes"),
-    ("20_optimisation", "the schedule, the loss, randomness, checkpoints"),
-    ("21_processes", "processes, precision, evaluation, progress, clean stops"),
-    ("22_training_loop", "`train`, piece by piece"),
-    ("23_training_checks", "exact resume, hooks, a NaN, two processes: checked"),
-    ("24_command_line", "convit-edu train / eval / bench"),
-    ("25_clusters", "torchrun, many nodes, SLURM"),
-    ("26_performance", "why GPSA is slow and how to make it fast"),
-    ("27_performance_limits", "compile, the machine's peak, the data, convit-edu bench"),
+    ("13_running_experiments", "one command per grid; from logs to tables and figures"),
+    ("15_pretrained_checkpoints", "official and timm checkpoints; hard distillation"),
+    ("16_datasets", "CIFAR-100, ImageNet folders, a fraction of each class"),
+    ("17_augmentation", "the DeiT recipe: RandAugment, erasing, MixUp / CutMix"),
+    ("18_loaders", "samplers for many processes, loaders, which stage limits"),
+    ("19_dali", "decoding with NVIDIA DALI (optional)"),
+    ("20_train_config", "a run is a config; the paper's recipes"),
+    ("21_optimisation", "the schedule, the loss, randomness, checkpoints"),
+    ("22_processes", "processes, precision, evaluation, progress, clean stops"),
+    ("23_training_loop", "`train`, piece by piece"),
+    ("24_training_checks", "exact resume, hooks, a NaN, two processes: checked"),
+    ("25_command_line", "convit-edu train / eval / bench"),
+    ("26_clusters", "torchrun, many nodes, SLURM"),
+    ("27_performance", "why GPSA is slow and how to make it fast"),
+    ("28_performance_limits", "compile, the machine's peak, the data, convit-edu bench"),
 ]
 written = sorted(p.stem for p in Path(".").glob("[0-9][0-9]_*.py") if p.stem != "00_index")
 assert sorted(stem for stem, _ in CORE + ENGINEERING) == written, "the map and nbs/ differ"

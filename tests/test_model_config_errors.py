@@ -1,11 +1,12 @@
-"""Bad input to the models of chapters 06-07 is refused early, naming the value and what would be right.
+"""Bad input to the models of chapters 07-08 is refused early, naming the value and what would be right.
 
 The chapters keep one example each; the other cases they used to show live here."""
 
 import pytest
 import torch
 
-from convit_edu.models import Block, DropPath, ModelConfig, PatchEmbed
+from convit_edu.layers import Block, DropPath, PatchEmbed
+from convit_edu.models import ModelConfig
 from convit_edu.zoo import create_model
 
 

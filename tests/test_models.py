@@ -10,7 +10,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from convit_edu import gpsa
 from convit_edu.conv_init import head_centres, v_pos
-from convit_edu.models import ForwardRecord, ModelConfig, VisionTransformer, resize_pos_embed
+from convit_edu.layers import resize_pos_embed
+from convit_edu.models import ForwardRecord, ModelConfig, VisionTransformer
 from convit_edu.pretrained import guess_architecture, load_checkpoint, read_state_dict
 from convit_edu.zoo import MODEL_ZOO, count_macs, count_params, create_model, list_models, mask_at_test_time
 

@@ -1,0 +1,143 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Launching at every scale: torchrun, many nodes, SLURM
+#
+# The command of chapter 25, from a laptop to a cluster: one GPU, one node with `torchrun`, many nodes with a
+# rendezvous, and SLURM with a batch script that saves and requeues the job when its time runs out.
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
+
+# %%
+#| default_exp launch
+# Launching training at every scale: a SLURM batch script that requeues on pre-emption.
+
+# %%
+import contextlib
+import io
+import json
+
+import torch
+
+from convit_edu.cli import main
+
+torch.set_printoptions(precision=4, sci_mode=False)
+
+# %% [markdown]
+# ## Launching at every scale
+#
+# **Your laptop, one epoch of CIFAR-100** (downloads it into `data/` the first time, 161 MB):
+#
+# ```bash
+# convit-edu train --preset cifar100-32 --model convit_tiny --epochs 1 --warmup-epochs 0 --output runs/quickstart
+# ```
+#
+# **One GPU**, ImageNet in `data/imagenet/{train,val}` — the `imagenet` preset's global batch of 1024 is
+# reached with 8 accumulation steps of 128:
+#
+# ```bash
+# convit-edu train --preset imagenet --model convit_tiny --accum-steps 8 --output runs/convit_tiny
+# ```
+#
+# (With a `global_batch`, as the ImageNet presets have, `--batch-size` is not used: each process runs
+# global_batch / (accum_steps × processes) images at once. `--global-batch none --batch-size B` switches back.)
+#
+# **One node with 8 GPUs** — `torchrun` starts one process per GPU, each takes 1024 / 8 = 128 images:
+#
+# ```bash
+# torchrun --nproc_per_node=8 -m convit_edu.cli train --preset imagenet --model convit_small \
+#     --data-root /datasets/imagenet --output runs/convit_small --resume auto
+# ```
+#
+# **Many nodes under SLURM.** `SBATCH_SCRIPT` below asks for 4 nodes of 8 GPUs, starts one `torchrun` per node
+# with `srun`, and lets them meet through the c10d rendezvous on the first node. What makes it safe:
+#
+# * *The time limit.* SLURM sends USR1 to the batch shell five minutes before the limit (`--signal=B:USR1@300`).
+#   Its trap stops the training step (SIGTERM to `srun`, which forwards it to every task: each rank finishes
+#   its step, writes `last.pt` and exits 0) and then **requeues the job** with `scontrol requeue` — a job that
+#   simply ends at its limit is *completed*, and `--requeue` alone would not bring it back. The requeued job
+#   runs the same script, and `--resume auto` continues where it stopped.
+# * *torchrun's grace period.* torchrun forwards SIGTERM to its workers and kills them 30 s later by default;
+#   writing a checkpoint of a large model to a shared file system can take longer, so `--shutdown-timeout`
+#   gives them four minutes (inside the five the signal leaves).
+# * *Pre-emption* sends SIGTERM to every process of the job, loader workers included: the loop saves as above
+#   (workers ignore the signal, chapter 18) and SLURM requeues a pre-empted job itself.
+#
+# (The alternative without torchrun — `srun --ntasks-per-node=8 --gpus-per-task=1 python -m convit_edu.cli
+# train …` with `MASTER_ADDR`/`MASTER_PORT` exported — works too: chapter 22 reads SLURM's variables.)
+
+# %%
+#| export
+SBATCH_SCRIPT = r"""#!/bin/bash
+#SBATCH --job-name=convit_small
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=64
+#SBATCH --time=24:00:00
+#SBATCH --signal=B:USR1@300
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=slurm-%j.out
+
+# five minutes before the time limit: stop the step (every rank saves last.pt), then requeue the job
+requeue=0
+trap 'requeue=1; kill -TERM "$step" 2>/dev/null' USR1
+
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=8 --shutdown-timeout=240 \
+    --rdzv-backend=c10d --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" \
+    -m convit_edu.cli train --preset imagenet --model convit_small \
+    --data-root /datasets/imagenet --num-workers 8 --output runs/convit_small --resume auto &
+step=$!
+status=0
+wait "$step" || status=$?
+while kill -0 "$step" 2>/dev/null; do  # the trap interrupted `wait`: the step is still saving
+    status=0
+    wait "$step" || status=$?
+done
+if [ "$requeue" = 1 ]; then
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$status"
+"""
+
+# %%
+print(SBATCH_SCRIPT)
+
+# %% [markdown]
+# The flags of every command above are checked against the parser here (with `--print-config`, which stops
+# before any work):
+
+# %%
+COMMANDS = [
+    "train --preset cifar100-32 --model convit_tiny --epochs 1 --warmup-epochs 0 --output runs/quickstart",
+    "train --preset imagenet --model convit_tiny --accum-steps 8 --output runs/convit_tiny",
+    "train --preset imagenet --model convit_small --data-root /datasets/imagenet --output runs/convit_small --resume auto",
+    "train " + SBATCH_SCRIPT.split(" train ", 1)[1].split("&")[0].replace("\\\n", " "),  # the sbatch script's
+]
+for command in COMMANDS:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main([*command.split(), "--print-config"])
+    assert status == 0, command
+    text = out.getvalue()
+    cfg = json.loads(text[text.index("{\n"):])
+    print(f"{cfg['model']:<13} {cfg['data']:<12} epochs {cfg['epochs']:>3}  global batch {cfg['global_batch']}"
+          f"  accum {cfg['accum_steps']}  resume {cfg['resume']}")
