@@ -21,7 +21,7 @@
 # laptop CPU, in a few minutes. We use the training loop as a tool — one config in, one folder of records out —
 # and read what it wrote: the learning-rate schedule, the loss and accuracy per epoch, the checkpoints, and the
 # ConViT's gates σ(λ), which say how much each GPSA layer still relies on position. How the loop works inside
-# (config validation, samplers, checkpoints, many GPUs) is the subject of the engineering chapters later on.
+# (config validation, samplers, checkpoints, many GPUs) is the subject of the engineering track (chapters 20-24).
 
 # %% tags=["parameters"]
 import os
@@ -62,8 +62,8 @@ _ = torch.manual_seed(0)
 #
 # **The models.** Width 96 in 4 heads, 6 blocks, 8-pixel patches (an 8 × 8 grid of 64 tokens). The ConViT's
 # first 5 blocks are GPSA (`local_up_to_layer=5`) and the class token joins before the last one; the DeiT has
-# plain self-attention everywhere. Everything else is the same — the same seed, the same images in the same
-# order.
+# plain self-attention everywhere. Everything else is the same, down to the seed: the same images come in the
+# same order.
 #
 # **The budget.** Half of each class's training images (`fraction=0.5`, 2 500 images), 4 epochs at batch 64,
 # one of them warm-up. FAST mode (CI) keeps 2 classes and a tenth of their images (one step per epoch) for 2
@@ -71,25 +71,23 @@ _ = torch.manual_seed(0)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from convit_edu.data import extract_subset
-from convit_edu.training import TrainConfig, plot_history, train
+from convit_edu.config import TrainConfig
+from convit_edu.datasets import first_classes
+from convit_edu.runtime import plot_history
+from convit_edu.training import train
 
-ARCHIVE = Path("../../shared/data/tiny-imagenet-100.tar.gz")
 RUNS = Path("runs")  # nbs/runs/ is ignored by git
-if ARCHIVE.exists():
-    root = extract_subset(ARCHIVE, Path("../data/tiny-imagenet-100-first10"), max_classes=10)
-    data = dict(data="imagefolder", data_root=str(root))
-else:
-    data = dict(data="fake", data_args={"num_train": 5000, "num_val": 500, "num_classes": 10, "image_size": 64})
+data = first_classes("../../shared/data/tiny-imagenet-100.tar.gz", "../data/tiny-imagenet-100-first10", 10,
+                     num_train=5000, num_val=500, image_size=64)
 IMAGES_PER_CLASS, CLASSES = 500, 2 if FAST else 10
 
 size = dict(patch_size=8, embed_dim=96, num_heads=4, depth=6)
 deit_cfg = TrainConfig(model="deit_tiny", model_args=size, img_size=64, **data, classes=CLASSES,
                        fraction=0.1 if FAST else 0.5, epochs=2 if FAST else 4, batch_size=64,
                        lr=8e-3, warmup_epochs=1, precision="fp32", num_workers=2, seed=0,
-                       output=str(RUNS / "08_deit"))
+                       output=str(RUNS / "09_deit"))
 convit_cfg = replace(deit_cfg, model="convit_tiny", model_args={**size, "local_up_to_layer": 5},
-                     output=str(RUNS / "08_convit"))
+                     output=str(RUNS / "09_convit"))
 configs = {"DeiT": deit_cfg, "ConViT": convit_cfg}
 print("data:", data["data"], "| FAST:", FAST)
 print(convit_cfg)
@@ -102,8 +100,10 @@ print(convit_cfg)
 # $$\eta_\text{peak} = \texttt{lr} \times \frac{B_\text{global}}{512},$$
 #
 # DeiT's linear scaling rule, where the global batch is the number of images one optimiser step averages over
-# (`batch_size` × `accum_steps` × number of processes; here 64). So our peak is 8·10⁻³ × 64 / 512 = 10⁻³; a small
-# model trained for a few hundred steps tolerates, and needs, a larger rate than DeiT-S for 375 000.
+# (`batch_size` × `accum_steps` × number of processes; here 64). So our peak is 8·10⁻³ × 64 / 512 = 10⁻³, the
+# peak DeiT itself reaches with its batch of 1024. DeiT's base rate would give 6·10⁻⁵ at our batch, too little to
+# get anywhere in 156 steps: the rule keeps one recipe consistent across batch sizes, it does not choose the rate
+# for another model and budget.
 #
 # The rate is set at every optimiser step: a linear warm-up from `warmup_lr` (10⁻⁶) to the peak over
 # `warmup_epochs`, then half a cosine down to `min_lr` (10⁻⁵) at the last step.
@@ -129,8 +129,9 @@ for name, r in results.items():
 # the DeiT has biases in its query-key-value projections and a position embedding for the class token too:
 
 # %%
-for name, r in results.items():
-    print(f"{name}: {sum(p.numel() for p in r.model.parameters()):,} parameters")
+counts = {name: sum(p.numel() for p in r.model.parameters()) for name, r in results.items()}
+assert abs(counts["ConViT"] - counts["DeiT"]) < 0.003 * counts["DeiT"] and 650_000 < counts["DeiT"] < 750_000
+print(f"ConViT − DeiT: {counts['ConViT'] - counts['DeiT']:+,} parameters, of about 0.7 million")
 
 # %% [markdown]
 # ## What a run writes
@@ -204,6 +205,7 @@ for name in configs:
 axes[0].set(xlabel="epoch", ylabel="val top-1 (%)")
 axes[1].set(xlabel="epoch", ylabel="val loss")
 for ax in axes:
+    ax.set_xticks(epochs)
     ax.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
@@ -213,13 +215,14 @@ plt.show()
 # with different seeds can differ by a few points of top-1, as much as any gap between the curves above. The
 # paper's claim — the ConViT beats a DeiT of the same size, most of all when data is scarce — is about full
 # ImageNet budgets, and testing it even at small scale needs several seeds per model and a comparison of the
-# spread; the experiment chapters set that up. Here we only learned to run, and to read a run.
+# spread; the experiment chapters (12-14) set that up. Here we only learned to run, and to read a run.
 #
 # ## The gates during training
 #
 # Every row of a ConViT's log carries `gates`: the mean σ(λ) over the heads of each GPSA layer, in layer order.
-# A gate of 1 is pure positional (convolution-like) attention, 0 pure content attention. Every λ starts at 1,
-# so every gate starts at σ(1) ≈ 0.731; a DeiT has no gates and logs an empty list.
+# A gate of 1 is pure positional (convolution-like) attention, 0 pure content attention. Every λ starts at 1, so
+# every gate starts at σ(1) ≈ 0.731; a DeiT has no gates and logs an empty list. (`plot_history` above numbers
+# the layers from 0, the table below from 1.)
 
 # %%
 assert all(len(r["gates"]) == 5 and all(0 < g < 1 for g in r["gates"]) for r in rows["ConViT"])
@@ -236,7 +239,7 @@ for r in rows["ConViT"]:
 # In a run this short the gates can barely move. AdamW moves a parameter by about the learning rate per step
 # at most, and this run's 156 rates add up to 0.079: λ can travel about 0.08 from 1, and σ(λ), whose slope there
 # is σ(1)(1 − σ(1)) ≈ 0.2, about 0.015. The paper's gates fall over 300 epochs of ImageNet, 375 000 steps at
-# batch 1024. The locality chapter follows them, with the attention maps, through longer runs.
+# batch 1024. Chapters 10 and 11 follow them, with the attention maps, through longer runs.
 #
 # ## Exercises
 #
@@ -278,7 +281,7 @@ peak = convit_cfg.lr * 32 * 4 / 512  # the global batch is 32 × 4 = 128 images 
 # your answer: peak = ...
 
 # %%
-from convit_edu.training import scaled_lr
+from convit_edu.optimisation import scaled_lr
 
 
 def check_peak(answer: float) -> None:
@@ -312,7 +315,7 @@ def lr_at(step: int) -> float:
 # your answer: def lr_at(step): ...
 
 # %%
-from convit_edu.training import deit_lr
+from convit_edu.optimisation import deit_lr
 
 
 def check_lr_at(fn) -> None:
@@ -347,7 +350,7 @@ best_epoch = max(rows["ConViT"], key=lambda r: r["val_top1"])["epoch"]  # max ke
 # your answer: best_epoch = ...
 
 # %%
-from convit_edu.training import read_checkpoint
+from convit_edu.optimisation import read_checkpoint
 
 
 def check_best_epoch(answer: int) -> None:
