@@ -215,7 +215,7 @@ for track, chapters in (("core path", CORE), ("engineering track", ENGINEERING))
     for stem, topic in chapters:
         exported = re.search(r"^#\| default_exp (\w+)", Path(f"{stem}.py").read_text(), re.M)
         module = f"convit_edu/{exported.group(1)}.py" if exported else "(no module)"
-        print(f"  {stem:<28} {module:<27} {topic}")
+        print(f"  {stem:<28} {module:<29} {topic}")
 
 # %% [markdown]
 # ## How to run the notebooks

@@ -436,56 +436,61 @@ targets = [
 ]
 for label, value, target in targets:
     met = value >= float(target[3:]) if target.startswith(">=") else value <= float(target[3:])
-    print(f"{label:<46}{value:>7.2f}   target {target}   {'met' if met else 'MISSED'}")
+    print(f"{label:<46}{value:>7.3f}   target {target}   {'met' if met else 'MISSED'}")
 
 # %% [markdown]
-# **Findings.** Timings on this shared 2-core AVX2 CPU (one thread) move by tens of percent between runs, so
-# each finding gives the value of the run shown above and, in brackets, the range over the other full runs
-# made while writing this chapter (today's other run first, where it differs, then earlier ones). The run shown
-# was made on an AMD EPYC (Zen 3, AVX2 without AVX-512) with chapter 14's two grid processes *paused* (SIGSTOP)
-# for its duration, so nothing else ran.
+# **Findings.** Timings on this 2-core AVX2 CPU (one thread) move by tens of percent between runs, so each
+# finding gives the value of the suite run shown above and, in brackets, today's two other full runs (chapter
+# 27's, and an earlier run of this chapter), then the range over the runs made while this chapter was first
+# written. All three of today's runs were made on an AMD EPYC (Zen 3, AVX2 without AVX-512) with nothing else
+# running.
 #
 # - *Activation memory*: **met**, and deterministic. The fast layer saves 0.47× the reference's activations
 #   at ConViT-Ti and ConViT-S sizes (B = 32, 224 px), and 0.34× the official form's at Ti size; its share
 #   falls with resolution: 0.89× the reference's at L = 64, 0.24× at L = 576 (B = 8), because the
 #   reference's saved tensors grow as B·H·L² and the fast layer's as B·L·D plus one shared H·L².
 # - *Layer speed* (target: forward+backward ≥ 2× the official/timm form): **met at ConViT-S size, missed at
-#   ConViT-Ti size in this run**: 2.33× at S size [2.33×; 2.19–2.39×], 1.78× at Ti size [2.10×; 1.47–1.77×] —
-#   the Ti-size target lies inside this machine's run-to-run noise, and the official form itself is bounded:
-#   no layer built on SDPA can beat it by more than the official/MHSA ratio, 2.24× at Ti size in this run.
-#   Over our reference, which already computes P once per forward, the gain is smaller: 1.17× at Ti size
-#   [1.10×; 1.01–1.44×], 1.62× at S size [1.72×; 1.15–1.79×]. The gain needs many numbers per attention map:
-#   at small B·L the forms are even, at L = 576 the fast layer is 4.5× faster than the official form
-#   [3.95×; 3.9–4.1×] and 2.9× than the reference [2.7×; 1.4–2.9×]. What limits it *here* is visible in the
-#   profile: PyTorch's CPU flash-attention kernel is no faster than the explicit matmuls it replaces (it saves
-#   memory, not arithmetic), so the only gain is the materialising forms' elementwise passes over B·H·L²
-#   numbers (and the page faults of their fresh B·H·L² buffers, above), while the fast form adds a P @ V
-#   matmul (plus two in the backward). The `mhsa` row is the floor, a plain attention layer of the same size:
-#   the fast GPSA layer costs 1.26× of it [1.22×; 1.16–1.37×]. On a GPU, where fused attention is much faster
-#   than materialised attention, the same reformulation should gain more; no GPU was available to measure it.
-# - *Model throughput* (target ≥ 0.90×): **missed** — ConViT-Ti trained at 0.86× DeiT-Ti's images/s
-#   [0.88×; 0.80–0.92×], where timm's ConViT runs at 0.42–0.57× its DeiT; the arithmetic bound set by the
-#   P @ V work is 0.95×. The rest of the gap is the GPSA layers' elementwise work (the gate's lerp and its
-#   backward, the (H, L, B·d) layout copies) and a less efficient SDPA at head_dim 48 than DeiT's 64. ConViT-S
-#   is wider than DeiT-S (432 vs 384), so its bound is 0.80×; it measured 0.71× [0.75×; 0.63–0.74×].
+#   ConViT-Ti size in this run**: 2.28× at S size [2.51×, 2.45×; 2.19–2.39×], 1.90× at Ti size [2.11×, 1.74×;
+#   1.47–2.10×] — the Ti-size target lies inside this machine's run-to-run noise, and the official form itself
+#   is bounded: no layer built on SDPA can beat it by more than the official/MHSA ratio, 2.37× at Ti size in
+#   this run. Over our reference, which already computes P once per forward, the gain is smaller: 1.26× at Ti
+#   size [1.08×, 1.15×; 1.01–1.44×], 1.61× at S size [1.77×, 1.84×; 1.15–1.79×]. The gain needs many numbers
+#   per attention map: at small B·L the forms are even, at L = 576 the fast layer is 4.3× faster than the
+#   official form [4.2×, 4.1×; 3.9–4.5×] and 2.7× than the reference [2.7×, 2.9×; 1.4–2.9×]. What limits it
+#   *here* is visible in the profile: PyTorch's CPU flash-attention kernel is no faster than the explicit
+#   matmuls it replaces (it saves memory, not arithmetic), so the only gain is the materialising forms'
+#   elementwise passes over B·H·L² numbers (and the page faults of their fresh B·H·L² buffers, chapter 27),
+#   while the fast form adds a P @ V matmul (plus two in the backward). The `mhsa` row is the floor, a plain
+#   attention layer of the same size: the fast GPSA layer costs 1.25× of it [1.23×, 1.20×; 1.16–1.37×]. On a
+#   GPU, where fused attention is much faster than materialised attention, the same reformulation should gain
+#   more; no GPU was available to measure it.
+# - *Model throughput* (target ≥ 0.90×): **at the edge** — ConViT-Ti trained at 0.91× DeiT-Ti's images/s in
+#   this run, met, but 0.84× and 0.897× in today's other two [earlier 0.80–0.92×], where timm's ConViT runs at
+#   0.42–0.57× its DeiT; the arithmetic bound set by the P @ V work is 0.95×. The rest of the gap is the GPSA
+#   layers' elementwise work (the gate's lerp and its backward, the (H, L, B·d) layout copies) and a less
+#   efficient SDPA at head_dim 48 than DeiT's 64. ConViT-S is wider than DeiT-S (432 vs 384), so its bound is
+#   0.80×; it measured 0.73× [0.69×, 0.72×; 0.63–0.75×].
 # - *Data pipeline* (target: end to end ≥ 0.90× model only, for the Tiny ImageNet configuration chapter 14's
-#   grid trains): **met**, 1.00× [0.93×] — `train` ran 118 images/s over an epoch of real 64-px JPEG batches, as
-#   fast as the model's step alone on random tensors (117), with one thread and one loader worker: the worker
-#   keeps ahead and the device-side normalisation costs nothing measurable. Shipping uint8 instead of float32
-#   cuts a 64-px image from 49 152 to 12 288 bytes (a 224-px one from 602 KB to 150 KB), and a worker made
-#   1 051 instead of 766 images/s [1 165 vs 865] without the per-image conversion and normalisation, which
-#   now run once per batch on the device.
-# - *bf16 autocast* is slower than fp32 here: 0.22× (ConViT-Ti) and 0.20× (DeiT-Ti) the fp32 rate at 64 px
-#   [0.17–0.27×], where the models are so small that much of a step is not matmul; a 512×512 bf16 matmul
-#   ran 59× slower than in fp32 [68×; 57–120×]. This CPU has no bf16 arithmetic (no AVX-512 BF16, no AMX), so
-#   bf16 is a GPU optimisation here, and `--precision auto` picks fp32 on it; on a CPU whose flags show
-#   AVX-512 BF16 or AMX (chapter 22's `cpu_has_native_bf16`) it picks bf16, measured there at about 2× fp32 on
-#   a ConViT-Ti training step (the issue's measurement on such a machine; not repeated here).
+#   grid trains): **missed in this run**, 0.86× [1.00× in today's other run; 0.93–1.00× earlier] — `train` ran
+#   113 images/s over an epoch of real 64-px JPEG batches against 132 for the model's step alone on random
+#   tensors, with one thread and one loader worker, which shares the two cores with the training thread: the
+#   worker keeps up in some runs and not in others. Shipping uint8 instead of float32 cuts a 64-px image from
+#   49 152 to 12 288 bytes (a 224-px one from 602 KB to 150 KB), and a worker made 1 050 instead of 768
+#   images/s [833 vs 602; 1 165 vs 865] without the per-image conversion and normalisation, which now run once
+#   per batch on the device.
+# - *bf16 autocast* is slower than fp32 here: 0.24× (ConViT-Ti) and 0.20× (DeiT-Ti) the fp32 rate at 64 px
+#   [0.21× and 0.21× in chapter 27; 0.17–0.27×], where the models are so small that much of a step is not
+#   matmul; a 512×512 bf16 matmul ran 59× slower than in fp32 [59×; 57–120×]. This CPU has no bf16 arithmetic
+#   (no AVX-512 BF16, no AMX), so bf16 is a GPU optimisation here, and `--precision auto` picks fp32 on it; on a
+#   CPU whose flags show AVX-512 BF16 or AMX (chapter 22's `cpu_has_native_bf16`) it picks bf16, measured there
+#   at about 2× fp32 on a ConViT-Ti training step (the issue's measurement on such a machine; not repeated here).
 # - *`torch.compile`* could **not** be measured: Inductor's C++ compilation of a ConViT-Ti training step did
-#   not finish within the 60 s limit on this loaded machine (nor within 5 minutes in a separate trial). One
-#   run failed instead with "file too short": an earlier killed compile had left a truncated library in the
-#   shared Inductor cache, which is why each compile child now gets a cache of its own.
-# - *Fraction of peak*: whole-model fp32 training reached 0.65–0.79 of this run's single-thread
-#   large-matmul rate [0.53–0.90], DeiT more than ConViT. The H100 column is an **estimate**, not a
-#   measurement (40 % of 989 TFLOP/s dense bf16, H100 SXM): about 5.2×10⁴ training images/s for ConViT-Ti
-#   and DeiT-Ti at 224 px, 1.1×10⁴ for ConViT-S. No GPU was available for this chapter.
+#   not finish within the 60 s limit in either of today's runs of this chapter (nor within 5 minutes in a
+#   separate trial when the chapter was written). One earlier run failed instead with "file too short": a killed
+#   compile had left a truncated library in the shared Inductor cache, which is why each compile child now gets
+#   a cache of its own.
+# - *Fraction of peak*: whole-model fp32 training at 224 px reached 0.78–0.91 of this run's single-thread
+#   large-matmul rate in the suite, and 0.69 (ConViT-Ti) and 0.82 (DeiT-Ti) in this chapter's own measurement
+#   above [0.56–0.69 in today's other run; 0.53–0.90 earlier], DeiT more than ConViT. The H100 column is an
+#   **estimate**, not a measurement (40 % of 989 TFLOP/s dense bf16, H100 SXM): about 5.2×10⁴ training images/s
+#   for ConViT-Ti and DeiT-Ti at 224 px, 1.1×10⁴ for ConViT-S. No GPU was available for this chapter.

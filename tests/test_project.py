@@ -137,3 +137,20 @@ def test_a_cycle_in_the_import_graph_would_be_caught(monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "package_imports", lambda: {"a": {"b"}, "b": {"a"}})
     with pytest.raises(AssertionError, match="circular imports: a -> b -> a"):
         test_the_package_import_graph_is_one_way()
+
+
+def core_chapters() -> list[str]:
+    """The core path, as the index's map lists it (nbs/00_index.py, `CORE`)."""
+    text = (ROOT / "nbs" / "00_index.py").read_text()
+    return re.findall(r'^\s+\("(\d\d_\w+)",', text[text.index("CORE = [") : text.index("ENGINEERING = [")], re.M)
+
+
+def test_every_core_chapter_has_exercises_whose_checks_are_shown_failing():
+    assert len(core_chapters()) >= 10
+    for stem in core_chapters():
+        text = (ROOT / "nbs" / f"{stem}.py").read_text()
+        solutions = text.count('# %% tags=["solution"] jupyter={"source_hidden": true}')
+        shown = re.finditer(r"expect_error\(lambda: check_", text)
+        failing = sum("WrongAnswer)" in text[m.end() : m.end() + 400] for m in shown)
+        assert 2 <= solutions <= 4, f"{stem}: {solutions} exercises, the course wants 2 to 4"
+        assert failing >= solutions, f"{stem}: {solutions} exercises but {failing} checks shown failing"
