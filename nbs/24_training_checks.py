@@ -41,11 +41,11 @@ _ = torch.manual_seed(0)
 # %% [markdown]
 # ## Checked: stopping anywhere and resuming changes nothing
 #
-# The claim of this chapter, on a smaller ConViT (2 blocks, the first one GPSA, 16 × 16 synthetic images,
-# with Mixup/CutMix, RandAugment, random erasing, drop path, an EMA and gradient accumulation — every source
-# of randomness the recipe has). Run A trains 2 epochs straight. Run B is stopped by a hook in the middle of
-# the first epoch (the same path as a SIGTERM), and run C resumes it with `resume="auto"`. With fp32 on the
-# CPU and `num_workers=0`, C ends with weights *bit-identical* to A's: `torch.equal`, not `allclose`.
+# The training chapters' central claim (chapter 20), on a smaller ConViT (2 blocks, the first one GPSA, 16 × 16
+# synthetic images, with Mixup/CutMix, RandAugment, random erasing, drop path, an EMA and gradient accumulation —
+# every source of randomness the recipe has). Run A trains 2 epochs straight. Run B is stopped by a hook in the
+# middle of the first epoch (the same path as a SIGTERM), and run C resumes it with `resume="auto"`. With fp32 on
+# the CPU and `num_workers=0`, C ends with weights *bit-identical* to A's: `torch.equal`, not `allclose`.
 #
 # What "exact" means elsewhere: every random draw is the same on any device, so a resumed run sees the same
 # images, crops, mixes and drop-path masks as an uninterrupted one. On a CPU the arithmetic is deterministic
