@@ -31,6 +31,10 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp gpsa
+# Gated positional self-attention (GPSA, Eq. 6-7): a reference that materializes the attention, and the fast form.
+#
+# Longer than most chapters: the paper's central layer in two forms, the checks that they agree, a picture of
+# Eq. 7 and two exercises (its timing section moved to chapter 27).
 
 # %%
 import matplotlib.pyplot as plt

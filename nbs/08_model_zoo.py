@@ -29,6 +29,9 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # %%
 #| default_exp zoo
 # The ConViT and DeiT zoo by name, parameter and multiply-accumulate counts (Table 1), ablation switches.
+#
+# A little longer than most chapters: Table 1 is checked row by row, parameters and MACs, and each ablation
+# switch on the model it changes.
 
 # %%
 #| export

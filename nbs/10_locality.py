@@ -35,6 +35,10 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp analysis
+# Locality: nonlocality (Eq. 8) on each block's true input, the gates, and both recorded during training.
+#
+# A little longer than most chapters: each instrument is checked on attention whose answer is known before it is
+# used on a training run.
 
 # %%
 # %matplotlib inline

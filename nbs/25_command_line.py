@@ -36,6 +36,10 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp cli
+# The command line: `convit-edu train / eval / bench / experiment`, every config field a flag.
+#
+# A little longer than most chapters: the parser that makes each config field a flag is one piece, and every
+# command is shown running.
 
 # %%
 import contextlib
