@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from convit_edu import gpsa
 from convit_edu.conv_init import head_centres, v_pos
-from convit_edu.layers import resize_pos_embed
+from convit_edu.layers import Block, DropPath, resize_pos_embed
 from convit_edu.models import ForwardRecord, ModelConfig, VisionTransformer
 from convit_edu.pretrained import guess_architecture, load_checkpoint, read_state_dict
 from convit_edu.zoo import MODEL_ZOO, count_macs, count_params, create_model, list_models, mask_at_test_time
@@ -106,6 +106,9 @@ def test_unknown_override_names_the_field():
         (dict(locality_strength=float("nan")), "locality_strength \\(α\\) must be > 0, got nan"),
         (dict(drop_path_rate=1.0), "drop_path_rate must be in \\[0, 1\\), got 1.0"),
         (dict(patch_size=0), "patch_size must be at least 1, got 0"),
+        (dict(img_size=(224, 224, 3)), "img_size must be an int or \\(height, width\\), got \\(224, 224, 3\\)"),
+        (dict(mlp_ratio=0.0), "mlp_ratio must be positive, got 0.0"),
+        (dict(attn_drop_rate=-0.1), "attn_drop_rate must be in \\[0, 1\\), got -0.1"),
     ],
 )
 def test_bad_config_values_are_refused_naming_the_value(overrides, message):
@@ -131,6 +134,17 @@ def test_bad_images_are_refused_naming_the_value():
         model(torch.randn(1, 1, 224, 224))
     with pytest.raises(ValueError, match="expected images of shape"):
         model(torch.randn(3, 224, 224))
+    with pytest.raises(TypeError, match="float64: pass x.to\\(torch.float32\\)"):
+        model(torch.randn(1, 3, 224, 224, dtype=torch.float64))
+
+
+def test_bad_layer_arguments_are_refused_naming_the_value():
+    with pytest.raises(TypeError, match="embed_dim must be an integer, got 192.0"):
+        ModelConfig(embed_dim=192.0)
+    with pytest.raises(ValueError, match="drop path probability must be in \\[0, 1\\), got 1.0"):
+        DropPath(1.0)
+    with pytest.raises(ValueError, match="unknown attention 'sa': choose one of mhsa, gpsa, gpsa_reference, psa"):
+        Block(48, 4, attention="sa")
 
 
 def test_config_from_json_lists_becomes_a_tuple():
