@@ -240,7 +240,19 @@ for r in rows["ConViT"]:
 # at most, and this run's 156 rates add up to 0.079: λ can travel about 0.08 from 1, and σ(λ), whose slope there
 # is σ(1)(1 − σ(1)) ≈ 0.2, about 0.015. The paper's gates fall over 300 epochs of ImageNet, 375 000 steps at
 # batch 1024. Chapters 10 and 11 follow them, with the attention maps, through longer runs.
-#
+
+# %%
+from convit_edu.grids import learning_rate_sum
+from convit_edu.optimisation import scaled_lr
+
+sigma_slope = math.exp(-1) / (1 + math.exp(-1)) ** 2  # σ'(1) = σ(1)(1 − σ(1))
+assert round(sigma_slope, 1) == 0.2 and math.isclose(scaled_lr(5e-4, 64), 6.25e-5)  # DeiT's rate at our batch
+if not FAST:  # the prose's numbers are those of the full run
+    lr_sum = learning_rate_sum(convit_cfg, steps_per_epoch)
+    assert convit_cfg.epochs * steps_per_epoch == 156 and round(lr_sum, 3) == 0.079
+    assert round(sigma_slope * lr_sum, 3) == 0.015
+
+# %% [markdown]
 # ## Exercises
 #
 # **1. Counting steps.** Without looking at the log, compute `steps`, the total number of optimiser steps of

@@ -85,6 +85,9 @@ torch.set_num_threads(1)  # see "Measuring honestly" below
 # of them is descheduled; with **one thread** the same GPSA layer ran about 4× faster and with less spread.
 # So every measurement here uses `torch.set_num_threads(1)`, including the peak matmul that the achieved
 # fraction is taken against, and the JSON output records the thread count.
+#
+# The committed outputs of this chapter come from an AMD EPYC (Zen 3, AVX2 without AVX-512, 2 cores), one thread,
+# with nothing else running; chapter 28's findings set them beside other runs.
 
 # %%
 #| export
