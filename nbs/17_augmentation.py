@@ -32,6 +32,7 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| export
+import math
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -50,6 +51,7 @@ from PIL import Image
 
 from convit_edu.checks import expect_error
 from convit_edu.datasets import build_datasets, first_classes, load_rgb
+from convit_edu.loaders import RepeatAugSampler
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -181,6 +183,14 @@ class AugConfig:
         if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
             raise ValueError(f"mixup_alpha {self.mixup_alpha} and cutmix_alpha {self.cutmix_alpha} must be >= 0 "
                              "(0 turns one off)")
+        for name, ok, what in (("mean", lambda v: 0 <= v <= 1, "three numbers in [0, 1] (per-channel means"),
+                               ("std", lambda v: 0 < v < math.inf, "three positive numbers (per-channel standard "
+                                                                    "deviations")):
+            values = getattr(self, name)
+            if not (isinstance(values, (tuple, list)) and len(values) == 3
+                    and all(isinstance(v, (int, float)) and ok(v) for v in values)):
+                raise ValueError(f"{name} {values!r} must be {what} of pixel values in [0, 1]; ImageNet's: "
+                                 f"{getattr(AugConfig, name)})")
         if self.randaugment_magnitude is not None and positive_int(
                 "randaugment_magnitude", self.randaugment_magnitude, minimum=0) > RANDAUGMENT_MAX_MAGNITUDE:
             raise ValueError(f"randaugment_magnitude {self.randaugment_magnitude!r} must lie in "
@@ -342,28 +352,40 @@ augmentation_grid(small, AUGMENTATIONS["deit"], "augmentation 'deit' (32x32 inpu
 # x_i and sets λ to the share of x_i that is left. The targets mix the same way, y = λ·y_i + (1−λ)·y_j, so the
 # loss is a cross-entropy against a *soft* target. Label smoothing replaces each one-hot y by
 # (1−ε)·y + ε/C. Both are linear, so smoothing before or after mixing gives the same target; every row still
-# sums to 1. torchvision's `MixUp` and `CutMix` work on a whole batch (one λ per batch, the partner of sample i
-# is sample i−1), as DeiT's `mode="batch"` does.
+# sums to 1. As in DeiT (timm's `mode="batch"`), one λ serves the whole batch and image j's partner is image
+# B−1−j, the batch reversed (the last section says why). CutMix's box has sides √(1−λ) of the image's, a random
+# centre, and is clipped at the border; λ is then corrected to the box's real area, as in DeiT and torchvision.
+# λ and the box are Python numbers from torch's global CPU generator (the training loop seeds it per step, so a
+# resumed run draws the same); the pixels are mixed by tensor ops on the batch's device, with no read-back.
 
 # %%
 #| export
 class MixupCutmix:
-    """Per batch: MixUp or CutMix (chosen at random), soft targets with label smoothing (DeiT recipe)."""
+    """Per batch: MixUp or CutMix (chosen at random), soft targets with label smoothing (DeiT recipe). Image j is
+    mixed with image B−1−j, so the copies of repeated augmentation are (almost) never partners."""
 
     def __init__(self, num_classes: int, mixup_alpha: float = 0.8, cutmix_alpha: float = 1.0,
                  cutmix_prob: float = 0.5, label_smoothing: float = 0.1):
         positive_int("num_classes", num_classes, minimum=2)
-        self.num_classes, self.label_smoothing = num_classes, label_smoothing
-        choices, p = [], []
-        if mixup_alpha > 0:
-            choices.append(v2.MixUp(alpha=mixup_alpha, num_classes=num_classes))
-            p.append(1 - cutmix_prob if cutmix_alpha > 0 else 1.0)
-        if cutmix_alpha > 0:
-            choices.append(v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes))
-            p.append(cutmix_prob if mixup_alpha > 0 else 1.0)
-        if not choices:
+        if mixup_alpha == 0 and cutmix_alpha == 0:
             raise ValueError("MixupCutmix with mixup_alpha = cutmix_alpha = 0 does nothing: use no mixing instead")
-        self.mix = v2.RandomChoice(choices, p=p)
+        self.num_classes, self.label_smoothing = num_classes, label_smoothing
+        # the chance of CutMix in a batch: cutmix_prob when both are on, else 0 or 1
+        self.cutmix_prob = cutmix_prob if mixup_alpha > 0 and cutmix_alpha > 0 else float(cutmix_alpha > 0)
+        self.mixup_beta, self.cutmix_beta = (torch.distributions.Beta(torch.tensor(float(a)), torch.tensor(float(a)))
+                                             if a > 0 else None for a in (mixup_alpha, cutmix_alpha))
+
+    def draw(self, height: int, width: int) -> tuple[float, tuple[int, int, int, int] | None]:
+        """λ and, for CutMix, the box ``(top, bottom, left, right)`` that gets the partner's pixels, λ corrected to
+        the box's area; Python numbers from torch's global (CPU) generator."""
+        if float(torch.rand(())) >= self.cutmix_prob:
+            return float(self.mixup_beta.sample()), None
+        side = math.sqrt(1 - float(self.cutmix_beta.sample()))
+        box_h, box_w = int(height * side), int(width * side)
+        top = int(torch.randint(height, ())) - box_h // 2  # the centre, less half the box
+        left = int(torch.randint(width, ())) - box_w // 2
+        top, bottom, left, right = max(top, 0), min(top + box_h, height), max(left, 0), min(left + box_w, width)
+        return 1 - (bottom - top) * (right - left) / (height * width), (top, bottom, left, right)
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(B, 3, H, W)`` images and ``(B,)`` class indices -> mixed images and soft targets ``(B, C)``."""
@@ -377,7 +399,15 @@ class MixupCutmix:
                              f"{int(labels.max())}")
         eps = self.label_smoothing
         targets = F.one_hot(labels, self.num_classes).to(images.dtype) * (1 - eps) + eps / self.num_classes
-        return self.mix(images, targets)
+        lam, box = self.draw(*images.shape[-2:])
+        partners = images.flip(0)
+        if box is None:
+            mixed = images * lam + partners * (1 - lam)
+        else:
+            top, bottom, left, right = box
+            mixed = images.clone()
+            mixed[..., top:bottom, left:right] = partners[..., top:bottom, left:right]
+        return mixed, targets * lam + targets.flip(0) * (1 - lam)
 
 
 def build_mixup(cfg: AugConfig, num_classes: int) -> MixupCutmix | None:
@@ -390,7 +420,7 @@ def build_mixup(cfg: AugConfig, num_classes: int) -> MixupCutmix | None:
 # %% [markdown]
 # MixUp and CutMix on four images of four classes, with their soft targets. Each row of targets sums to 1; the
 # smallest entry is ε/C = 0.1/4 = 0.025 (label smoothing), the two largest are λ·(1−ε) + ε/C for the image
-# itself and (1−λ)·(1−ε) + ε/C for its partner, the image before it in the batch.
+# itself and (1−λ)·(1−ε) + ε/C for its partner, the image at the mirrored place in the batch (3 for 0, 2 for 1).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -426,5 +456,45 @@ for name, mixer in (("MixUp", MixupCutmix(4, mixup_alpha=0.8, cutmix_alpha=0.0))
 mix = build_mixup(AUGMENTATIONS["deit"], 100)
 assert build_mixup(AUGMENTATIONS["pad-crop-flip"], 100) is None
 torch.manual_seed(0)
-kinds = [type(mix.mix.transforms[int(torch.multinomial(torch.tensor(mix.mix.p), 1))]).__name__ for _ in range(1000)]
-print({k: kinds.count(k) for k in ("MixUp", "CutMix")})
+cutmix = sum(mix.draw(224, 224)[1] is not None for _ in range(1000)) / 1000
+assert abs(cutmix - 0.5) < 0.05  # 4.5 standard deviations of a binomial share
+print(f"share of the batches mixed by CutMix: {cutmix:.1f}")
+
+# %% [markdown]
+# ## MixUp partners that are not copies
+#
+# Repeated augmentation (chapter 18's `RepeatAugSampler`, DeiT's ×3) puts the r copies of an image side by side
+# in the global stream, and rank k of W takes positions k, k+W, … So in a process's batch the copies sit within
+# ⌈r/W⌉ − 1 positions of each other: side by side on one process, one per rank once W ≥ r. torchvision's
+# `MixUp`/`CutMix` pair image i with i−1: on one process 2 partners in 3 are then a copy, with the same label,
+# so the target is not mixed at all. Reversal pairs j with B−1−j, |B−1−2j| positions away: far apart except
+# at the middle of the batch, so at most one pair in an even batch is a copy for r ≤ 3 (about r/4 for a larger
+# r), at any world size, and without knowing the sampler. Measured through the real sampler and mixers (labels:
+# each image's index in the dataset, no smoothing, MixUp only; a row of soft targets with one non-zero entry is
+# an image mixed with its copy):
+
+# %%
+def copy_partner_share(mix, world: int, repeats: int = 3, batch: int = 64, num_samples: int = 3072) -> float:
+    """The share of images mixed with a copy of themselves, over one epoch of every rank's batches."""
+    copies = seen = 0
+    for rank in range(world):
+        stream = torch.tensor(list(RepeatAugSampler(num_samples, world, rank, repeats=repeats)))
+        for ids in stream[: len(stream) // batch * batch].view(-1, batch):
+            _, targets = mix(torch.zeros(batch, 3, 1, 1), ids)
+            copies, seen = copies + int(((targets > 0).sum(1) == 1).sum()), seen + batch
+    return copies / seen
+
+
+neighbour = v2.MixUp(alpha=0.8, num_classes=3072)
+reversal = MixupCutmix(3072, mixup_alpha=0.8, cutmix_alpha=0.0, label_smoothing=0.0)
+print("world size   torchvision (i, i-1)   ours (j, B-1-j)   ours: copy pairs per batch")
+for world, before_expected in ((1, 2 / 3), (2, 1 / 3), (4, 0), (8, 0)):
+    before, after = copy_partner_share(neighbour, world), copy_partner_share(reversal, world)
+    assert abs(before - before_expected) < 0.02 and after * 64 / 2 <= 1  # at most one pair in a batch
+    print(f"{world:>10}{before:>23.3f}{after:>18.3f}{after * 64 / 2:>29.2f}")
+
+# %% [markdown]
+# DeiT's `main.py` switches its one-process `RandomSampler` off (`if True:  # args.distributed:`), so its
+# `RASampler` serves one process too, the copies side by side as here; its mixing (timm's `Mixup`, batch mode)
+# pairs the batch reversed, as ours does. We make repeated augmentation explicit (`repeats`, chapter 18, the same
+# stream at every world size) and pair by reversal, so the copies stay apart on one process as on eight.

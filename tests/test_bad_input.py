@@ -144,3 +144,21 @@ def test_the_command_line_refuses_bad_input_in_one_line(tmp_path, capsys, monkey
     captured = capsys.readouterr()
     assert message in captured.err and "Traceback" not in captured.err, captured.err
     assert len(captured.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: AugConfig(std=(0, 0, 0)), r"std \(0, 0, 0\) must be three positive numbers"),
+    (lambda: AugConfig(std=(0.2, -0.1, 0.2)), r"std \(0.2, -0.1, 0.2\) must be three positive numbers"),
+    (lambda: AugConfig(std=(0.2, 0.2)), r"std \(0.2, 0.2\) must be three positive numbers"),
+    (lambda: AugConfig(mean=(1.5, 0.4, 0.4)), r"mean \(1.5, 0.4, 0.4\) must be three numbers in \[0, 1\]"),
+    (lambda: TrainConfig(aug_args={"std": (0, 0, 0)}), r"std \(0, 0, 0\) must be three positive numbers"),
+])
+def test_normalisation_constants_are_refused_when_the_config_is_made(make, match):
+    with pytest.raises(ValueError, match=match + r" \(per-channel .* ImageNet's: "):
+        make()
+
+
+def test_the_command_line_refuses_a_zero_std_before_training(capsys):
+    assert cli.main(["train", "--std", "0", "0", "0", "--print-config"]) == 1
+    err = capsys.readouterr().err
+    assert "std (0.0, 0.0, 0.0) must be three positive numbers" in err and "Traceback" not in err, err

@@ -361,22 +361,22 @@ def test_mixup_mixes_images_and_targets_with_the_same_lambda():
     mix = MixupCutmix(num_classes=4, mixup_alpha=0.8, cutmix_alpha=0.0, label_smoothing=0.0)
     images, labels = torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
     mixed, targets = mix(images, labels)
-    lam = targets[0, 0]  # sample 0 is mixed with sample 3 (torchvision pairs sample i with i - 1)
+    lam = targets[0, 0]  # sample 0 is mixed with sample 3 (sample j with B - 1 - j: the batch reversed)
     torch.testing.assert_close(targets[0, 3], 1 - lam)
-    torch.testing.assert_close(mixed, lam * images + (1 - lam) * images.roll(1, 0))
+    torch.testing.assert_close(mixed, lam * images + (1 - lam) * images.flip(0))
 
 
 def test_soft_targets_match_timm_mixup_target():
-    """timm (DeiT's library) as a reference: on/off smoothing values, mixed with the partner's targets.
-    With two samples timm's partner (the batch flipped) is torchvision's (the batch rolled by one)."""
+    """timm (DeiT's library) as a reference: on/off smoothing values, mixed with the partner's targets; timm's
+    partner is ours (the batch reversed), so every row of a batch of six distinct labels agrees."""
     from timm.data.mixup import mixup_target
 
     torch.manual_seed(4)
     mix = build_mixup(AUGMENTATIONS["deit"], num_classes=7)
     for _ in range(5):
-        labels = torch.randint(0, 7, (2,))
-        _, targets = mix(torch.rand(2, 3, 8, 8), labels)
-        lam = float((targets[0, labels[0]] - 0.1 / 7) / 0.9) if labels[0] != labels[1] else 1.0
+        labels = torch.randperm(7)[:6]
+        _, targets = mix(torch.rand(6, 3, 8, 8), labels)
+        lam = float((targets[0, labels[0]] - 0.1 / 7) / 0.9)
         torch.testing.assert_close(targets, mixup_target(labels, 7, lam=lam, smoothing=0.1))
 
 
@@ -386,8 +386,8 @@ def test_cutmix_target_is_the_share_of_pasted_pixels():
     images = torch.arange(4.0)[:, None, None, None].expand(4, 3, 16, 16).clone()  # image i is constant i
     for _ in range(10):
         mixed, targets = mix(images, torch.arange(4))
-        from_partner = (mixed[1] == 0).float().mean()  # sample 1's partner is sample 0
-        torch.testing.assert_close(targets[1, 0], from_partner)
+        from_partner = (mixed[1] == 2).float().mean()  # sample 1's partner is sample 2 (the batch reversed)
+        torch.testing.assert_close(targets[1, 2], from_partner)
 
 
 def test_mixup_rejects_bad_labels():
