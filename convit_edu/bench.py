@@ -120,8 +120,8 @@ def profile_step(name: str, batch: int, img_size: int, top: int = 10) -> str:
 def pipeline_bench(cfg: TrainConfig, steps: int, num_workers: int = 1) -> dict:
     """The data pipeline against the model for the run ``cfg`` (an ImageFolder or CIFAR run), on this process's
     threads: loader images/s per worker and bytes per image, float32 vs uint8; images/s of the model's
-    training step alone and of ``train`` end to end over ``steps`` optimiser steps of real batches; the share of
-    the end-to-end step the pipeline costs."""
+    training step alone and of ``train`` end to end over ``steps`` optimiser steps of real batches, with the share of
+    that run's time its steps waited for the loader; the share of the end-to-end step the pipeline costs."""
     aug = cfg.aug_config()
     train_set, _, classes = build_datasets(cfg.data, cfg.data_root, max_classes=cfg.classes, download=False,
                                            **cfg.data_args)
@@ -143,6 +143,7 @@ def pipeline_bench(cfg: TrainConfig, steps: int, num_workers: int = 1) -> dict:
                       progress="none", resume=None, eval_every=1, num_workers=num_workers)
         history = train(run).history
     result["end_to_end_images_per_s"] = history[-1]["images_per_s"]
+    result["end_to_end_data_wait_share"] = history[-1]["data_wait_share"]  # the steps' time blocked on the loader
     result["end_to_end_vs_model"] = result["end_to_end_images_per_s"] / result["model_images_per_s"]
     result["pipeline_share_of_step"] = max(0.0, 1 - result["end_to_end_vs_model"])
     return result

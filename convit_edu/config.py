@@ -12,6 +12,7 @@ from convit_edu.augment import AUGMENTATION_RENAMES, AugConfig, augmentation
 from convit_edu.checks import number, one_of, positive_int
 from convit_edu.dali import DALI_INSTALL, LOADERS, dali_available
 from convit_edu.datasets import DATASETS, check_fraction
+from convit_edu.loaders import default_num_workers
 from convit_edu.models import ModelConfig
 from convit_edu.zoo import model_config
 
@@ -53,7 +54,9 @@ class TrainConfig:
     fraction: float = setting(1.0, "keep this fraction of the training images of each class (Table 2)")
     classes: int | None = setting(None, "keep the first K classes")
     repeats: int = setting(1, "repeated augmentation: each image this many times per epoch (DeiT: 3)")
-    num_workers: int = setting(4, "data loader processes per GPU/process (loader dali: its CPU threads)")
+    num_workers: int | None = setting(None, "data loader processes per GPU/process (loader dali: its CPU threads); "
+                                            "none: the CPUs this process may use, shared among the node's "
+                                            "processes, less one (loaders.default_num_workers)")
     loader: str = setting("torchvision", "torchvision (workers decode with PIL) or dali (NVIDIA DALI decodes, on the "
                                          f"GPU when there is one; imagefolder data only; {DALI_INSTALL})")
     epochs: int = setting(300, "training epochs")
@@ -86,11 +89,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("img_size", "repeats", "epochs", "eval_every", "batch_size", "accum_steps", "log_every"):
             positive_int(name, getattr(self, name))
-        for name in ("num_workers", "seed", "ckpt_every"):
+        for name in ("seed", "ckpt_every"):
             positive_int(name, getattr(self, name), minimum=0)
-        for name in ("classes", "global_batch"):
+        for name, minimum in (("classes", 1), ("global_batch", 1), ("num_workers", 0)):
             if getattr(self, name) is not None:
-                positive_int(name, getattr(self, name))
+                positive_int(name, getattr(self, name), minimum=minimum)
         number("lr", self.lr, 0, open_low=True)
         for name in ("min_lr", "warmup_lr", "warmup_epochs", "weight_decay"):
             number(name, getattr(self, name), 0)
@@ -117,6 +120,11 @@ class TrainConfig:
         _refuse_run_owned("model_args", self.model_args)
         return model_config(self.model, **self.model_args, img_size=self.img_size,
                             num_classes=num_classes, distilled=distilled, drop_path_rate=self.drop_path_rate)
+
+    def loader_workers(self) -> int:
+        """The data loader processes (loader dali: threads) of each process: `num_workers`, or when it is None
+        `default_num_workers()`, what this process's share of the node's CPUs allows."""
+        return default_num_workers() if self.num_workers is None else self.num_workers
 
     def aug_config(self) -> AugConfig | None:
         """The augmentation: `AUGMENTATIONS[aug]` with `aug_args`, at the run's image size; None: no augmentation."""

@@ -13,8 +13,9 @@ import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -25,7 +26,7 @@ from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import Dataset
 
 import convit_edu
-from convit_edu.augment import AUGMENTATIONS, build_mixup, build_transforms
+from convit_edu.augment import AUGMENTATIONS, AugConfig, build_mixup, build_transforms
 from convit_edu.config import TrainConfig, per_device_batch
 from convit_edu.dali import DaliLoaders
 from convit_edu.datasets import build_datasets
@@ -75,20 +76,47 @@ class _Data:
     mixup: Any  # data.MixupCutmix or None
     finish: DeviceTransforms | None  # normalisation and erasing of the uint8 batches, on the device
     smoothing: float
+    num_workers: int  # loader processes (DALI: threads) of this process, `cfg.num_workers` or its default
     batch_size: int  # per process and micro-batch
     global_batch: int  # per optimiser step, over every process and micro-batch
     steps_per_epoch: int
 
 
+def _main_writes(world: _World, what: str, write: Callable[[], Any]) -> Any:
+    """`write()` on rank 0 only, then every process hears whether it failed, in one all-reduce: a full disk or a
+    permission error on rank 0 stops every process at once with that error, instead of leaving the others
+    waiting at their next collective until the process group's 30-minute timeout."""
+    error = result = None
+    if world.main:
+        try:
+            result = write()
+        except Exception as e:  # raised below, once every process has heard of it
+            error = e
+    failed = world.world_size > 1 and _all_reduce(torch.tensor(float(error is not None), device=world.device)).item()
+    if error is not None:
+        raise error
+    if failed:
+        raise OSError(f"rank 0 could not {what} (rank 0's output has its error): every process stops")
+    return result
+
+
+def _config_datasets(cfg: TrainConfig, world: _World, aug: AugConfig | None) -> tuple:
+    """The config's datasets, built by rank 0 first (an image folder's file list is then cached, chapter 16) and
+    by the other processes after it, from that cache."""
+    if aug is None:
+        raise ValueError("aug None (no augmentation) needs datasets passed to train(); the config's own "
+                         f"datasets need an augmentation ({', '.join(AUGMENTATIONS)})")
+    train_tf, val_tf = build_transforms(aug, on_device=True) if cfg.loader == "torchvision" else (None, None)
+    build = partial(build_datasets, cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
+                    fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
+    datasets = _main_writes(world, f"read the dataset in {cfg.data_root}", build)
+    return datasets if world.main else build()
+
+
 def _build_data(cfg: TrainConfig, world: _World, datasets: tuple | None) -> _Data:
     aug = cfg.aug_config()
     if datasets is None:
-        if aug is None:
-            raise ValueError("aug None (no augmentation) needs datasets passed to train(); the config's own "
-                             f"datasets need an augmentation ({', '.join(AUGMENTATIONS)})")
-        train_tf, val_tf = build_transforms(aug, on_device=True) if cfg.loader == "torchvision" else (None, None)
-        datasets = build_datasets(cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
-                                  fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
+        datasets = _config_datasets(cfg, world, aug)
     elif cfg.loader == "dali":
         raise ValueError("loader 'dali' reads the config's own image folder (data_root): datasets passed to train() "
                          "need loader 'torchvision'")
@@ -103,17 +131,18 @@ def _build_data(cfg: TrainConfig, world: _World, datasets: tuple | None) -> _Dat
         raise ValueError(
             f"each of the {world.world_size} processes gets {share} samples per epoch, fewer than one "
             f"optimiser step of batch {batch_size} × accum_steps {cfg.accum_steps}: lower the batch")
+    workers = cfg.loader_workers()
     if cfg.loader == "dali":
-        loaders = DaliLoaders(train_set, val_set, aug, batch_size=batch_size, num_threads=max(1, cfg.num_workers),
+        loaders = DaliLoaders(train_set, val_set, aug, batch_size=batch_size, num_threads=max(1, workers),
                               num_replicas=world.world_size, rank=world.rank, seed=cfg.seed,
                               device_id=world.device.index if world.device.type == "cuda" else None)
         val_set = loaders.val
     else:
-        loaders = build_loaders(train_set, val_set, batch_size=batch_size, num_workers=cfg.num_workers,
+        loaders = build_loaders(train_set, val_set, batch_size=batch_size, num_workers=workers,
                                 repeats=cfg.repeats, num_replicas=world.world_size, rank=world.rank, seed=cfg.seed)
     return _Data(loaders, val_set, len(classes), build_mixup(aug, len(classes)) if aug else None,
-                 DeviceTransforms(aug) if aug else None, aug.label_smoothing if aug else 0.0, batch_size, batch_size * cfg.accum_steps * world.world_size,
-                 steps)
+                 DeviceTransforms(aug) if aug else None, aug.label_smoothing if aug else 0.0, workers, batch_size,
+                 batch_size * cfg.accum_steps * world.world_size, steps)
 
 
 # %% nbs/23_training_loop.py 9
@@ -161,16 +190,21 @@ def _resume_checkpoint(cfg: TrainConfig, world: _World, output: Path) -> tuple[d
 
 _RESUME_MAY_CHANGE = {  # settings a resumed run may change without changing what it computes (the global batch,
     # which batch_size, accum_steps and global_batch set together, is checked on its own)
-    "epochs", "num_workers", "batch_size", "accum_steps", "global_batch", "compile", "device", "output", "resume",
+    "num_workers", "batch_size", "accum_steps", "global_batch", "compile", "device", "output", "resume",
     "ckpt_every", "log_every", "progress", "eval_every"}
+_RESUME_MAY_FIX = (  # settings a resumed run may change to mend or extend it: printed, recorded in invocations.jsonl
+    "lr", "min_lr", "clip_grad", "precision", "data_root", "epochs")
 
 
-def _check_resume(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, data: _Data) -> None:
+def _check_resume(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, data: _Data) -> dict[str, list]:
+    """Refuse a checkpoint of another run (each differing setting named); return the fixes, {setting: [old, new]}."""
     saved, now = asdict(TrainConfig.from_dict(ckpt["config"])), asdict(cfg)
-    changed = [f"{k} {saved[k]!r} -> {now[k]!r}" for k in now if k not in _RESUME_MAY_CHANGE and saved[k] != now[k]]
-    if changed:
-        raise ValueError(f"checkpoint {path} was trained with other settings ({'; '.join(changed)}): resuming would "
-                         "not continue the same run; resume with the checkpoint's settings or start a new --output")
+    differ = [k for k in now if k not in _RESUME_MAY_CHANGE and saved[k] != now[k]]
+    refused = [f"{k} {saved[k]!r} -> {now[k]!r}" for k in differ if k not in _RESUME_MAY_FIX]
+    if refused:
+        raise ValueError(f"checkpoint {path} was trained with other settings ({'; '.join(refused)}): resuming would "
+                         "not continue the same run; resume with the checkpoint's settings or start a new --output "
+                         f"(a resume may change {', '.join(_RESUME_MAY_FIX)})")
     own, theirs = model.state_dict(), ckpt["model"]
     wrong = sorted(set(own) ^ set(theirs)) + [k for k in own if k in theirs and own[k].shape != theirs[k].shape]
     if wrong:
@@ -182,6 +216,7 @@ def _check_resume(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, da
     if ckpt["global_batch"] != data.global_batch:
         raise ValueError(f"checkpoint {path} was trained with global batch {ckpt['global_batch']}, this run has "
                          f"{data.global_batch}: keep batch_size × accum_steps × world size equal to resume")
+    return {k: [saved[k], now[k]] for k in differ}
 
 
 # %% nbs/23_training_loop.py 12
@@ -228,34 +263,37 @@ class _Run:
     callbacks: list[Callback]
     best_top1: float = -1.0
     unread: list[torch.Tensor] = field(default_factory=list)  # (loss, non-finite) of each step not read back yet
+    data_wait: float = 0.0  # seconds this epoch's steps waited for the loader (in this process)
 
 
 def _start(cfg: TrainConfig, world: _World, model, datasets, teacher, callbacks) -> _Run:
     output, precision = Path(cfg.output), resolve_precision(cfg.precision, world.device)
-    if world.main:
-        _check_output(output)
+    _main_writes(world, f"write in the run folder {output}", lambda: _check_output(output))
     data = _build_data(cfg, world, datasets)
     model, teacher = _build_models(cfg, world, data, model, teacher)
     ckpt, path = _resume_checkpoint(cfg, world, output)
+    changes = {}
     if ckpt is not None:
-        _check_resume(ckpt, path, cfg, model, data)
+        changes = _check_resume(ckpt, path, cfg, model, data)
         model.load_state_dict(ckpt["model"])
     opt = _build_optimisation(cfg, model, data, precision, world.device)
     state = TrainState(cfg, model, opt.optimizer, world.rank, world.world_size, data.steps_per_epoch)
     run = _Run(cfg, world, output, precision, data, model, teacher, *_wrap(cfg, model, world), opt, state,
                list(callbacks))
     if ckpt is not None:
-        _restore(run, ckpt, path)
-    if world.main:
-        _write_run_info(run, path)
+        _restore(run, ckpt, path, changes)
+    _main_writes(world, f"write the run's records in {output}", lambda: _write_run_info(run, path, changes))
     return run
 
 
-def _restore(run: _Run, ckpt: dict, path: Path) -> None:
+def _restore(run: _Run, ckpt: dict, path: Path, changes: dict[str, list]) -> None:
     opt, s = run.opt, run.state
     opt.optimizer.load_state_dict(ckpt["optimizer"])
     opt.scheduler.load_state_dict(ckpt["scheduler"])
-    opt.scaler.load_state_dict(ckpt["scaler"])
+    for group, base, lr_at in zip(opt.optimizer.param_groups, opt.scheduler.base_lrs, opt.scheduler.lr_lambdas):
+        group["lr"] = base * lr_at(opt.scheduler.last_epoch)  # this run's schedule (a resume may change lr, min_lr)
+    if ckpt["scaler"]:  # an fp16 run's scaler (empty when saved disabled: a resume may change the precision)
+        opt.scaler.load_state_dict(ckpt["scaler"])
     if opt.ema is not None and ckpt["ema"] is not None:
         opt.ema.load_state_dict(ckpt["ema"])
     s.epoch, s.step, s.global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
@@ -269,7 +307,8 @@ def _restore(run: _Run, ckpt: dict, path: Path) -> None:
                              f"{run.world.world_size}")
         run.data.loaders.restore(ckpt["dali"][run.world.rank])
     if run.world.main:
-        print(f"resumed from {path}: epoch {s.epoch + 1}, step {s.step}/{run.data.steps_per_epoch}", flush=True)
+        changed = "".join(f"; {k} {old!r} -> {new!r}" for k, (old, new) in changes.items())
+        print(f"resumed from {path}: epoch {s.epoch + 1}, step {s.step}/{run.data.steps_per_epoch}{changed}", flush=True)
 
 
 # %% nbs/23_training_loop.py 16
@@ -286,16 +325,18 @@ def _check_output(output: Path) -> None:
         raise ValueError(f"output directory {output} is not writable ({e.strerror}): choose another --output") from None
 
 
-def _write_run_info(run: _Run, resumed_from: Path | None) -> None:
-    """`run.json` when the run starts (a resumed run keeps it), and one line per start in `invocations.jsonl`."""
+def _write_run_info(run: _Run, resumed_from: Path | None, changes: dict[str, list]) -> None:
+    """`run.json` when the run starts (a resumed run keeps it), and one line per start in `invocations.jsonl`,
+    with the settings a resume changed ({setting: [old, new]})."""
     d = run.data
     info = {"config": asdict(run.cfg), "world_size": run.world.world_size, "batch_size": d.batch_size,
             "global_batch": d.global_batch, "scaled_lr": scaled_lr(run.cfg.lr, d.global_batch),
-            "steps_per_epoch": d.steps_per_epoch, "device": str(run.world.device), "precision": run.precision,
+            "steps_per_epoch": d.steps_per_epoch, "num_workers": d.num_workers, "device": str(run.world.device),
+            "precision": run.precision,
             "seed": run.cfg.seed, "versions": _versions(), "command": sys.argv}
     if resumed_from is None:
         (run.output / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
-    line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from": resumed_from, **info}
+    line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from": resumed_from, "changed": changes, **info}
     with open(run.output / "invocations.jsonl", "a") as f:
         f.write(json.dumps(line, default=str) + "\n")
 
@@ -321,9 +362,7 @@ def _checkpoint(run: _Run, name: str = "last.pt") -> None:
             f"optimiser step {s.global_step} and were not saved; {_last_good(run)}: lower --lr, set --clip-grad, "
             "or use bf16/fp32 instead of fp16")
     dali = _dali_states(run)
-    if not run.world.main:
-        return
-    save_checkpoint({
+    _main_writes(run.world, f"write the checkpoint {run.output / name}", lambda: save_checkpoint({
         "format": CHECKPOINT_FORMAT, "config": asdict(run.cfg), "model": weights,
         "optimizer": opt.optimizer.state_dict(), "scheduler": opt.scheduler.state_dict(),
         "scaler": opt.scaler.state_dict(), "ema": opt.ema.state_dict() if opt.ema is not None else None,
@@ -331,9 +370,9 @@ def _checkpoint(run: _Run, name: str = "last.pt") -> None:
         "sampler": {"epoch": s.epoch, "start": s.step * run.cfg.accum_steps * d.batch_size},
         "dali": dali, "world_size": run.world.world_size, "global_batch": d.global_batch, "rng": _rng_states(),
         "epoch_losses": s.epoch_losses, "history": s.history, "pending": s.pending, "best_top1": run.best_top1,
-        "seconds": s.seconds,
-        "num_classes": d.num_classes,
-    }, run.output / name)
+        "seconds": s.seconds, "num_classes": d.num_classes,
+    }, run.output / name))
+
 
 
 def _dali_states(run: _Run) -> list[bytes] | None:
@@ -351,7 +390,9 @@ def _micro_batches(run: _Run, batches) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward over `accum_steps` micro-batches; (local mean loss, non-finite flag) as tensors."""
     cfg, d, losses = run.cfg, run.data, []
     for micro in range(cfg.accum_steps):
+        t0 = time.perf_counter()
         images, labels = next(batches)
+        run.data_wait += time.perf_counter() - t0  # the host blocked on the loader: a starving device
         images, targets = images.to(run.world.device, non_blocking=True), labels.to(run.world.device, non_blocking=True)
         images = finish_batch(images, d.finish, train=True)
         if d.mixup is not None:
@@ -437,7 +478,8 @@ def _run_epoch(run: _Run, epoch: int, progress: _Progress, signals: _StopSignals
     s.epoch = epoch
     batches = d.loaders.epoch(epoch, start=s.step * cfg.accum_steps * d.batch_size)
     run.model.train()
-    t0, images = time.perf_counter(), 0
+    t0, images, run.data_wait = time.perf_counter(), 0, 0.0
+    last = (t0, 0.0)  # time and data wait at the last read-back
     for step in progress.steps_of(range(s.step, d.steps_per_epoch)):
         _optimiser_step(run, batches, epoch, step)
         images += d.global_batch
@@ -447,7 +489,10 @@ def _run_epoch(run: _Run, epoch: int, progress: _Progress, signals: _StopSignals
         if not (s.step % cfg.log_every == 0 or s.step == d.steps_per_epoch or s.stop or checkpoint):
             continue  # no host sync: the device runs ahead
         signalled = _read_back(run, signals)
-        progress.step(s, run.opt.optimizer.param_groups[0]["lr"], images / (time.perf_counter() - t0))
+        now = time.perf_counter()
+        progress.step(s, run.opt.optimizer.param_groups[0]["lr"], images / (now - t0),
+                      data_wait=run.data_wait - last[1], interval=now - last[0])
+        last = (now, run.data_wait)
         if signalled or s.stop:
             return _why(signals, signalled), images, time.perf_counter() - t0
         if checkpoint:
@@ -460,7 +505,8 @@ def _end_epoch(run: _Run, epoch: int, images: int, seconds: float, progress: _Pr
     before its (possibly long) evaluation, then evaluate it."""
     s = run.state
     row = {"epoch": epoch + 1, "step": s.global_step, "train_loss": sum(s.epoch_losses) / max(1, len(s.epoch_losses)),
-           "lr": run.opt.optimizer.param_groups[0]["lr"], "images_per_s": images / seconds, "epoch_time_s": seconds}
+           "lr": run.opt.optimizer.param_groups[0]["lr"], "images_per_s": images / seconds, "epoch_time_s": seconds,
+           "data_wait_s": run.data_wait, "data_wait_share": run.data_wait / seconds}
     s.epoch, s.step, s.epoch_losses, s.seconds = epoch + 1, 0, [], s.seconds + seconds
     if s.epoch % run.cfg.eval_every and s.epoch < run.cfg.epochs:  # not evaluated: no row
         _checkpoint(run)
@@ -486,8 +532,7 @@ def _evaluate_epoch(run: _Run, progress: _Progress) -> None:
     if improved:
         run.best_top1 = row["val_top1"]
         _checkpoint(run, "best.pt")
-    if run.world.main:
-        _write_logs(s.history, run.output)
+    _main_writes(run.world, f"write the logs in {run.output}", lambda: _write_logs(s.history, run.output))
     _checkpoint(run)
     for cb in run.callbacks:
         cb.on_epoch_end(s)
@@ -499,7 +544,7 @@ def _scores(run: _Run) -> dict:
     models = {"val": run.model, **({"ema": run.opt.ema.module} if run.opt.ema is not None else {})}
     # inference keeps no activations for a backward pass: twice the training batch fits, with the run's workers
     result = evaluate(models, run.data.val_set, batch_size=2 * run.data.batch_size, device=world.device,
-                      precision=run.precision, num_workers=run.cfg.num_workers, rank=world.rank,
+                      precision=run.precision, num_workers=run.data.num_workers, rank=world.rank,
                       world_size=world.world_size, finish=run.data.finish)
     scores = {f"{name}_{key}": value for name, metrics in result.items() for key, value in metrics.items()}
     return {**scores, "gates": gate_means(run.model)}

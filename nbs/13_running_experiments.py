@@ -137,7 +137,7 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
         return None
     device = next(result.model.parameters()).device
     scores = {name: evaluate(result.model, ds, batch_size=256, device=device, precision=cfg.precision,
-                             num_workers=cfg.num_workers)["top1"] if len(ds) else None
+                             num_workers=cfg.loader_workers())["top1"] if len(ds) else None
               for name, ds in sets.items()}
     ablation = spec.name.rsplit("_f", 1)[0]
     record = {

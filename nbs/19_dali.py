@@ -108,7 +108,7 @@ def show(x: torch.Tensor, cfg: AugConfig):
 # | RandAugment interpolation and fill | bilinear, per-channel mean colour | bilinear, one grey (the mean of the three means) |
 # | magnitude noise (DeiT's "mstd0.5") | not reproduced | not reproduced |
 # | epoch | a permutation of the files, cut to whole batches | the reader's own shuffle of the files (after a permutation seeded by the run's seed); its passes run on, so the images that do not fill a last batch open the next epoch |
-# | repeated augmentation, the `pad-crop-flip` recipe | yes | no: `loader="dali"` refuses them |
+# | repeated augmentation, the `pad-crop-flip` recipe | yes | no: `loader="dali"` refuses them (`--preset imagenet --loader dali` sets repeats to 1 and prints a note) |
 #
 # Exact resume: a DALI pipeline built with `enable_checkpointing=True` returns its whole state — where the
 # reader stands in its shuffled passes and every random generator of its operators — as bytes from

@@ -65,7 +65,9 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # CIFAR augmentation (pad-and-crop, flip) without mixing, global batch 128.
 #
 # Explicit flags override the preset; the global batch of a preset holds on any number of GPUs, each process
-# taking its share.
+# taking its share. One setting gives way to the loader: DALI (chapter 19) has no repeated augmentation, so
+# `--preset imagenet --loader dali` trains with `repeats` 1 and says so in a printed note (an explicit
+# `--repeats 3` with `--loader dali` is still refused, naming the value).
 
 # %%
 #| export
@@ -88,7 +90,7 @@ from convit_edu.config import PRECISIONS, RECIPES, RUN_OWNED, TrainConfig, recip
 from convit_edu.datasets import build_datasets
 from convit_edu.experiments import run_grid
 from convit_edu.grids import ABLATIONS, ablation_grid, sample_efficiency_grid, sample_efficiency_scale
-from convit_edu.loaders import benchmark_loader
+from convit_edu.loaders import benchmark_loader, default_num_workers
 from convit_edu.models import ModelConfig, VisionTransformer
 from convit_edu.optimisation import read_checkpoint
 from convit_edu.pretrained import read_state_dict
@@ -178,9 +180,9 @@ def _train_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Defaults < preset < flags, as one validated `TrainConfig`."""
-    values = recipe(args.preset) if args.preset else {}
+def _config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, list[str]]:
+    """Defaults < preset < flags, as one validated `TrainConfig`, and notes on what a preset could not keep."""
+    values, notes = recipe(args.preset) if args.preset else {}, []
     for name in ("model_args", "aug_args", "data_args"):
         values[name] = dict(values.get(name, {}))
     target = {prefix: name for name, (_, prefix, _) in _OVERRIDES.items()}
@@ -191,7 +193,11 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
         elif key in {f.name for f in fields(TrainConfig)}:
             values[key] = value
     values["data_args"].update(_key_value(item, "--data-arg") for item in args.data_arg)
-    return TrainConfig(**values)
+    if values.get("loader") == "dali" and values.get("repeats", 1) != 1 and "repeats" not in vars(args):
+        notes.append(f"loader dali has no repeated augmentation: the preset's repeats {values['repeats']} becomes 1 "
+                     "(each image once per epoch; --loader torchvision keeps it)")
+        values["repeats"] = 1
+    return TrainConfig(**values), notes
 
 
 # %% [markdown]
@@ -207,12 +213,14 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
 # %%
 #| export
 def run_train(args: argparse.Namespace) -> int:
-    cfg = _config_from_args(args)
+    cfg, notes = _config_from_args(args)
     main_process = os.environ.get("RANK", "0") == "0"
     if main_process and args.preset:
         print(f"preset {args.preset} expands to:")
         for key, value in recipe(args.preset).items():
             print(f"  {key} = {value!r}")
+        for note in notes:
+            print(f"note: {note}")
     if args.print_config:
         if main_process:
             print(json.dumps(asdict(cfg), indent=2))
@@ -245,7 +253,7 @@ def run_eval(args: argparse.Namespace) -> int:
                            num_layers=args.gate_layers):
         metrics = evaluate(model, val_set, batch_size=args.batch_size, device=device,
                            precision=resolve_precision(args.precision, device),
-                           num_workers=args.num_workers)
+                           num_workers=_workers(args))
     print(json.dumps({"checkpoint": str(args.checkpoint), "weights": "ema" if args.ema else "model",
                       "data": cfg.data, "images": len(val_set), "mask_pos_embed": args.mask_pos_embed,
                       "gate": args.gate, "gate_layers": args.gate_layers,
@@ -282,16 +290,17 @@ def run_bench(args: argparse.Namespace) -> int:
     train_tf, _ = build_transforms(aug)
     data_args = dict(_key_value(item, "--data-arg") for item in args.data_arg)
     train_set, _, classes = build_datasets(args.data, args.data_root, download=False, **data_args)
-    print(f"data loader on {args.data} ({args.aug} augmentation, {args.num_workers} workers):")
-    loader = benchmark_loader(train_set, train_tf, batch_size=args.batch_size, num_workers=args.num_workers,
+    workers = _workers(args)
+    print(f"data loader on {args.data} ({args.aug} augmentation, {workers} workers):")
+    loader = benchmark_loader(train_set, train_tf, batch_size=args.batch_size, num_workers=workers,
                               mixup=build_mixup(aug, len(classes)) if len(classes) > 1 else None)
     print(loader)
     cfg = TrainConfig(model=args.model, model_args=dict(_key_value(item, "--model-arg") for item in args.model_arg),
                       img_size=args.img_size, data=args.data, data_root=str(args.data_root), data_args=data_args,
-                      aug=args.aug, batch_size=args.batch_size, num_workers=args.num_workers,
+                      aug=args.aug, batch_size=args.batch_size, num_workers=workers,
                       precision=args.precision, device=args.device)
     print(f"data pipeline against the model ({args.steps} steps of real batches through train):")
-    pipeline = pipeline_bench(cfg, steps=args.steps, num_workers=max(1, args.num_workers))
+    pipeline = pipeline_bench(cfg, steps=args.steps, num_workers=max(1, workers))
     for key, value in pipeline.items():
         print(f"  {key:<42}{value:>10.2f}")
     if args.json:
@@ -302,6 +311,12 @@ def run_bench(args: argparse.Namespace) -> int:
 
 # %%
 #| exporti
+def _workers(args: argparse.Namespace) -> int:
+    """`--num-workers`, or the loader default of training runs (`default_num_workers`) when it is not given."""
+    return default_num_workers() if args.num_workers is None else positive_int("--num-workers", args.num_workers,
+                                                                                minimum=0)
+
+
 def _key_value(item: str, flag: str) -> tuple[str, Any]:
     key, sep, value = item.partition("=")
     if not sep:
@@ -374,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--gate-layers", type=int, help="apply --gate to the first N GPSA layers only")
     e.add_argument("--batch-size", type=int, default=256)
     e.add_argument("--precision", choices=PRECISIONS, default="auto")
-    e.add_argument("--num-workers", type=int, default=4)
+    e.add_argument("--num-workers", type=int, help="loader processes (default: this process's CPUs less one)")
     e.add_argument("--device", default="auto")
 
     b = sub.add_parser("bench", help="training/inference images/s, peak memory, data loader images/s",
@@ -392,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data-root", default="data")
     b.add_argument("--data-arg", action="append", default=[], metavar="KEY=VALUE", help="e.g. num_train=512")
     b.add_argument("--aug", default="deit", help="augmentation for the loader benchmark (data.AUGMENTATIONS)")
-    b.add_argument("--num-workers", type=int, default=4)
+    b.add_argument("--num-workers", type=int, help="loader processes (default: this process's CPUs less one)")
     b.add_argument("--suite", choices=["fast", "full"],
                    help="instead: chapter 28's whole suite (GPSA layer, resolution, ConViT vs DeiT throughput)")
     b.add_argument("--compile-timeout", type=float, default=120.0,

@@ -169,3 +169,16 @@ def test_the_command_line_trains_with_loader_dali(folder, tmp_path):
                  "--epochs", "1", "--batch-size", "4", "--num-workers", "1", "--device", "cpu", "--precision",
                  "fp32", "--progress", "none", "--output", str(out)]) == 0
     assert optimisation.read_checkpoint(out / "last.pt")["config"]["loader"] == "dali"
+
+
+def test_the_imagenet_preset_trains_with_loader_dali_without_repeats(folder, tmp_path, capsys):
+    pytest.importorskip("nvidia.dali")
+    from convit_edu.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "imagenet", "--loader", "dali", "--model", "convit_tiny", "--img-size", "16",
+                 "--patch-size", "4", "--embed-dim", "48", "--depth", "2", "--local-up-to-layer", "1",
+                 "--data-root", str(folder), "--epochs", "1", "--global-batch", "4", "--num-workers", "1",
+                 "--device", "cpu", "--precision", "fp32", "--progress", "none", "--output", str(out)]) == 0
+    assert "note: loader dali has no repeated augmentation: the preset's repeats 3 becomes 1" in capsys.readouterr().out
+    assert optimisation.read_checkpoint(out / "last.pt")["config"]["repeats"] == 1
