@@ -13,8 +13,9 @@ import torch
 from PIL import Image
 from training_checks import StopAt, assert_same_weights
 
-from convit_edu import augment, config, dali, datasets, loaders, optimisation
+from convit_edu import augment, config, dali, datasets, optimisation
 from convit_edu.config import TrainConfig
+from convit_edu.loaders import DeviceTransforms
 from convit_edu.training import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -67,7 +68,7 @@ def test_dali_batches_are_uint8_chw_with_the_labels_of_their_files(folder):
     images, labels = next(loaders(folder, cfg=augment.augmentation("deit", 16)).epoch(0))
     assert images.dtype == torch.uint8 and images.shape == (4, 3, 16, 16)
     assert labels.dtype == torch.int64 and labels.shape == (4,)
-    finish = loaders.DeviceTransforms(augment.augmentation("deit", 16))
+    finish = DeviceTransforms(augment.augmentation("deit", 16))
     assert finish.train(images).shape == (4, 3, 16, 16)
     for (red, label) in seen([next(loaders(folder).epoch(0))]):
         assert (red - 20 - 4 * label) % 24 in (0, 1, 23)  # the image's colour belongs to its label's class
