@@ -24,7 +24,11 @@ requeue=0
 trap 'requeue=1; kill -TERM "$step" 2>/dev/null' USR1
 
 head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=8 --shutdown-timeout=240 \
+# torchrun's grace period between SIGTERM and SIGKILL of its workers: four minutes to write last.pt. Recent torch
+# reads this variable (its --shutdown-timeout option is unknown to older torchrun, which would refuse to start);
+# older torch ignores it and gives a fixed 30 s, in which the checkpoint must then be written.
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=240
+srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=8 \
     --rdzv-backend=c10d --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" \
     -m convit_edu.cli train --preset imagenet --model convit_small \
     --data-root /datasets/imagenet --num-workers 8 --output runs/convit_small --resume auto &

@@ -22,11 +22,11 @@ import torch.nn.functional as F
 from fastprogress.fastprogress import IN_NOTEBOOK, ConsoleMasterBar, ConsoleProgressBar, NBMasterBar, NBProgressBar
 from matplotlib.figure import Figure
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import Dataset, Subset
 
 from convit_edu.config import PRECISIONS, TrainConfig, _check_device
 from convit_edu.gpsa import gate_values
-from convit_edu.loaders import DeviceTransforms
+from convit_edu.loaders import DeviceTransforms, build_loader
 
 __all__ = ['cpu_has_native_bf16', 'resolve_device', 'resolve_precision', 'evaluate', 'finish_batch', 'TrainState', 'Callback', 'TrainResult', 'gate_means', 'plot_history']
 
@@ -150,7 +150,8 @@ def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset | Iterabl
     precision = resolve_precision(precision, device)
     if isinstance(dataset, Dataset):
         part = Subset(dataset, range(rank, len(dataset), world_size))
-        loader = DataLoader(part, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
+        loader = build_loader(part, batch_size, None, num_workers=num_workers, seed=0, drop_last=False,
+                              pin_memory=device.type == "cuda")  # its workers ignore SIGTERM, as training's do
     else:  # this process's batches already (the DALI loader's `val`)
         loader = dataset
     modes = {name: m.training for name, m in models.items()}
@@ -189,7 +190,7 @@ def finish_batch(images: torch.Tensor, finish: DeviceTransforms | None, train: b
     return finish.train(images) if train else finish.eval(images)
 
 
-# %% nbs/22_processes.py 14
+# %% nbs/22_processes.py 16
 @dataclass
 class TrainState:
     """What the hooks see: the bare model (not wrapped in DDP or compiled), the optimiser and the position."""
@@ -237,7 +238,7 @@ def gate_means(model: nn.Module) -> list[float]:
             for m in model.modules() if isinstance(getattr(m, "gating_param", None), torch.Tensor)]
 
 
-# %% nbs/22_processes.py 16
+# %% nbs/22_processes.py 18
 class _Progress:
     def __init__(self, mode: str, epochs: int, log_every: int):
         if mode == "auto":
@@ -258,16 +259,19 @@ class _Progress:
             return steps
         return (NBProgressBar if self.notebook else ConsoleProgressBar)(steps, parent=self.master)
 
-    def step(self, state: TrainState, lr: float, images_per_s: float) -> None:
+    def step(self, state: TrainState, lr: float, images_per_s: float, data_wait: float, interval: float) -> None:
+        """After a read-back: the loss, and in lines mode the rate, the speed and how long the interval's steps
+        waited for data (`data_wait` of `interval` seconds: a share near 1 is a starving device)."""
         x = state.epoch + state.step / state.steps_per_epoch
         self.losses.append((x, state.loss))
         if self.mode == "bar" and self.master is not None:
-            self.master.child.comment = f"loss {state.loss:.4f}"
+            self.master.child.comment = f"loss {state.loss:.4f} data wait {100 * data_wait / interval:.0f} %"
             if self.notebook and state.step % self.log_every == 0:
                 self._graph()
         elif self.mode == "lines" and (state.step % self.log_every == 0 or state.step == state.steps_per_epoch):
             print(f"epoch {state.epoch + 1}/{self.epochs} step {state.step}/{state.steps_per_epoch} "
-                  f"loss {state.loss:.4f} lr {lr:.3e} {images_per_s:.0f} img/s", flush=True)
+                  f"loss {state.loss:.4f} lr {lr:.3e} {images_per_s:.0f} img/s data wait {data_wait:.2f} s "
+                  f"({100 * data_wait / interval:.0f} %)", flush=True)
 
     def epoch_end(self, row: dict) -> None:
         self.val_losses.append((row["epoch"], row["val_loss"]))
@@ -302,7 +306,7 @@ def _write_logs(history: list[dict], output: Path) -> None:
     os.replace(output / "log.csv.tmp", output / "log.csv")
 
 
-# %% nbs/22_processes.py 17
+# %% nbs/22_processes.py 19
 def plot_history(history: list[dict]):
     """The curves of a run as a figure: loss with the learning rate of the schedule (right axis); top-1 and top-5
     of the model and its EMA; mean σ(λ) per layer."""
@@ -330,7 +334,7 @@ def plot_history(history: list[dict]):
     return fig
 
 
-# %% nbs/22_processes.py 19
+# %% nbs/22_processes.py 21
 class _StopSignals:
     """Turn SIGTERM and SIGINT into a flag for the duration of a run (main thread only), then restore."""
 

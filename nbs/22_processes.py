@@ -50,11 +50,11 @@ import torch.nn.functional as F
 from fastprogress.fastprogress import IN_NOTEBOOK, ConsoleMasterBar, ConsoleProgressBar, NBMasterBar, NBProgressBar
 from matplotlib.figure import Figure
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import Dataset, Subset
 
 from convit_edu.config import PRECISIONS, TrainConfig, _check_device
 from convit_edu.gpsa import gate_values
-from convit_edu.loaders import DeviceTransforms
+from convit_edu.loaders import DeviceTransforms, build_loader
 
 # %%
 import json
@@ -223,6 +223,11 @@ for dtype in (torch.float32, torch.bfloat16):
 # and its EMA at an epoch's end — one pass over the data scores them all (an ImageNet validation pass is
 # minutes of decoding; the loop also gives it the run's loader workers and twice the training batch), and the
 # sums of all of them travel in one all-reduce: one wait for the device per evaluation.
+#
+# Its loader is chapter 18's `build_loader` (dataset order, the last batch kept), whose workers ignore SIGTERM and
+# SIGINT as the training loader's do. A pre-emption signals every process of the job, and it may come during an
+# evaluation; a worker that died of it would crash the run there. Instead the signal only raises the loop's
+# flag (below): the evaluation finishes, then the loop writes `last.pt` and stops.
 
 # %%
 #| export
@@ -238,7 +243,8 @@ def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset | Iterabl
     precision = resolve_precision(precision, device)
     if isinstance(dataset, Dataset):
         part = Subset(dataset, range(rank, len(dataset), world_size))
-        loader = DataLoader(part, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
+        loader = build_loader(part, batch_size, None, num_workers=num_workers, seed=0, drop_last=False,
+                              pin_memory=device.type == "cuda")  # its workers ignore SIGTERM, as training's do
     else:  # this process's batches already (the DALI loader's `val`)
         loader = dataset
     modes = {name: m.training for name, m in models.items()}
@@ -275,6 +281,37 @@ def finish_batch(images: torch.Tensor, finish: DeviceTransforms | None, train: b
         raise ValueError("the dataset gives uint8 images (build_transforms(cfg, on_device=True)) but no "
                          "DeviceTransforms was given to normalise them: pass finish=DeviceTransforms(cfg)")
     return finish.train(images) if train else finish.eval(images)
+
+
+# %% [markdown]
+# The check: a dataset that sends SIGTERM to the worker loading it, at every image. `evaluate` with two workers
+# gets through it, with the scores of an evaluation in this process of the same data (a worker with torch's own
+# handlers would die at its first image and `evaluate` would raise "DataLoader worker ... killed by signal").
+
+# %%
+from torch.utils.data import TensorDataset
+
+
+class SignalsItsLoader(Dataset):
+    """Each item first sends SIGTERM to the loader worker reading it, as a pre-emption signals every process."""
+
+    def __init__(self, base: Dataset):
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int):
+        assert torch.utils.data.get_worker_info() is not None, "only in a loader worker: this would stop the kernel"
+        os.kill(os.getpid(), signal.SIGTERM)
+        return self.base[i]
+
+
+data = TensorDataset(torch.randn(32, 8), torch.arange(32) % 4)
+probe = nn.Linear(8, 4)
+signalled = evaluate(probe, SignalsItsLoader(data), batch_size=8, num_workers=2)
+assert signalled == evaluate(probe, data, batch_size=8)
+print("32 SIGTERMs to evaluate's 2 loader workers: all ignored, the scores those of an evaluation in one process")
 
 
 # %% [markdown]
@@ -361,16 +398,19 @@ class _Progress:
             return steps
         return (NBProgressBar if self.notebook else ConsoleProgressBar)(steps, parent=self.master)
 
-    def step(self, state: TrainState, lr: float, images_per_s: float) -> None:
+    def step(self, state: TrainState, lr: float, images_per_s: float, data_wait: float, interval: float) -> None:
+        """After a read-back: the loss, and in lines mode the rate, the speed and how long the interval's steps
+        waited for data (`data_wait` of `interval` seconds: a share near 1 is a starving device)."""
         x = state.epoch + state.step / state.steps_per_epoch
         self.losses.append((x, state.loss))
         if self.mode == "bar" and self.master is not None:
-            self.master.child.comment = f"loss {state.loss:.4f}"
+            self.master.child.comment = f"loss {state.loss:.4f} data wait {100 * data_wait / interval:.0f} %"
             if self.notebook and state.step % self.log_every == 0:
                 self._graph()
         elif self.mode == "lines" and (state.step % self.log_every == 0 or state.step == state.steps_per_epoch):
             print(f"epoch {state.epoch + 1}/{self.epochs} step {state.step}/{state.steps_per_epoch} "
-                  f"loss {state.loss:.4f} lr {lr:.3e} {images_per_s:.0f} img/s", flush=True)
+                  f"loss {state.loss:.4f} lr {lr:.3e} {images_per_s:.0f} img/s data wait {data_wait:.2f} s "
+                  f"({100 * data_wait / interval:.0f} %)", flush=True)
 
     def epoch_end(self, row: dict) -> None:
         self.val_losses.append((row["epoch"], row["val_loss"]))

@@ -74,10 +74,19 @@ torch.set_printoptions(precision=4, sci_mode=False)
 #   simply ends at its limit is *completed*, and `--requeue` alone would not bring it back. The requeued job
 #   runs the same script, and `--resume auto` continues where it stopped.
 # * *torchrun's grace period.* torchrun forwards SIGTERM to its workers and kills them 30 s later by default;
-#   writing a checkpoint of a large model to a shared file system can take longer, so `--shutdown-timeout`
-#   gives them four minutes (inside the five the signal leaves).
+#   writing a checkpoint of a large model to a shared file system can take longer (`last.pt` holds four fp32
+#   copies of the parameters: the weights, AdamW's two moments and the EMA). The script gives them four minutes,
+#   inside the five the signal leaves, with `export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=240`, which recent torch's
+#   launcher reads (pytorch PR #172596, 2026; torch 2.14 has it). The same PR added torchrun's
+#   `--shutdown-timeout` option, but the torchrun of older torch, 2.4 included, rejects an option it does not
+#   know and would not start at all; the variable it simply ignores, so the script runs with every torch this
+#   package admits (`torch>=2.4`). What older torch gives its workers is a fixed 30 s: there a checkpoint must
+#   be written within 30 s of the signal. If it is not, the kill leaves the previous `last.pt` whole (the write
+#   goes to a temporary file that is renamed at the end, chapter 21), and the requeued job loses the steps
+#   since it; measure how long your file system takes to write one, or run a recent torch.
 # * *Pre-emption* sends SIGTERM to every process of the job, loader workers included: the loop saves as above
-#   (workers ignore the signal, chapter 18) and SLURM requeues a pre-empted job itself.
+#   (the training and the evaluation loader's workers ignore the signal, chapters 18 and 22) and SLURM requeues
+#   a pre-empted job itself.
 #
 # (The alternative without torchrun — `srun --ntasks-per-node=8 --gpus-per-task=1 python -m convit_edu.cli
 # train …` with `MASTER_ADDR`/`MASTER_PORT` exported — works too: chapter 22 reads SLURM's variables.)
@@ -101,7 +110,11 @@ requeue=0
 trap 'requeue=1; kill -TERM "$step" 2>/dev/null' USR1
 
 head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=8 --shutdown-timeout=240 \
+# torchrun's grace period between SIGTERM and SIGKILL of its workers: four minutes to write last.pt. Recent torch
+# reads this variable (its --shutdown-timeout option is unknown to older torchrun, which would refuse to start);
+# older torch ignores it and gives a fixed 30 s, in which the checkpoint must then be written.
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=240
+srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=8 \
     --rdzv-backend=c10d --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" \
     -m convit_edu.cli train --preset imagenet --model convit_small \
     --data-root /datasets/imagenet --num-workers 8 --output runs/convit_small --resume auto &
@@ -120,6 +133,25 @@ exit "$status"
 
 # %%
 print(SBATCH_SCRIPT)
+
+# %% [markdown]
+# What the installed torch's launcher makes of the script's setting (torchrun builds this `LaunchConfig` from its
+# options; an older torch has no `shutdown_timeout` in it, and its 30 s are fixed):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (the grace period depends on the installed torch)
+from torch.distributed.launcher.api import LaunchConfig
+
+setting = SBATCH_SCRIPT.split("export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=")[1].split()[0]
+os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = setting
+try:
+    launch = LaunchConfig(min_nodes=4, max_nodes=4, nproc_per_node=8)
+finally:
+    del os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]
+grace = getattr(launch, "shutdown_timeout", None)
+assert grace in (int(setting), None), f"this torch's launcher read {grace} s, not the script's {setting} s"
+print(f"torch {torch.__version__}: torchrun gives its workers {grace or 30} s between SIGTERM and SIGKILL")
 
 # %% [markdown]
 # The flags of every command above are checked against the parser here (with `--print-config`, which stops

@@ -2,9 +2,11 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,8 @@ from convit_edu.config import RECIPES, RUN_OWNED, TrainConfig
 from convit_edu.launch import SBATCH_SCRIPT
 from convit_edu.optimisation import read_checkpoint
 from convit_edu.zoo import list_models
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = ["--model", "convit_tiny", "--img-size", "16", "--patch-size", "4", "--embed-dim", "48", "--depth", "2",
         "--local-up-to-layer", "1", "--data", "fake", "--data-arg", "num_train=64", "--data-arg", "num_val=32",
@@ -170,6 +174,7 @@ def test_an_unforeseen_error_is_one_line_and_debug_shows_the_traceback(tmp_path,
 STAND_IN_SRUN = """#!/bin/bash
 # stands in for srun + torchrun + the trainer: records its arguments, saves and exits 0 on SIGTERM
 echo "$@" > "$STAND_INS/srun.args"
+echo "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT" > "$STAND_INS/shutdown_timeout"
 trap 'touch "$STAND_INS/saved"; exit 0' TERM
 touch "$STAND_INS/started"
 for _ in $(seq 1 $STEPS); do sleep 0.05; done
@@ -206,9 +211,47 @@ def test_the_sbatch_script_saves_and_requeues_at_the_time_limit(tmp_path):
     assert (tmp_path / "saved").exists()  # the step got SIGTERM and saved
     assert (tmp_path / "scontrol.log").read_text().split("\n")[0] == "requeue 4242"
     args = (tmp_path / "srun.args").read_text()
-    assert "--shutdown-timeout=240" in args and "--rdzv-endpoint=node1:29500" in args and "--resume auto" in args
+    assert "--rdzv-endpoint=node1:29500" in args and "--resume auto" in args
+    assert (tmp_path / "shutdown_timeout").read_text() == "240\n"  # torchrun's grace period, from the environment
 
 
 def test_the_sbatch_script_does_not_requeue_a_run_that_finished(tmp_path):
     assert run_sbatch_script(tmp_path, steps=2, usr1=False) == 0
     assert not (tmp_path / "scontrol.log").exists() and not (tmp_path / "saved").exists()
+
+
+# The options of torch 2.4's torchrun (torch/distributed/run.py), the oldest torch pyproject.toml admits: an option
+# added later (--shutdown-timeout) makes an older torchrun refuse to start.
+TORCHRUN_2_4_OPTIONS = {
+    "--nnodes", "--nproc-per-node", "--nproc_per_node", "--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint",
+    "--rdzv_endpoint", "--rdzv-id", "--rdzv_id", "--rdzv-conf", "--rdzv_conf", "--standalone", "--max-restarts",
+    "--max_restarts", "--monitor-interval", "--monitor_interval", "--start-method", "--start_method", "--role",
+    "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path", "--log-dir", "--log_dir", "-r",
+    "--redirects", "-t", "--tee", "--local-ranks-filter", "--local_ranks_filter", "--node-rank", "--node_rank",
+    "--master-addr", "--master_addr", "--master-port", "--master_port", "--local-addr", "--local_addr"}
+
+
+def torchrun_options(text: str) -> list[list[str]]:
+    """The options of each torchrun command of a shell text (lines joined at their `\\`), up to `-m` (its module)."""
+    commands = []
+    for match in re.finditer(r"(?:^|\bsrun )torchrun (.*)$", text.replace("\\\n", " "), flags=re.M):
+        options = []
+        for token in match.group(1).split():
+            if not token.startswith("-"):
+                break
+            options.append(token.split("=")[0])
+            if token == "-m":
+                break
+        commands.append(options)
+    return commands
+
+
+def test_every_torchrun_option_of_the_sbatch_script_and_the_readme_is_one_torch_2_4_has():
+    from torch.distributed.run import get_args_parser
+
+    assert TORCHRUN_2_4_OPTIONS <= {option for action in get_args_parser()._actions for option in action.option_strings}
+    readme = (ROOT / "README.md").read_text()
+    commands = torchrun_options(SBATCH_SCRIPT) + torchrun_options(readme)
+    assert len(commands) == 3 and all(options[-1] == "-m" for options in commands), commands
+    assert {option for options in commands for option in options} <= TORCHRUN_2_4_OPTIONS
+    assert "\nexport TORCH_ELASTIC_SHUTDOWN_TIMEOUT=240\n" in SBATCH_SCRIPT  # the grace period, as a variable

@@ -436,6 +436,16 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+def output_or_kill(proc: subprocess.Popen, timeout: float) -> str:
+    """The output of a worker started in its own session; one still running after `timeout` s is killed with
+    its whole process group (loader workers, torchrun's children) and the test fails with what it printed."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the worker still ran after {timeout} s:\n{proc.communicate()[0]}")
+
+
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     proc = run_worker("slow", tmp_path)
     wait_for(tmp_path / "started", proc)
@@ -456,6 +466,32 @@ def test_sigterm_to_the_whole_process_group_with_loader_workers_still_saves_and_
     assert proc.returncode == 0, out
     assert "stopped by SIGTERM" in out and "killed by signal" not in out
     assert read_checkpoint(tmp_path / "last.pt")["global_step"] >= 1
+
+
+def test_sigterm_to_the_whole_process_group_during_evaluation_with_loader_workers_saves_and_exits_cleanly(tmp_path):
+    """Pre-emption during an evaluation: evaluate's loader workers get SIGTERM too and must not die of it."""
+    proc = run_worker("eval-workers", tmp_path, new_session=True)
+    for worker in (0, 1):  # both loading: past their start, where torch sets its handlers before ours
+        wait_for(tmp_path / f"evaluating-{worker}", proc, timeout=120)
+    os.killpg(proc.pid, signal.SIGTERM)
+    (tmp_path / "signalled").touch()  # only now do the validation set's workers go on loading
+    out = output_or_kill(proc, timeout=60)
+    assert proc.returncode == 0, out
+    assert "stopped by SIGTERM" in out and "killed by signal" not in out
+    ckpt = read_checkpoint(tmp_path / "last.pt")
+    assert ckpt["epoch"] == 1 and len(ckpt["history"]) == 1  # the evaluation finished, then the run stopped
+
+
+def test_a_checkpoint_write_that_fails_on_rank_0_stops_every_rank_with_its_error_instead_of_hanging(tmp_path):
+    """A full disk on rank 0 must end the job on every rank, not leave the others waiting out the 30-minute
+    process-group timeout in their next collective (NCCL across nodes would). Gloo on one machine notices rank 0's
+    exit, so here the difference is what rank 1 says: rank 0's checkpoint write failed, not a lost connection."""
+    proc = run_worker("ddp-full-disk", tmp_path, torchrun=2, new_session=True)
+    out = output_or_kill(proc, timeout=60)
+    assert proc.returncode != 0, out
+    assert "[Errno 28] No space left on device" in out
+    rank_1 = [line for line in out.splitlines() if line.startswith("rank 1 stopped:")]
+    assert rank_1 and "checkpoint" in rank_1[0] and "rank 0" in rank_1[0], out  # rank 1 says why it stopped
 
 
 def test_a_killed_run_resumes_from_its_last_checkpoint_to_identical_weights(tmp_path):
@@ -574,6 +610,31 @@ class Sleep(Callback):
         time.sleep(0.05)
 
 
+class SlowToEvaluate(Dataset):
+    """A validation set whose loader workers each mark that they are loading, then load nothing until the test
+    has sent its signal: the signal reaches the workers in the middle of an evaluation."""
+
+    def __init__(self, base: Dataset, output: Path):
+        self.base, self.output = base, output
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        worker = torch.utils.data.get_worker_info()
+        if worker is None:  # not in a loader worker: nothing to wait for
+            return self.base[i]
+        (self.output / f"evaluating-{worker.id}").touch()
+        end = time.monotonic() + 60
+        while not (self.output / "signalled").exists() and time.monotonic() < end:
+            time.sleep(0.02)
+        return self.base[i]
+
+
+def full_disk(checkpoint, path):
+    raise OSError(28, "No space left on device")
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     mode, output = sys.argv[1], Path(sys.argv[2])
@@ -582,11 +643,24 @@ if __name__ == "__main__":
     elif mode == "slow-workers":
         train(replace(slow_config(output), num_workers=2), model=make_model(), datasets=make_data(),
               callbacks=[Sleep(output / "started")])
+    elif mode == "eval-workers":
+        train_set, val_set, classes = make_data()
+        train(replace(config(output, epochs=2), num_workers=2), model=make_model(),
+              datasets=(train_set, SlowToEvaluate(val_set, output), classes))
     elif mode == "ddp":
         train(ddp_config(output, batch_size=8), model=make_model(dropout=0.0), datasets=ddp_data())
     elif mode == "ddp-stop":
         train(ddp_config(output, batch_size=8), model=make_model(dropout=0.0), datasets=ddp_data(),
               callbacks=[StopAt(0, 3)])
+    elif mode == "ddp-full-disk":  # every checkpoint write of rank 0 fails
+        rank = os.environ["RANK"]
+        if rank == "0":
+            training.save_checkpoint = full_disk
+        try:
+            train(ddp_config(output, batch_size=8), model=make_model(dropout=0.0), datasets=ddp_data())
+        except Exception as e:
+            sys.stdout.write(f"rank {rank} stopped: {type(e).__name__}: {e}\n")  # one write: lines never interleave
+            raise
     elif mode == "ddp-disagree":  # node-local folders: only rank 0's holds a checkpoint
         cfg = replace(ddp_config(output / f"rank{os.environ['RANK']}", batch_size=8), resume="auto")
         train(cfg, model=make_model(dropout=0.0), datasets=ddp_data())
@@ -616,7 +690,7 @@ def test_auto_device_is_cuda_then_mps_then_cpu(monkeypatch):
 
 def test_adamw_is_fused_on_a_gpu_and_the_model_and_its_ema_are_scored_in_one_pass(tmp_path, monkeypatch):
     cfg = config(tmp_path, epochs=1)
-    data = training._Data(None, None, 4, None, None, 0.0, 8, 8, 12)
+    data = training._Data(None, None, 4, None, None, 0.0, 0, 8, 8, 12)
     model = make_model()
     assert training._build_optimisation(cfg, model, data, "fp32", torch.device("cuda")).optimizer.defaults["fused"]
     assert not training._build_optimisation(cfg, model, data, "fp32", torch.device("cpu")).optimizer.defaults["fused"]
