@@ -7,10 +7,11 @@ guarantee together (the same batches at any number of processes and workers, and
 # (then run `python -m convit_edu._nbtools export`).
 
 import math
+import os
 import random
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from convit_edu.augment import AugConfig
 from convit_edu.checks import positive_int
 
-__all__ = ['RepeatAugSampler', 'build_loader', 'DeviceTransforms', 'erasing_boxes', 'seed_from', 'KeyedSampler', 'SeededSamples', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader', 'plot_loader_benchmarks']
+__all__ = ['RepeatAugSampler', 'build_loader', 'default_num_workers', 'DeviceTransforms', 'erasing_boxes', 'seed_from', 'KeyedSampler', 'SeededSamples', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader', 'plot_loader_benchmarks']
 
 
 # %% nbs/18_loaders.py 9
@@ -113,50 +114,82 @@ def _ignore_stop_signals(worker_id: int) -> None:
 
 
 # %% nbs/18_loaders.py 20
+def default_num_workers(env: Mapping[str, str] = os.environ) -> int:
+    """Loader workers per process when none are asked for: the CPUs this process may run on
+    (``os.sched_getaffinity``, which SLURM, ``taskset`` and containers restrict; ``os.cpu_count`` where the OS
+    has no affinity, e.g. macOS) divided among this node's processes (``LOCAL_WORLD_SIZE``, set by torchrun;
+    1 without it), less one CPU for the process itself, which runs the training step; never below 0 (then
+    the process loads its batches itself)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = env.get("LOCAL_WORLD_SIZE", "1")
+    if not local.isdigit() or int(local) < 1:
+        raise ValueError(f"LOCAL_WORLD_SIZE {local!r} must be a positive integer (torchrun sets it to the number "
+                         "of processes on this node)")
+    return max(cpus // int(local) - 1, 0)
+
+
+# %% nbs/18_loaders.py 24
 class DeviceTransforms:
     """The end of a recipe, on uint8 batches (B, 3, S, S) on the training device: ``eval`` converts and
-    normalises, ``train`` also erases a random box of each image with probability ``cfg.erasing``."""
+    normalises, ``train`` also erases a random box of each image with probability ``cfg.erasing``. Neither
+    synchronises the host with the device (the constants are made on each device once, see ``constants``)."""
 
     def __init__(self, cfg: AugConfig):
-        self.mean, self.std, self.erasing = torch.tensor(cfg.mean), torch.tensor(cfg.std), cfg.erasing
+        self.mean, self.std, self.erasing = tuple(cfg.mean), tuple(cfg.std), cfg.erasing
+        self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """255·mean and 255·std as (3, 1, 1) float tensors on ``device``: made the first time ``device`` is asked
+        for and kept. Each channel is filled in place on the device, so even that first call copies nothing from
+        the host and does not wait for the device."""
+        if device not in self._constants:
+            self._constants[device] = tuple(
+                torch.stack([torch.full((1, 1), 255 * v, device=device) for v in values])
+                for values in (self.mean, self.std))
+        return self._constants[device]
 
     def eval(self, images: torch.Tensor) -> torch.Tensor:
         if images.dtype != torch.uint8 or images.ndim != 4:
             raise ValueError(f"DeviceTransforms expects uint8 batches (B, 3, H, W), got {images.dtype} "
                              f"{tuple(images.shape)}: build the dataset with build_transforms(cfg, on_device=True)")
-        mean, std = (255 * t.to(images.device)[:, None, None] for t in (self.mean, self.std))
+        mean, std = self.constants(images.device)
         return (images.float() - mean) / std
 
     def train(self, images: torch.Tensor) -> torch.Tensor:
         x = self.eval(images)
         if self.erasing == 0:
             return x
-        mask = erasing_boxes(x.shape[0], x.shape[-2:], self.erasing).to(x.device, non_blocking=True)
+        mask = erasing_boxes(x.shape[0], x.shape[-2:], self.erasing, device=x.device)
         return torch.where(mask[:, None], torch.randn_like(x), x)
 
 
 def erasing_boxes(batch: int, size: tuple[int, int], p: float, scale: tuple[float, float] = (0.02, 1 / 3),
-                  ratio: tuple[float, float] = (0.3, 3.3), tries: int = 10) -> torch.Tensor:
-    """RandomErasing's boxes for a batch, as a (B, H, W) bool mask drawn on the CPU without a Python loop: each
-    image with probability ``p``, a box of ``scale`` of the area with aspect ratio in ``ratio`` (log-uniform),
-    the first of ``tries`` draws that fits (no box when none does)."""
+                  ratio: tuple[float, float] = (0.3, 3.3), tries: int = 10,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+    """RandomErasing's boxes for a batch, as a (B, H, W) bool mask made on ``device`` (default: the CPU) from
+    torch's global generator of that device, with tensor ops only (no Python loop, no read back to the host):
+    each image with probability ``p``, a box of ``scale`` of the area with aspect ratio h/w in ``ratio``
+    (log-uniform), the first of ``tries`` draws that fits inside the image (no box when none does), at a uniform
+    position: torchvision's ``RandomErasing`` (Zhong et al. 2020), for a whole batch at once."""
     h_img, w_img = size
-    area = h_img * w_img * torch.empty(batch, tries).uniform_(*scale)
-    aspect = torch.exp(torch.empty(batch, tries).uniform_(math.log(ratio[0]), math.log(ratio[1])))
+    share = scale[0] + (scale[1] - scale[0]) * torch.rand(batch, tries, device=device)
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(log_lo + (log_hi - log_lo) * torch.rand(batch, tries, device=device))
+    area = h_img * w_img * share
     h, w = (area * aspect).sqrt().round().long(), (area / aspect).sqrt().round().long()
     fits = (h < h_img) & (w < w_img)
-    first = fits.float().argmax(1, keepdim=True)  # the first try that fits
+    first = fits.float().argmax(1, keepdim=True)  # the first try that fits (try 0 when none does: not erased)
     h, w = h.gather(1, first)[:, 0], w.gather(1, first)[:, 0]
-    top = (torch.rand(batch) * (h_img - h + 1)).long()
-    left = (torch.rand(batch) * (w_img - w + 1)).long()
-    erase = (torch.rand(batch) < p) & fits.any(1)
-    ys, xs = torch.arange(h_img)[None, :, None], torch.arange(w_img)[None, None, :]
+    u_top, u_left, u_erase = torch.rand(3, batch, device=device)
+    top, left = (u_top * (h_img - h + 1)).long(), (u_left * (w_img - w + 1)).long()
+    erase = (u_erase < p) & fits.any(1)
+    ys, xs = torch.arange(h_img, device=device)[None, :, None], torch.arange(w_img, device=device)[None, None, :]
     inside = ((ys >= top[:, None, None]) & (ys < (top + h)[:, None, None]) &
               (xs >= left[:, None, None]) & (xs < (left + w)[:, None, None]))
     return inside & erase[:, None, None]
 
 
-# %% nbs/18_loaders.py 24
+# %% nbs/18_loaders.py 28
 def seed_from(*keys: int) -> int:
     """A well-mixed 32-bit seed from a tuple of non-negative integers (numpy's SeedSequence)."""
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])
@@ -204,7 +237,7 @@ class SeededSamples(Dataset):
                 random.setstate(python_state)
 
 
-# %% nbs/18_loaders.py 26
+# %% nbs/18_loaders.py 30
 @dataclass
 class DataLoaders:
     """What ``build_loaders`` makes: the two loaders and the train sampler (call its ``set_epoch``)."""
@@ -237,7 +270,7 @@ def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_
         sampler=sampler)
 
 
-# %% nbs/18_loaders.py 32
+# %% nbs/18_loaders.py 36
 @dataclass
 class LoaderBenchmark:
     """Images per second of each pipeline stage, measured by ``benchmark_loader``."""

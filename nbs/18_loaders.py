@@ -36,10 +36,11 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # %%
 #| export
 import math
+import os
 import random
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Callable
 
@@ -285,6 +286,46 @@ def _ignore_stop_signals(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 # %% [markdown]
+# ### How many workers?
+#
+# One worker per CPU the process may use, less one for the process itself (it runs the step and feeds the
+# device). "May use" is the process's CPU affinity, not the machine's core count: SLURM, `taskset` and container
+# limits bind a job to some of the cores, and `os.cpu_count()` would still report all of them. Several
+# processes on one node (`torchrun --nproc_per_node=8` sets `LOCAL_WORLD_SIZE=8` in each) share those CPUs, so
+# each takes its share. `default_num_workers` says what that comes to; the training loop uses it when
+# `--num-workers` is not given. Here on a few imagined machines (a 2-core laptop, a 64-core node with 8 GPUs,
+# an 8-core node with 8 GPUs):
+
+# %%
+#| export
+def default_num_workers(env: Mapping[str, str] = os.environ) -> int:
+    """Loader workers per process when none are asked for: the CPUs this process may run on
+    (``os.sched_getaffinity``, which SLURM, ``taskset`` and containers restrict; ``os.cpu_count`` where the OS
+    has no affinity, e.g. macOS) divided among this node's processes (``LOCAL_WORLD_SIZE``, set by torchrun;
+    1 without it), less one CPU for the process itself, which runs the training step; never below 0 (then
+    the process loads its batches itself)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = env.get("LOCAL_WORLD_SIZE", "1")
+    if not local.isdigit() or int(local) < 1:
+        raise ValueError(f"LOCAL_WORLD_SIZE {local!r} must be a positive integer (torchrun sets it to the number "
+                         "of processes on this node)")
+    return max(cpus // int(local) - 1, 0)
+
+# %%
+from unittest import mock
+
+for cpus, processes in ((2, 1), (64, 8), (8, 8)):
+    with mock.patch.object(os, "sched_getaffinity", lambda pid: set(range(cpus)), create=True):
+        workers = default_num_workers({"LOCAL_WORLD_SIZE": str(processes)})
+    assert workers == max(cpus // processes - 1, 0)
+    print(f"{cpus:>2} CPUs, {processes} process(es) on the node: {workers} worker(s) each")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (this machine's CPUs)
+print(f"this process, alone on this machine: {default_num_workers({})} worker(s)")
+
+# %% [markdown]
 # ### Ship uint8, finish on the device
 #
 # A worker that normalises ships float32: 4 bytes per channel and pixel, 602 KB per 224-px image, where the
@@ -298,47 +339,74 @@ def _ignore_stop_signals(worker_id: int) -> None:
 #
 # Its random draws come from the process's global generators, which the training loop seeds from
 # (seed, rank, epoch, step) before every step (chapter 21): a resumed run draws the same boxes.
+#
+# **No waiting for the device.** A CUDA device runs behind the CPU: the CPU queues kernels and goes on to the
+# next step while the device works. Anything that needs a value *on the host* (`.item()`, printing a tensor, a
+# blocking copy from pageable host memory) makes the CPU wait until the device has caught up, and the queue
+# runs dry at every micro-batch. So `DeviceTransforms` makes its constants (255·mean and 255·std) on the
+# device once, the first time it sees a batch there, by filling them in place (no copy at all), and
+# `erasing_boxes` draws only the few numbers a box needs (per try: the area share and the log aspect ratio; per
+# image: top, left, erase or not) with `torch.rand(..., device=...)`, then draws the (B, H, W) mask with
+# comparisons against `arange` on the same device. Nothing is read back, nothing is copied over: the whole
+# finish is a handful of kernels queued behind the step before.
 
 # %%
 #| export
 class DeviceTransforms:
     """The end of a recipe, on uint8 batches (B, 3, S, S) on the training device: ``eval`` converts and
-    normalises, ``train`` also erases a random box of each image with probability ``cfg.erasing``."""
+    normalises, ``train`` also erases a random box of each image with probability ``cfg.erasing``. Neither
+    synchronises the host with the device (the constants are made on each device once, see ``constants``)."""
 
     def __init__(self, cfg: AugConfig):
-        self.mean, self.std, self.erasing = torch.tensor(cfg.mean), torch.tensor(cfg.std), cfg.erasing
+        self.mean, self.std, self.erasing = tuple(cfg.mean), tuple(cfg.std), cfg.erasing
+        self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """255·mean and 255·std as (3, 1, 1) float tensors on ``device``: made the first time ``device`` is asked
+        for and kept. Each channel is filled in place on the device, so even that first call copies nothing from
+        the host and does not wait for the device."""
+        if device not in self._constants:
+            self._constants[device] = tuple(
+                torch.stack([torch.full((1, 1), 255 * v, device=device) for v in values])
+                for values in (self.mean, self.std))
+        return self._constants[device]
 
     def eval(self, images: torch.Tensor) -> torch.Tensor:
         if images.dtype != torch.uint8 or images.ndim != 4:
             raise ValueError(f"DeviceTransforms expects uint8 batches (B, 3, H, W), got {images.dtype} "
                              f"{tuple(images.shape)}: build the dataset with build_transforms(cfg, on_device=True)")
-        mean, std = (255 * t.to(images.device)[:, None, None] for t in (self.mean, self.std))
+        mean, std = self.constants(images.device)
         return (images.float() - mean) / std
 
     def train(self, images: torch.Tensor) -> torch.Tensor:
         x = self.eval(images)
         if self.erasing == 0:
             return x
-        mask = erasing_boxes(x.shape[0], x.shape[-2:], self.erasing).to(x.device, non_blocking=True)
+        mask = erasing_boxes(x.shape[0], x.shape[-2:], self.erasing, device=x.device)
         return torch.where(mask[:, None], torch.randn_like(x), x)
 
 
 def erasing_boxes(batch: int, size: tuple[int, int], p: float, scale: tuple[float, float] = (0.02, 1 / 3),
-                  ratio: tuple[float, float] = (0.3, 3.3), tries: int = 10) -> torch.Tensor:
-    """RandomErasing's boxes for a batch, as a (B, H, W) bool mask drawn on the CPU without a Python loop: each
-    image with probability ``p``, a box of ``scale`` of the area with aspect ratio in ``ratio`` (log-uniform),
-    the first of ``tries`` draws that fits (no box when none does)."""
+                  ratio: tuple[float, float] = (0.3, 3.3), tries: int = 10,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+    """RandomErasing's boxes for a batch, as a (B, H, W) bool mask made on ``device`` (default: the CPU) from
+    torch's global generator of that device, with tensor ops only (no Python loop, no read back to the host):
+    each image with probability ``p``, a box of ``scale`` of the area with aspect ratio h/w in ``ratio``
+    (log-uniform), the first of ``tries`` draws that fits inside the image (no box when none does), at a uniform
+    position: torchvision's ``RandomErasing`` (Zhong et al. 2020), for a whole batch at once."""
     h_img, w_img = size
-    area = h_img * w_img * torch.empty(batch, tries).uniform_(*scale)
-    aspect = torch.exp(torch.empty(batch, tries).uniform_(math.log(ratio[0]), math.log(ratio[1])))
+    share = scale[0] + (scale[1] - scale[0]) * torch.rand(batch, tries, device=device)
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(log_lo + (log_hi - log_lo) * torch.rand(batch, tries, device=device))
+    area = h_img * w_img * share
     h, w = (area * aspect).sqrt().round().long(), (area / aspect).sqrt().round().long()
     fits = (h < h_img) & (w < w_img)
-    first = fits.float().argmax(1, keepdim=True)  # the first try that fits
+    first = fits.float().argmax(1, keepdim=True)  # the first try that fits (try 0 when none does: not erased)
     h, w = h.gather(1, first)[:, 0], w.gather(1, first)[:, 0]
-    top = (torch.rand(batch) * (h_img - h + 1)).long()
-    left = (torch.rand(batch) * (w_img - w + 1)).long()
-    erase = (torch.rand(batch) < p) & fits.any(1)
-    ys, xs = torch.arange(h_img)[None, :, None], torch.arange(w_img)[None, None, :]
+    u_top, u_left, u_erase = torch.rand(3, batch, device=device)
+    top, left = (u_top * (h_img - h + 1)).long(), (u_left * (w_img - w + 1)).long()
+    erase = (u_erase < p) & fits.any(1)
+    ys, xs = torch.arange(h_img, device=device)[None, :, None], torch.arange(w_img, device=device)[None, None, :]
     inside = ((ys >= top[:, None, None]) & (ys < (top + h)[:, None, None]) &
               (xs >= left[:, None, None]) & (xs < (left + w)[:, None, None]))
     return inside & erase[:, None, None]
@@ -346,8 +414,9 @@ def erasing_boxes(batch: int, size: tuple[int, int], p: float, scale: tuple[floa
 
 # %% [markdown]
 # The same recipe both ways on one batch: the uint8 batch is a quarter of the bytes, and normalising it on the
-# device gives the worker's float tensors exactly; erased boxes cover about `erasing` × 17.5 % of the pixels
-# on average (the mean box area is (2 % + 33 %)/2, when a box fits).
+# device gives the worker's float tensors (to float32 rounding), with constants made once per device; erased
+# boxes cover about `erasing` × 17.5 % of the pixels on average (the mean box area is (2 % + 33 %)/2, when a
+# box fits).
 
 # %%
 cfg = augmentation("deit", 64)
@@ -358,6 +427,7 @@ print("bytes per image:", float_val(photo).nbytes, "as float32,", batch[0].nbyte
 assert float_val(photo).nbytes == 4 * batch[0].nbytes
 finish = DeviceTransforms(cfg)
 assert torch.allclose(finish.eval(batch)[0], float_val(photo), atol=1e-5)
+assert finish.constants(batch.device) is finish.constants(batch.device)  # made at the first batch, then kept
 torch.manual_seed(0)
 mask = erasing_boxes(20_000, (64, 64), p=cfg.erasing)
 print(f"share of pixels erased: {mask.float().mean():.3f} (erasing {cfg.erasing}: about {cfg.erasing * 0.175:.3f})")
@@ -368,12 +438,13 @@ assert finish.train(batch).shape == (4, 3, 64, 64)
 # ### Augmentation that does not depend on the worker
 #
 # A loader worker draws its augmentation from its own generator, so which crop an image gets depends on which
-# worker read it, and on everything that worker read before. That breaks two promises of the training loop (chapters 20-24): the same
-# run at any number of workers, and a resumed run identical to an uninterrupted one. The fix is to seed every
-# sample by *where it stands in the run*: the sampler yields keys (epoch, position in the epoch's global
-# stream, index) — rank k of W reads positions k, k + W, … of the one stream `RepeatAugSampler` deals — and the
-# dataset wrapper reads `dataset[index]` with torch's and Python's generators seeded from (seed, epoch,
-# position): a pure function of the run's coordinates, whatever worker and however many processes read it.
+# worker read it, and on everything that worker read before. That breaks two promises of the training loop
+# (chapters 20-24): the same run at any number of workers, and a resumed run identical to an uninterrupted one.
+# The fix is to seed every sample by *where it stands in the run*: the sampler yields keys (epoch, position in
+# the epoch's global stream, index) — rank k of W reads positions k, k + W, … of the one stream
+# `RepeatAugSampler` deals — and the dataset wrapper reads `dataset[index]` with torch's and Python's generators
+# seeded from (seed, epoch, position): a pure function of the run's coordinates, whatever worker and however many
+# processes read it.
 
 # %%
 #| export
