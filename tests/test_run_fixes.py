@@ -13,7 +13,9 @@ from test_training import config, make_data, make_model
 from training_checks import StopAt
 
 from convit_edu import cli, config as config_module, training
+from convit_edu.config import TrainConfig
 from convit_edu.optimisation import deit_lr, read_checkpoint, scaled_lr
+from convit_edu.runtime import Callback
 from convit_edu.training import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -112,3 +114,26 @@ def test_the_imagenet_preset_with_the_dali_loader_drops_repeats_with_a_note(monk
     assert json.loads(out[out.index("{"):])["repeats"] == 1
     assert cli.main(["train", "--preset", "imagenet", "--loader", "dali", "--repeats", "3", "--print-config"]) == 1
     assert "loader 'dali' has no repeated augmentation: repeats 3" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_training_steps_between_two_log_intervals_never_wait_for_the_gpu(tmp_path):
+    """Between read-backs the host only queues work: every step that is not a logging step runs with CUDA's
+    sync debugging set to raise on any synchronising call (a blocking copy, .item(), a mask built on the CPU)."""
+
+    class NoSyncBetweenReadBacks(Callback):
+        def on_step_end(self, state):  # the step that ends an interval reads back next: allow it; else forbid
+            torch.cuda.set_sync_debug_mode("default" if state.step % state.cfg.log_every == 0 else "error")
+
+        def on_train_end(self, state):
+            torch.cuda.set_sync_debug_mode("default")
+
+    cfg = TrainConfig(model="convit_tiny", model_args={"patch_size": 4, "depth": 2, "local_up_to_layer": 1},
+                      img_size=16, data="fake", data_args={"num_train": 96, "num_val": 16, "image_size": 16},
+                      epochs=1, batch_size=8, log_every=4, num_workers=0, device="cuda", progress="none",
+                      output=str(tmp_path))
+    try:
+        result = train(cfg, callbacks=[NoSyncBetweenReadBacks()])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert result.history and result.history[-1]["step"] == 12
