@@ -25,7 +25,6 @@ from convit_edu.datasets import build_datasets
 from convit_edu.loaders import benchmark_loader
 from convit_edu.models import VisionTransformer
 from convit_edu.throughput import (
-    _train_step,
     format_table,
     gpsa_layer_bench,
     interleaved_times,
@@ -33,6 +32,7 @@ from convit_edu.throughput import (
     median,
     model_throughput,
     resolution_sweep,
+    train_step,
 )
 from convit_edu.training import train
 from convit_edu.zoo import count_macs, create_model, model_config
@@ -71,10 +71,10 @@ def _compiled_child(args: str) -> None:
     torch.manual_seed(0)
     model = create_model(a["name"], img_size=a["img_size"], num_classes=10)
     start = time.perf_counter()
-    compiled_step = _train_step(torch.compile(model), a["batch"], a["img_size"], 10, "fp32")
+    compiled_step = train_step(torch.compile(model), a["batch"], a["img_size"], 10, "fp32")
     compiled_step()  # compiles forward and backward
     compile_s = time.perf_counter() - start
-    eager_step = _train_step(model, a["batch"], a["img_size"], 10, "fp32")
+    eager_step = train_step(model, a["batch"], a["img_size"], 10, "fp32")
     times = interleaved_times({"eager": eager_step, "compiled": compiled_step}, a["reps"], warmup=1)
     rates = {k: a["batch"] / median(t) for k, t in times.items()}
     print(json.dumps({"model": a["name"], "batch": a["batch"], "img_size": a["img_size"], "compile_s": compile_s,
@@ -109,7 +109,7 @@ def h100_estimate(name: str, img_size: int = 224, utilisation: float = 0.4) -> f
 def profile_step(name: str, batch: int, img_size: int, top: int = 10) -> str:
     """The ``top`` operators of one training step of zoo model ``name``, by self CPU time (torch.profiler)."""
     torch.manual_seed(0)
-    step = _train_step(create_model(name, img_size=img_size), batch, img_size, 1000, "fp32")
+    step = train_step(create_model(name, img_size=img_size), batch, img_size, 1000, "fp32")
     step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()

@@ -16,7 +16,7 @@ from convit_edu.loaders import default_num_workers
 from convit_edu.models import ModelConfig
 from convit_edu.zoo import model_config
 
-__all__ = ['PRECISIONS', 'PROGRESS', 'RUN_OWNED', 'setting', 'TrainConfig', 'per_device_batch', 'RECIPES', 'recipe']
+__all__ = ['PRECISIONS', 'PROGRESS', 'RUN_OWNED', 'setting', 'TrainConfig', 'check_device', 'per_device_batch', 'RECIPES', 'recipe']
 
 
 # %% nbs/20_train_config.py 6
@@ -103,7 +103,7 @@ class TrainConfig:
         if self.ema_decay is not None:
             number("ema_decay", self.ema_decay, 0, 1, open_low=True, open_high=True)
         check_fraction(self.fraction)
-        _check_device(self.device)
+        check_device(self.device)
         for what, value, choices in (("precision", self.precision, PRECISIONS), ("progress", self.progress, PROGRESS),
                                      ("dataset", self.data, DATASETS), ("loader", self.loader, LOADERS)):
             one_of(what, value, choices)
@@ -164,7 +164,8 @@ def _check_dali(cfg: TrainConfig, aug: AugConfig | None) -> None:
                           "'torchvision')")
 
 
-def _check_device(device: str) -> None:
+def check_device(device: str) -> None:
+    """A device name this project runs on: "auto", "cpu", "cuda", "cuda:N" or "mps"; ValueError otherwise."""
     try:
         parsed = torch.device(device) if device != "auto" else None
     except (RuntimeError, TypeError):

@@ -24,16 +24,18 @@ from matplotlib.figure import Figure
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
-from convit_edu.config import PRECISIONS, TrainConfig, _check_device
+from convit_edu.config import PRECISIONS, TrainConfig, check_device
 from convit_edu.gpsa import gate_values
 from convit_edu.loaders import DeviceTransforms, build_loader
 
-__all__ = ['cpu_has_native_bf16', 'resolve_device', 'resolve_precision', 'evaluate', 'finish_batch', 'TrainState', 'Callback', 'TrainResult', 'gate_means', 'plot_history']
+__all__ = ['World', 'PROCESS_GROUP_TIMEOUT', 'init_world', 'all_reduce', 'autocast', 'cpu_has_native_bf16', 'resolve_device', 'resolve_precision', 'evaluate', 'finish_batch', 'TrainState', 'Callback', 'TrainResult', 'gate_means', 'Progress', 'write_logs', 'plot_history', 'StopSignals']
 
 
 # %% nbs/22_processes.py 7
 @dataclass
-class _World:
+class World:
+    """This process's place in the run: its rank among `world_size` processes and its device."""
+
     rank: int
     world_size: int
     device: torch.device
@@ -41,6 +43,7 @@ class _World:
 
     @property
     def main(self) -> bool:
+        """Rank 0: the process that prints and writes."""
         return self.rank == 0
 
 
@@ -70,7 +73,9 @@ def _world_from_env(env: Mapping[str, str] = os.environ) -> tuple[int, int, int,
     return rank, world_size, local_rank, launcher
 
 
-def _init_world(device: str) -> _World:
+def init_world(device: str) -> World:
+    """This process's world from the launcher's variables (`_world_from_env`), its device (with several GPUs,
+    the local rank's), and the process group (NCCL on GPUs, gloo on CPUs) when there are several processes."""
     rank, world_size, local_rank, _ = _world_from_env()
     dev = resolve_device(device)
     if dev.type == "cuda":
@@ -82,10 +87,11 @@ def _init_world(device: str) -> _World:
     if owns:
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method="env://", rank=rank,
                                 world_size=world_size, timeout=PROCESS_GROUP_TIMEOUT)
-    return _World(rank, world_size, dev, owns)
+    return World(rank, world_size, dev, owns)
 
 
-def _all_reduce(t: torch.Tensor) -> torch.Tensor:
+def all_reduce(t: torch.Tensor) -> torch.Tensor:
+    """`t` summed over every process, in place (a world of one: `t` as it is)."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t)
     return t
@@ -116,7 +122,7 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else
                             "mps" if torch.backends.mps.is_available() else "cpu")
-    _check_device(device)
+    check_device(device)
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for but CUDA is not available: use --device cpu")
     return torch.device(device)
@@ -171,7 +177,7 @@ def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset | Iterabl
                     (top == labels[:, None]).any(dim=1).sum(), torch.tensor(len(labels), device=device)]).double()
     for name, m in models.items():
         m.train(modes[name])
-    rows = _all_reduce(sums).tolist()  # the one host sync of an evaluation
+    rows = all_reduce(sums).tolist()  # the one host sync of an evaluation
     if rows[0][3] == 0:
         raise ValueError("the evaluation set is empty")
     scores = {name: {"loss": loss / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n}
@@ -239,7 +245,10 @@ def gate_means(model: nn.Module) -> list[float]:
 
 
 # %% nbs/22_processes.py 18
-class _Progress:
+class Progress:
+    """What rank 0 shows of a run: `mode` "bar" (fastprogress, live curves in a notebook), "lines" (one line per
+    `log_every` steps and per epoch) or "none"; "auto" is a bar in a notebook or a terminal, lines elsewhere."""
+
     def __init__(self, mode: str, epochs: int, log_every: int):
         if mode == "auto":
             mode = "bar" if IN_NOTEBOOK or sys.stdout.isatty() else "lines"
@@ -247,6 +256,7 @@ class _Progress:
         self.master, self.losses, self.val_losses, self.val_errors = None, [], [], []
 
     def epochs_of(self, epochs: range):
+        """`epochs`, under the master bar in bar mode."""
         if self.mode != "bar":
             return epochs
         self.master = (NBMasterBar if self.notebook else ConsoleMasterBar)(epochs, total=self.epochs)
@@ -255,6 +265,7 @@ class _Progress:
         return self.master
 
     def steps_of(self, steps: range):
+        """An epoch's `steps`, under a child bar in bar mode."""
         if self.mode != "bar":
             return steps
         return (NBProgressBar if self.notebook else ConsoleProgressBar)(steps, parent=self.master)
@@ -274,6 +285,7 @@ class _Progress:
                   f"({100 * data_wait / interval:.0f} %)", flush=True)
 
     def epoch_end(self, row: dict) -> None:
+        """An evaluated epoch's log row: a line (written under the bar in bar mode), and the curves."""
         self.val_losses.append((row["epoch"], row["val_loss"]))
         self.val_errors.append((row["epoch"], 1 - row["val_top1"] / 100))
         line = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
@@ -291,7 +303,7 @@ class _Progress:
         self.master.update_graph(curves)
 
 
-def _write_logs(history: list[dict], output: Path) -> None:
+def write_logs(history: list[dict], output: Path) -> None:
     """log.jsonl (one JSON line per epoch) and log.csv, rewritten from the checkpointed history."""
     lines = "".join(json.dumps(row) + "\n" for row in history)
     (output / "log.jsonl.tmp").write_text(lines)
@@ -335,7 +347,7 @@ def plot_history(history: list[dict]):
 
 
 # %% nbs/22_processes.py 21
-class _StopSignals:
+class StopSignals:
     """Turn SIGTERM and SIGINT into a flag for the duration of a run (main thread only), then restore."""
 
     def __init__(self):

@@ -165,7 +165,7 @@ class TrainConfig:
         if self.ema_decay is not None:
             number("ema_decay", self.ema_decay, 0, 1, open_low=True, open_high=True)
         check_fraction(self.fraction)
-        _check_device(self.device)
+        check_device(self.device)
         for what, value, choices in (("precision", self.precision, PRECISIONS), ("progress", self.progress, PROGRESS),
                                      ("dataset", self.data, DATASETS), ("loader", self.loader, LOADERS)):
             one_of(what, value, choices)
@@ -226,7 +226,8 @@ def _check_dali(cfg: TrainConfig, aug: AugConfig | None) -> None:
                           "'torchvision')")
 
 
-def _check_device(device: str) -> None:
+def check_device(device: str) -> None:
+    """A device name this project runs on: "auto", "cpu", "cuda", "cuda:N" or "mps"; ValueError otherwise."""
     try:
         parsed = torch.device(device) if device != "auto" else None
     except (RuntimeError, TypeError):

@@ -52,7 +52,7 @@ from matplotlib.figure import Figure
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
-from convit_edu.config import PRECISIONS, TrainConfig, _check_device
+from convit_edu.config import PRECISIONS, TrainConfig, check_device
 from convit_edu.gpsa import gate_values
 from convit_edu.loaders import DeviceTransforms, build_loader
 
@@ -88,9 +88,11 @@ _ = torch.manual_seed(0)
 # matmuls on tensor cores in TF32, and AdamW runs fused (one kernel for all parameters).
 
 # %%
-#| exporti
+#| export
 @dataclass
-class _World:
+class World:
+    """This process's place in the run: its rank among `world_size` processes and its device."""
+
     rank: int
     world_size: int
     device: torch.device
@@ -98,6 +100,7 @@ class _World:
 
     @property
     def main(self) -> bool:
+        """Rank 0: the process that prints and writes."""
         return self.rank == 0
 
 
@@ -127,7 +130,9 @@ def _world_from_env(env: Mapping[str, str] = os.environ) -> tuple[int, int, int,
     return rank, world_size, local_rank, launcher
 
 
-def _init_world(device: str) -> _World:
+def init_world(device: str) -> World:
+    """This process's world from the launcher's variables (`_world_from_env`), its device (with several GPUs,
+    the local rank's), and the process group (NCCL on GPUs, gloo on CPUs) when there are several processes."""
     rank, world_size, local_rank, _ = _world_from_env()
     dev = resolve_device(device)
     if dev.type == "cuda":
@@ -139,10 +144,11 @@ def _init_world(device: str) -> _World:
     if owns:
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method="env://", rank=rank,
                                 world_size=world_size, timeout=PROCESS_GROUP_TIMEOUT)
-    return _World(rank, world_size, dev, owns)
+    return World(rank, world_size, dev, owns)
 
 
-def _all_reduce(t: torch.Tensor) -> torch.Tensor:
+def all_reduce(t: torch.Tensor) -> torch.Tensor:
+    """`t` summed over every process, in place (a world of one: `t` as it is)."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t)
     return t
@@ -174,7 +180,7 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else
                             "mps" if torch.backends.mps.is_available() else "cpu")
-    _check_device(device)
+    check_device(device)
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for but CUDA is not available: use --device cpu")
     return torch.device(device)
@@ -264,7 +270,7 @@ def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset | Iterabl
                     (top == labels[:, None]).any(dim=1).sum(), torch.tensor(len(labels), device=device)]).double()
     for name, m in models.items():
         m.train(modes[name])
-    rows = _all_reduce(sums).tolist()  # the one host sync of an evaluation
+    rows = all_reduce(sums).tolist()  # the one host sync of an evaluation
     if rows[0][3] == 0:
         raise ValueError("the evaluation set is empty")
     scores = {name: {"loss": loss / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n}
@@ -377,8 +383,11 @@ def gate_means(model: nn.Module) -> list[float]:
 # per epoch) when the output goes to a file — CI logs and SLURM's `slurm-JOB.out` stay readable.
 
 # %%
-#| exporti
-class _Progress:
+#| export
+class Progress:
+    """What rank 0 shows of a run: `mode` "bar" (fastprogress, live curves in a notebook), "lines" (one line per
+    `log_every` steps and per epoch) or "none"; "auto" is a bar in a notebook or a terminal, lines elsewhere."""
+
     def __init__(self, mode: str, epochs: int, log_every: int):
         if mode == "auto":
             mode = "bar" if IN_NOTEBOOK or sys.stdout.isatty() else "lines"
@@ -386,6 +395,7 @@ class _Progress:
         self.master, self.losses, self.val_losses, self.val_errors = None, [], [], []
 
     def epochs_of(self, epochs: range):
+        """`epochs`, under the master bar in bar mode."""
         if self.mode != "bar":
             return epochs
         self.master = (NBMasterBar if self.notebook else ConsoleMasterBar)(epochs, total=self.epochs)
@@ -394,6 +404,7 @@ class _Progress:
         return self.master
 
     def steps_of(self, steps: range):
+        """An epoch's `steps`, under a child bar in bar mode."""
         if self.mode != "bar":
             return steps
         return (NBProgressBar if self.notebook else ConsoleProgressBar)(steps, parent=self.master)
@@ -413,6 +424,7 @@ class _Progress:
                   f"({100 * data_wait / interval:.0f} %)", flush=True)
 
     def epoch_end(self, row: dict) -> None:
+        """An evaluated epoch's log row: a line (written under the bar in bar mode), and the curves."""
         self.val_losses.append((row["epoch"], row["val_loss"]))
         self.val_errors.append((row["epoch"], 1 - row["val_top1"] / 100))
         line = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
@@ -430,7 +442,7 @@ class _Progress:
         self.master.update_graph(curves)
 
 
-def _write_logs(history: list[dict], output: Path) -> None:
+def write_logs(history: list[dict], output: Path) -> None:
     """log.jsonl (one JSON line per epoch) and log.csv, rewritten from the checkpointed history."""
     lines = "".join(json.dumps(row) + "\n" for row in history)
     (output / "log.jsonl.tmp").write_text(lines)
@@ -481,12 +493,12 @@ def plot_history(history: list[dict]):
 # *interrupt* sends SIGINT. Both only raise a flag here. The loop finishes the optimiser step it is in, sums the
 # flag over ranks (so every process stops at the same step even when only one got the signal), writes a
 # checkpoint and returns; `convit-edu train` then exits with status 0 and `--resume auto` continues. A loss
-# that is not finite is handled in the same all-reduce: every rank raises `FloatingPointError` before the
-# optimiser touches the weights, so the last checkpoint stays the last good state.
+# that is not finite travels in the same all-reduce: every rank raises `FloatingPointError` at once, and no
+# checkpoint ever holds non-finite weights, so the last checkpoint stays the last good state (chapter 23).
 
 # %%
-#| exporti
-class _StopSignals:
+#| export
+class StopSignals:
     """Turn SIGTERM and SIGINT into a flag for the duration of a run (main thread only), then restore."""
 
     def __init__(self):

@@ -265,12 +265,12 @@ def gpsa_layer_bench(
     def forward(layer: nn.Module) -> Callable[[], object]:
         return lambda: layer(x)
 
-    def train_step(layer: nn.Module) -> Callable[[], object]:
+    def forward_backward(layer: nn.Module) -> Callable[[], object]:
         return lambda: layer(x).sum().backward()
 
     with torch.no_grad():
         fwd = interleaved_times({k: forward(m) for k, m in layers.items()}, reps, warmup, timer)
-    fwd_bwd = interleaved_times({k: train_step(m) for k, m in layers.items()}, reps, warmup, timer)
+    fwd_bwd = interleaved_times({k: forward_backward(m) for k, m in layers.items()}, reps, warmup, timer)
     return [
         {
             "layer": name, "B": batch, "L": length, "D": embed_dim, "heads": num_heads,
@@ -408,8 +408,8 @@ print("the fast layer's activation-memory ratio falls as L grows")
 
 # %%
 #| export
-def _train_step(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str,
-                device: torch.device = torch.device("cpu")) -> Callable[[], None]:
+def train_step(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str,
+               device: torch.device = torch.device("cpu")) -> Callable[[], None]:
     """One training step (forward under the precision's autocast, cross-entropy, backward, AdamW) on fixed random
     images, as a closure to time. A distilled model's class head takes the loss."""
     x = torch.randn(batch, 3, img_size, img_size, device=device)
@@ -450,7 +450,7 @@ def measure_model(model: nn.Module, batch_size: int, img_size: int, *, steps: in
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    fns = {"train": _train_step(model, batch_size, img_size, num_classes, precision, device), "infer": infer}
+    fns = {"train": train_step(model, batch_size, img_size, num_classes, precision, device), "infer": infer}
     times = interleaved_times(fns, positive_int("steps", steps), warmup=1, timer=timer)
     result = {f"{k}_images_per_s": batch_size / median(t) for k, t in times.items()}
     if device.type == "cuda":
@@ -472,7 +472,7 @@ def model_throughput(
     for name in names:
         torch.manual_seed(0)
         model = create_model(name, img_size=img_size, num_classes=num_classes)
-        steps[name] = _train_step(model, batch, img_size, num_classes, precision)
+        steps[name] = train_step(model, batch, img_size, num_classes, precision)
     times = interleaved_times(steps, reps, warmup, timer)
     rates = {name: batch / median(t) for name, t in times.items()}
     return [

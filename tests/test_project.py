@@ -1,5 +1,6 @@
 """Project-wide guarantees: packaging stays consistent, imports stay light, notebooks and modules agree."""
 
+import ast
 import os
 import pkgutil
 import re
@@ -137,6 +138,47 @@ def test_a_cycle_in_the_import_graph_would_be_caught(monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "package_imports", lambda: {"a": {"b"}, "b": {"a"}})
     with pytest.raises(AssertionError, match="circular imports: a -> b -> a"):
         test_the_package_import_graph_is_one_way()
+
+
+def cross_module_imports() -> list[tuple[str, str, str]]:
+    """(importing module, imported module, name) for each name of each `from convit_edu.X import ...` in the
+    package's code, read from each module's syntax tree."""
+    found = []
+    for module in pkgutil.iter_modules(convit_edu.__path__):
+        tree = ast.parse((ROOT / "convit_edu" / f"{module.name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("convit_edu."):
+                source = node.module.split(".", 1)[1]
+                found += [(module.name, source, alias.name) for alias in node.names if source != module.name]
+    return found
+
+
+def public_names(module: str) -> set[str]:
+    """The names in a package module's `__all__`, read from its source."""
+    tree = ast.parse((ROOT / "convit_edu" / f"{module}.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == "__all__" for target in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def test_no_private_name_crosses_a_module_and_every_imported_name_is_public():
+    imports = cross_module_imports()
+    private = [f"{a} imports {b}.{name}" for a, b, name in imports if name.startswith("_")]
+    assert not private, f"private names cross a module: {', '.join(private)}"
+    unlisted = [f"{a} imports {b}.{name}" for a, b, name in imports if name not in public_names(b)]
+    assert not unlisted, f"imported but not in the module's __all__: {', '.join(unlisted)}"
+    assert ("training", "runtime", "World") in imports  # the imports were read at all
+
+
+@pytest.mark.parametrize("planted, match", [
+    (("training", "runtime", "_World"), "private names cross a module: training imports runtime._World"),
+    (("training", "runtime", "sys"), "not in the module's __all__: training imports runtime.sys"),
+])
+def test_a_private_or_unlisted_import_would_be_caught(monkeypatch, planted, match):
+    monkeypatch.setattr(sys.modules[__name__], "cross_module_imports", lambda: [planted])
+    with pytest.raises(AssertionError, match=re.escape(match)):
+        test_no_private_name_crosses_a_module_and_every_imported_name_is_public()
 
 
 def core_chapters() -> list[str]:

@@ -174,18 +174,18 @@ def test_the_loop_reads_the_device_back_once_per_logging_interval(tmp_path, monk
             return _original(self, *args)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    step, read_back = training._optimiser_step, training._read_back
+    step, read_back = training.Trainer.step, training.Trainer.read_back
 
-    def watched_step(*args):
+    def watched_step(trainer, batches):
         inside_step[0] = True
         try:
-            return step(*args)
+            return step(trainer, batches)
         finally:
             inside_step[0] = False
 
-    monkeypatch.setattr(training, "_optimiser_step", watched_step)
-    monkeypatch.setattr(training, "_read_back", lambda run, signals: read_backs.append(run.state.step) or
-                        read_back(run, signals))
+    monkeypatch.setattr(training.Trainer, "step", watched_step)
+    monkeypatch.setattr(training.Trainer, "read_back", lambda trainer: read_backs.append(trainer.state.step) or
+                        read_back(trainer))
     result = train(config(tmp_path, epochs=2, log_every=5, clip_grad=1.0), model=make_model(), datasets=make_data())
     assert reads == []
     assert read_backs == [5, 10, 12, 5, 10, 12]  # 12 steps per epoch: every 5th and the epoch's last
@@ -364,7 +364,7 @@ def test_bad_settings_fail_early_naming_the_value(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="fewer than one optimiser step of batch 128"):
         train(config(tmp_path, batch_size=128), model=make_model(), datasets=make_data())
     with pytest.raises(ValueError, match="4 processes but the training set has only 3 samples"):
-        monkeypatch.setattr(training, "_init_world", lambda device: runtime._World(0, 4, torch.device("cpu"), False))
+        monkeypatch.setattr(training, "init_world", lambda device: runtime.World(0, 4, torch.device("cpu"), False))
         train(config(tmp_path), model=make_model(), datasets=make_data(n_train=3))
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -576,7 +576,7 @@ def test_each_process_takes_gpu_local_rank_mod_visible_gpus_and_a_process_group_
     monkeypatch.setattr(training.dist, "init_process_group", lambda backend, **kw: calls.update(backend=backend, **kw))
     for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3"}.items():
         monkeypatch.setenv(name, value)
-    world = runtime._init_world("cuda")
+    world = runtime.init_world("cuda")
     assert world.device == torch.device("cuda:1") == calls["device"]
     assert (calls["backend"], calls["rank"], calls["world_size"]) == ("nccl", 3, 4)
     assert calls["timeout"] == runtime.PROCESS_GROUP_TIMEOUT
@@ -690,10 +690,9 @@ def test_auto_device_is_cuda_then_mps_then_cpu(monkeypatch):
 
 def test_adamw_is_fused_on_a_gpu_and_the_model_and_its_ema_are_scored_in_one_pass(tmp_path, monkeypatch):
     cfg = config(tmp_path, epochs=1)
-    data = training._Data(None, None, 4, None, None, 0.0, 0, 8, 8, 12)
     model = make_model()
-    assert training._build_optimisation(cfg, model, data, "fp32", torch.device("cuda")).optimizer.defaults["fused"]
-    assert not training._build_optimisation(cfg, model, data, "fp32", torch.device("cpu")).optimizer.defaults["fused"]
+    assert optimisation.build_optimizer(cfg, model, 8, 12, torch.device("cuda"))[0].defaults["fused"]
+    assert not optimisation.build_optimizer(cfg, model, 8, 12, torch.device("cpu"))[0].defaults["fused"]
     passes = []
     real = runtime.evaluate
     monkeypatch.setattr(training, "evaluate", lambda models, *a, **kw: passes.append(list(models)) or real(
@@ -705,7 +704,7 @@ def test_adamw_is_fused_on_a_gpu_and_the_model_and_its_ema_are_scored_in_one_pas
 def test_the_ema_update_equals_averaged_models_own_without_reading_the_device():
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-    from convit_edu.training import _update_ema
+    from convit_edu.optimisation import update_ema
     from convit_edu.zoo import create_model
 
     torch.manual_seed(0)
@@ -718,7 +717,7 @@ def test_the_ema_update_equals_averaged_models_own_without_reading_the_device():
             for p in model.parameters():
                 p.add_(torch.randn_like(p))
         reference.update_parameters(model)
-        _update_ema(ours, model, 0.9, first=i == 0)
+        update_ema(ours, model, 0.9, first=i == 0)
         for (name, a), b in zip(reference.state_dict().items(), ours.state_dict().values()):
             assert torch.equal(a, b), (i, name)
 
@@ -730,10 +729,10 @@ def test_the_runs_own_datasets_ship_uint8_and_a_uint8_batch_needs_its_finish(tmp
                                                                   "depth": 1}, data="fake",
                       data_args={"num_train": 16, "num_val": 8, "num_classes": 2, "image_size": 16}, epochs=1,
                       batch_size=8, num_workers=0, precision="fp32", progress="none", output=str(tmp_path))
-    data = training._build_data(cfg, runtime._World(0, 1, torch.device("cpu"), False), None)
-    images, _ = next(iter(data.loaders.train))
-    assert images.dtype == torch.uint8 and data.finish is not None
-    assert finish_batch(images, data.finish, train=True).dtype == torch.float32
+    trainer = training.Trainer(cfg, runtime.World(0, 1, torch.device("cpu"), False))
+    images, _ = next(iter(trainer.loaders.train))
+    assert images.dtype == torch.uint8 and trainer.finish is not None
+    assert finish_batch(images, trainer.finish, train=True).dtype == torch.float32
     with pytest.raises(ValueError, match="pass finish=DeviceTransforms"):
         finish_batch(images, None, train=False)
     floats = torch.rand(2, 3, 16, 16)
