@@ -7,7 +7,7 @@ import json
 import math
 import warnings
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,38 +16,23 @@ from matplotlib.figure import Figure
 from torch.utils.data import Dataset, Subset
 
 from convit_edu.analysis import LocalityRecorder, plot_gate_history, plot_nonlocality_history, read_locality
-from convit_edu.augment import AugConfig, build_transforms
+from convit_edu.augment import build_transforms
 from convit_edu.checks import positive_int
 from convit_edu.config import TrainConfig
 from convit_edu.datasets import ImageFolderDataset, subsample_per_class
 from convit_edu.grids import ABLATIONS, RunSpec
-from convit_edu.models import ModelConfig, VisionTransformer
+from convit_edu.models import VisionTransformer
 from convit_edu.runtime import evaluate, resolve_device
 from convit_edu.throughput import measure_model
 from convit_edu.training import train
-from convit_edu.zoo import MODEL_ZOO
 
-__all__ = ['run_config', 'scoring_sets', 'train_run', 'expected_hours', 'run_grid', 'RunResult', 'read_run', 'collect', 'relative_gain', 'unseen_top1', 'table_2', 'format_table_2', 'table_3', 'format_table_3', 'plot_table_2', 'locality_histories', 'write_summary', 'plot_ablation']
+__all__ = ['run_config', 'scoring_sets', 'train_run', 'write_json', 'expected_hours', 'run_grid', 'RunResult', 'read_run', 'collect', 'relative_gain', 'unseen_top1', 'table_2', 'format_table_2', 'table_3', 'format_table_3', 'plot_table_2', 'locality_histories', 'write_summary', 'plot_ablation']
 
 
 # %% nbs/13_running_experiments.py 7
 def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConfig:
-    """The validated ``TrainConfig`` of ``spec`` (its flags, then ``overrides``) training into ``folder``."""
-    run_fields = {f.name for f in fields(TrainConfig)}
-    values: dict[str, Any] = {"model_args": {}, "aug_args": {}, "output": str(folder)}
-    for key, value in {**spec.flags, **overrides}.items():
-        if key in ("model_args", "aug_args"):
-            raise ValueError(f"run {spec.name!r}: give the fields of {key} as flags of their own, as on the command "
-                             f"line (e.g. {{'depth': 6}}, not {{{key!r}: {{'depth': 6}}}})")
-        if key in run_fields:
-            values[key] = value
-        elif key in {f.name for f in fields(ModelConfig)}:
-            values["model_args"][key] = value
-        elif key in {f.name for f in fields(AugConfig)}:
-            values["aug_args"][key] = value
-        else:
-            raise ValueError(f"run {spec.name!r}: {key!r} is not a TrainConfig, ModelConfig or AugConfig field")
-    return TrainConfig(**values)
+    """``spec``'s ``TrainConfig`` training into ``folder``, with ``overrides`` (``TrainConfig`` fields) on top."""
+    return replace(spec.config, output=str(folder), **overrides)
 
 
 # %% nbs/13_running_experiments.py 9
@@ -94,14 +79,19 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
         "hours": result.history[-1]["time_s"] / 3600,
         "gates_start": _gpsa_layer_means(recorder.records[0]["gates"]),
         "gates_end": _gpsa_layer_means(recorder.records[-1]["gates"])}
-    _write_json(folder / "record.json", record)
+    write_json(folder / "record.json", record)
     return record
 
 
-def _write_json(path: Path, value: Any) -> None:
+def write_json(path: str | Path, value: Any) -> Path:
+    """Write ``value`` as JSON to ``path`` (its folders made) in one step: a temporary file renamed over it, so a
+    reader never sees half a file (a grid's records, its summary; benchmark results)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(value, indent=1) + "\n")
     tmp.replace(path)
+    return path
 
 
 # %% nbs/13_running_experiments.py 11
@@ -137,7 +127,7 @@ def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list
     print(f"{len(runs) - len(todo)} of {len(runs)} runs already finished in {output}; {len(todo)} to go, "
           f"expected {hours:.1f} h on this machine (from {how})", flush=True)
     for i, spec in enumerate(todo, 1):
-        print(f"[{i}/{len(todo)}] {spec.name} ({spec.label}, {spec.flags['epochs']} epochs)", flush=True)
+        print(f"[{i}/{len(todo)}] {spec.name} ({spec.label}, {spec.config.epochs} epochs)", flush=True)
         if train_run(spec, output, records) is None:
             print(f"stopped during {spec.name}: run the same command again to continue", flush=True)
             break
@@ -176,10 +166,9 @@ def read_run(folder: str | Path, spec: RunSpec) -> RunResult:
         if not (folder / name).is_file():
             raise FileNotFoundError(f"{folder / name} does not exist: run {spec.name!r} has not written it yet")
     config = json.loads((folder / "run.json").read_text())["config"]
-    if config["model"] != spec.flags.get("model", config["model"]) or config["fraction"] != spec.flags.get(
-            "fraction", config["fraction"]):
+    if (config["model"], config["fraction"]) != (spec.config.model, spec.config.fraction):
         raise ValueError(f"{folder} holds a {config['model']} on fraction {config['fraction']}, not run {spec.name!r} "
-                         f"({spec.flags.get('model')} on fraction {spec.flags.get('fraction')})")
+                         f"({spec.config.model} on fraction {spec.config.fraction})")
     history = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines() if line.strip()]
     return RunResult(spec, config, history)
 
@@ -328,7 +317,7 @@ def write_summary(output: str | Path, paper_gaps: dict[float, float] | None = No
     order = {name: i for i, name in enumerate(ABLATIONS)}
     records = sorted((json.loads(p.read_text()) for p in output.glob("*/record.json")),
                      key=lambda r: (r["fraction"], order[r["ablation"] or r["model"]], r["seed"]))
-    _write_json(output / "summary.json", records)
+    write_json(output / "summary.json", records)
     rows = table_2(records)
     text = [format_table_2(rows)] + [format_table_3(table_3(records, f)) for f in sorted({
         r["fraction"] for r in records if r["ablation"] is not None})]
@@ -351,7 +340,7 @@ def plot_ablation(results: dict[str, RunResult], runs: list[RunSpec]) -> Figure:
         run = results.get(spec.name)
         if run is None:
             continue
-        gpsa_layers = spec.flags.get("local_up_to_layer", MODEL_ZOO[spec.flags["model"]].local_up_to_layer)
+        gpsa_layers = spec.config.model_config(num_classes=2, distilled=False).local_up_to_layer
         ax.plot([row["epoch"] for row in run.history], [row["val_top1"] for row in run.history],
                 "-" if gpsa_layers else "--", color=f"C{i}", label=f"{spec.label}: {run.top1:.1f}")
     ax.set(xlabel="epoch", ylabel="top-1 (%)", title="ablations (final top-1 in the legend)")

@@ -23,9 +23,11 @@
 # all) and Appendix A replaces GPSA by plain positional self-attention (PSA).
 #
 # Those runs cost hundreds of GPU-days. This chapter describes a grid of runs at any scale — a run is a folder
-# name and `convit-edu train` flags — writes the paper's own grid as a script, and designs a version small
-# enough for a 2-core CPU that *can* show the effect, with its pre-conditions stated before any run. Chapter 13
-# runs grids with one command and turns their logs into tables; chapter 14 reads the results.
+# name and a `TrainConfig`, printed as the `convit-edu train` words of its recipe and what differs from it —
+# writes the paper's own grid as a script, and designs a version small enough for a 2-core CPU that *can* show
+# the effect, with its pre-conditions stated before any run; that design is a recipe of its own,
+# `--preset sample-efficiency`. Chapter 13 runs grids with one command and turns their logs into tables;
+# chapter 14 reads the results.
 
 # %% tags=["parameters"]
 import os
@@ -34,8 +36,8 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp grids
-# The experiments' grids: a run as a folder name and flags, Tables 2 and 3 at any scale, and a design that
-# can show the paper's effect on a CPU.
+# The experiments' grids: a run as a folder name and a TrainConfig, Tables 2 and 3 at any scale, and a design
+# that can show the paper's effect on a CPU.
 
 # %%
 # %matplotlib inline
@@ -50,97 +52,91 @@ from convit_edu.optimisation import scaled_lr
 torch.set_printoptions(precision=4, sci_mode=False)
 
 # %% [markdown]
-# ## A run is a folder name and a set of flags
+# ## A run is a folder name and a config
 #
-# Every setting of `convit-edu train` is a field of `TrainConfig` or of the model's `ModelConfig`, and every
-# field is a flag (`--embed-dim 64`, `--freeze-gating`, `--no-use-local-init`; chapter 25). So a run of an
-# experiment is just a name and a dictionary of flags, and a grid is a list of them. Turning one into a shell
-# command is the only thing that has to be right: booleans become `--flag` / `--no-flag`, `None` becomes
-# `none`, dataset arguments become `--data-arg KEY=VALUE`, and the run writes into `RESULTS/NAME`.
+# Every setting of a training run is a field of one `TrainConfig` (chapter 20), and a recipe is a named set of
+# them. So a run of an experiment is a folder name, a label for the tables and its `TrainConfig`, with the name of
+# the recipe it was made from; a grid is a list of them. Its shell command is chapter 20's `config_to_words`:
+# `--preset NAME`, then a flag for every setting that differs from the recipe (booleans `--flag` / `--no-flag`,
+# `None` as `none`, dataset arguments as `--data-arg KEY=VALUE`), and the run writes into `RESULTS/NAME`. These
+# are the flags `convit-edu train` reads (chapter 25), with the same code, so a command of a grid's script can
+# be run by hand and trains exactly that run.
 
 # %%
 #| export
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+
+from convit_edu.checks import one_of
+from convit_edu.config import RECIPES, TrainConfig, config_to_words
+
+_DEFAULT_OUTPUT = next(f.default for f in fields(TrainConfig) if f.name == "output")
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One training run of a grid: its folder ``name``, a human ``label`` for tables and legends, and the
-    ``convit-edu train`` flags (``TrainConfig`` and ``ModelConfig`` field names) that make it."""
+    """One training run of a grid: its folder ``name``, a ``label`` for tables and legends, its ``config`` and the
+    recipe it was made from (``preset``, a name of ``config.RECIPES``: its command lists what differs from it).
+    The config's ``output`` stays at its default: ``train_command`` puts the run in ``RESULTS/NAME``."""
 
     name: str
     label: str
-    flags: dict[str, Any] = field(default_factory=dict)
+    config: TrainConfig
+    preset: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or self.name != self.name.strip():
             raise ValueError(f"run name {self.name!r} must be a non-empty folder name without '/' or spaces around it")
-        if "output" in self.flags:
-            raise ValueError(f"run {self.name!r}: do not set 'output' in its flags; train_command puts the run in "
-                             "RESULTS/NAME")
-
-
-def _flag_words(key: str, value: Any) -> list[str]:
-    if key == "data_args":
-        if not isinstance(value, dict):
-            raise TypeError(f"data_args must be a dict of dataset arguments, got {value!r}")
-        return [word for k, v in value.items() for word in ("--data-arg", f"{k}={v}")]
-    flag = "--" + key.replace("_", "-")
-    if isinstance(value, bool):
-        return [flag] if value else ["--no-" + key.replace("_", "-")]
-    if value is None:
-        return [flag, "none"]
-    if isinstance(value, tuple):  # a range such as RandomResizedCrop's scale: one word per number
-        return [flag, *map(str, value)]
-    if isinstance(value, (dict, list)):
-        raise TypeError(f"flag {key!r} must be a number, string, bool, tuple or None, got {value!r}")
-    return [flag, str(value)]
+        if not isinstance(self.config, TrainConfig):
+            raise TypeError(f"run {self.name!r}: its config must be a TrainConfig, not {self.config!r}")
+        if self.config.output != _DEFAULT_OUTPUT:
+            raise ValueError(f"run {self.name!r}: leave its config's output at {_DEFAULT_OUTPUT!r}, not "
+                             f"{self.config.output!r}; train_command puts the run in RESULTS/NAME")
+        if self.preset is not None:
+            one_of("preset", self.preset, RECIPES)
+        config_to_words(self.config, self.preset)  # its command can be written (flags cannot remove a preset's key)
 
 
 def train_command(spec: RunSpec, results: str | Path, launcher: str = "python -m convit_edu.cli") -> str:
-    """The shell command that trains ``spec`` into ``results/spec.name``.
+    """The shell command that trains ``spec`` into ``results/spec.name``: ``train``, then the words of its config
+    (``config.config_to_words``: ``--preset`` and the flags of what differs from the recipe).
 
     ``launcher`` runs the CLI: ``python -m convit_edu.cli`` (or ``convit-edu``) on one machine,
     ``torchrun --nproc_per_node=8 -m convit_edu.cli`` on a GPU node; environment assignments may lead it
     (``OMP_NUM_THREADS=1 python -m convit_edu.cli``).
     """
-    words = shlex.split(launcher) + ["train"]
-    for key, value in spec.flags.items():
-        words += _flag_words(key, value)
-    words += ["--output", str(Path(results) / spec.name)]
-    return " ".join(shlex.quote(w) for w in words)
+    cfg = replace(spec.config, output=str(Path(results) / spec.name))
+    return shlex.join(shlex.split(launcher) + ["train", *config_to_words(cfg, spec.preset)])
 
 
 # %% [markdown]
-# A ConViT with 4 heads on 10 classes, as a command:
+# A ConViT-S without its convolutional initialization, on 10 classes of 64 synthetic images each, as a command:
 
 # %%
-spec = RunSpec("demo", "ConViT", {"model": "convit_tiny", "classes": 10, "use_local_init": False, "ema_decay": None,
-                                  "data_args": {"num_train": 64}})
+spec = RunSpec("demo", "ConViT", TrainConfig(model="convit_small", model_args={"use_local_init": False},
+                                             data_args={"num_train": 64}, classes=10, ema_decay=0.999))
 print(train_command(spec, "nbs/results/demo"))
-assert train_command(spec, "out").split()[4:] == [
-    "--model", "convit_tiny", "--classes", "10", "--no-use-local-init", "--ema-decay", "none",
-    "--data-arg", "num_train=64", "--output", "out/demo"]
+words = shlex.split(train_command(spec, "out"))[4:]
+assert words == ["--model", "convit_small", "--no-use-local-init", "--data-arg", "num_train=64", "--classes", "10",
+                 "--ema-decay", "0.999", "--output", "out/demo"]
 
 # %% [markdown]
-# The command line parser of chapter 25 must read it back into exactly the configuration we meant; parsing
-# it with the real parser (without training) checks that every flag exists and lands in the right field:
+# `convit-edu train` must read it back into exactly the configuration we meant. It reads its flags with
+# chapter 20's `config_from_words` code, so reading the words back checks that every flag exists and lands in
+# the right field:
 
 # %%
-from convit_edu.cli import build_parser
+from convit_edu.config import config_from_words
 
-args = build_parser().parse_args(shlex.split(train_command(spec, "out"))[3:])
-print({k: v for k, v in vars(args).items() if k in ("model", "classes", "model.use_local_init", "ema_decay", "data_arg")})
-assert (args.model, args.classes, vars(args)["model.use_local_init"], args.ema_decay) == ("convit_tiny", 10, False, None)
+assert config_from_words(words) == replace(spec.config, output="out/demo")
+print("read back:", config_from_words(words).model_args, "classes", config_from_words(words).classes)
 
 # %% [markdown]
 # ## The grids: Table 2 and Table 3 at any scale
 #
-# What the runs of one experiment share is a **scale**: the ConViT and the DeiT compared, the architecture
-# overrides, the flags common to every run, and the training length at f = 1. Table 2 then varies the fraction
+# What the runs of one experiment share is a **scale**: the ConViT and the DeiT compared, the recipe and the
+# settings common to every run, and the training length at f = 1. Table 2 then varies the fraction
 # f, multiplying epochs (and the warm-up, so that the schedule has the same shape in steps) by 1/f:
 # `datasets.scaled_epochs`. Table 3 and Appendix A vary the ConViT's switches at one fraction. Each ablation has
 # a name that says what it changes (the runs' folders are named after it); the paper's row letter is kept
@@ -160,10 +156,12 @@ assert (args.model, args.classes, vars(args)["model.use_local_init"], args.ema_d
 # %%
 #| export
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from convit_edu.checks import one_of, positive_int
+from convit_edu.config import resolve_config
 from convit_edu.datasets import check_fraction, scaled_epochs
 
 
@@ -198,22 +196,31 @@ ABLATIONS: dict[str, Ablation] = {  # Table 3 and App. A, by name
 
 @dataclass(frozen=True)
 class Scale:
-    """What every run of a grid shares: the ``convit`` and ``deit`` compared, the architecture overrides of
-    both (``model_args``) and of the ConViT only (``convit_args``, e.g. ``local_up_to_layer``), the flags of
-    every run (``common``: data, batch, learning rate...), and ``epochs`` / ``warmup_epochs`` at f = 1.
+    """What every run of a grid shares: the ``convit`` and ``deit`` compared, the recipe (``preset``, a name of
+    ``config.RECIPES``) and the settings of every run on top of it (``common``: ``TrainConfig`` fields, its
+    ``model_args`` added to the preset's), the ConViT's own ``ModelConfig`` overrides (``convit_args``, e.g.
+    ``local_up_to_layer``), and ``epochs`` / ``warmup_epochs`` at f = 1.
 
-    ``class_sizes`` (training images per class) and a ``global_batch`` in ``common`` make every fraction take the
-    same number of *optimiser steps* as f = 1: the loader drops each epoch's last partial batch, which at
-    500 images and batch 128 is a quarter of every epoch, so epochs/f alone would not be equal images."""
+    ``class_sizes`` (training images per class) and a ``global_batch`` make every fraction take the same number of
+    *optimiser steps* as f = 1: the loader drops each epoch's last partial batch, which at 500 images and batch
+    128 is a quarter of every epoch, so epochs/f alone would not be equal images."""
 
     convit: str
     deit: str
     epochs: int
     warmup_epochs: float
-    model_args: dict[str, Any] = field(default_factory=dict)
-    convit_args: dict[str, Any] = field(default_factory=dict)
+    preset: str | None = None
     common: dict[str, Any] = field(default_factory=dict)
+    convit_args: dict[str, Any] = field(default_factory=dict)
     class_sizes: tuple[int, ...] = ()
+
+    @property
+    def base(self) -> TrainConfig:
+        """The config every run starts from: the preset with ``common`` (``config.resolve_config``)."""
+        cfg, notes = resolve_config(self.preset, self.common)
+        for note in notes:
+            warnings.warn(note, stacklevel=2)
+        return cfg
 
     def schedule(self, fraction: float) -> dict[str, Any]:
         """``epochs`` and ``warmup_epochs`` on a fraction f: epochs/f (``datasets.scaled_epochs``), or equal steps
@@ -221,7 +228,9 @@ class Scale:
         check_fraction(fraction)
         if not self.class_sizes:
             return {"epochs": scaled_epochs(self.epochs, fraction), "warmup_epochs": self.warmup_epochs / fraction}
-        batch = self.common["global_batch"]
+        batch = self.base.global_batch
+        if batch is None:
+            raise ValueError("class_sizes count optimiser steps, which needs a global_batch (in the preset or common)")
         full, part = (sum(math.floor(f * n + 1e-9) for n in self.class_sizes) // batch for f in (1.0, fraction))
         if not part:
             raise ValueError(f"fraction {fraction} keeps fewer than one batch of {batch} images of the "
@@ -235,9 +244,10 @@ class Scale:
         a = ABLATIONS[one_of("ablation", ablation, ABLATIONS)]
         positive_int("seed", seed, minimum=0)
         model, own_args = (self.convit, self.convit_args) if a.model == "convit" else (self.deit, {})
-        flags = {**self.common, "model": model, **self.model_args, **own_args, **a.switches, "fraction": fraction,
-                 **self.schedule(fraction), "seed": seed}
-        return RunSpec(f"{ablation}_f{fraction:g}_s{seed}", a.label, flags)
+        base = self.base
+        cfg = replace(base, model=model, model_args={**base.model_args, **own_args, **a.switches}, fraction=fraction,
+                      **self.schedule(fraction), seed=seed)
+        return RunSpec(f"{ablation}_f{fraction:g}_s{seed}", a.label, cfg, self.preset)
 
 
 def sample_efficiency_grid(scale: Scale, fractions: list[float], seeds: list[int] = (0,)) -> list[RunSpec]:
@@ -270,18 +280,17 @@ def unique_runs(*grids: list[RunSpec]) -> list[RunSpec]:
 # node of 8 GPUs. The commands are what a cluster job would execute (the SLURM wrapper is in chapter 26):
 
 # %%
-PAPER_TABLE_2 = Scale(convit="convit_small", deit="deit_small", epochs=300, warmup_epochs=5,
-                      common={"preset": "imagenet", "data_root": "data/imagenet"})
+PAPER_TABLE_2 = Scale(convit="convit_small", deit="deit_small", epochs=300, warmup_epochs=5, preset="imagenet")
 PAPER_TABLE_3 = Scale(convit="convit_small_plus", deit="deit_small_plus", epochs=300, warmup_epochs=5,
-                      common={"preset": "imagenet", "data_root": "data/imagenet", "global_batch": 512, "lr": 4e-4})
+                      preset="imagenet", common={"global_batch": 512, "lr": 4e-4})
 paper_runs = unique_runs(sample_efficiency_grid(PAPER_TABLE_2, [0.05, 0.1, 0.3, 0.5, 1.0]))
 paper_ablations = ablation_grid(PAPER_TABLE_3, 0.1, names=list(ABLATIONS))
 torchrun = "torchrun --nproc_per_node=8 -m convit_edu.cli"
 for spec in paper_runs[:2] + paper_ablations[1:2]:
     print(train_command(spec, "runs/paper", launcher=torchrun))
 print(len(paper_runs), "Table 2 runs,", len(paper_ablations), "Table 3 / App. A runs;",
-      "epochs:", sorted({s.flags["epochs"] for s in paper_runs}))
-assert paper_runs[0].flags["epochs"] == 6000 and paper_runs[0].flags["warmup_epochs"] == 100
+      "epochs:", sorted({s.config.epochs for s in paper_runs}))
+assert paper_runs[0].config.epochs == 6000 and paper_runs[0].config.warmup_epochs == 100
 
 # %% [markdown]
 # A grid at the paper's scale is most useful as a script a cluster job runs line by line (chapter 26 wraps
@@ -341,6 +350,10 @@ assert paper_script.count("torchrun") == 2 and "--fraction 0.05" in paper_script
 # 0.73, and its f = 0.1 runs are kept in `nbs/results/sample-efficiency-b128/` as the record of why the batch
 # changed.) (1) and (2) are checked on the results (chapter 14). If one failed, the budget would change, not
 # the claim.
+#
+# The data, model size and recipe above are one named recipe beside the paper's, chapter 20's
+# `sample-efficiency` (its model is the DeiT; the ConViT's runs add `--model convit_tiny --local-up-to-layer 4`),
+# so every run of this grid is `--preset sample-efficiency` and the flags of its fraction, length and seed.
 
 # %%
 #| export
@@ -348,20 +361,15 @@ from collections import Counter
 
 from convit_edu.datasets import ImageFolderDataset
 
-SAMPLE_EFFICIENCY_MODEL: dict[str, Any] = {"patch_size": 8, "embed_dim": 72, "num_heads": 9, "depth": 6}
-SAMPLE_EFFICIENCY_RECIPE: dict[str, Any] = {  # TrainConfig and AugConfig fields (see the list above)
-    "data": "imagefolder", "img_size": 64, "aug": "deit", "scale": (0.35, 1.0), "randaugment_magnitude": None,
-    "erasing": 0.0, "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "crop_ratio": 1.0, "label_smoothing": 0.1,
-    "drop_path_rate": 0.05, "global_batch": 32, "lr": 1.6e-2, "weight_decay": 0.05}
-
 
 def sample_efficiency_scale(data_root: str | Path, classes: int = 10, images_per_run: int = 120_000,
                             warmup_images: int = 10_000, class_sizes: tuple[int, ...] | None = None,
                             **common: Any) -> Scale:
-    """The CPU-scale Table 2 design on the first ``classes`` classes of the ImageNet-style folder ``data_root``:
-    every run makes the optimiser steps of ``images_per_run`` images; ``common`` adds or replaces flags
-    (``num_workers``, ``device``...). ``class_sizes`` (training images per class) is read from the folder unless
-    given (to print the grid of a folder that is not on this machine)."""
+    """The CPU-scale Table 2 design (the ``sample-efficiency`` recipe of ``config.RECIPES``) on the first
+    ``classes`` classes of the ImageNet-style folder ``data_root``: every run makes the optimiser steps of
+    ``images_per_run`` images; ``common`` adds or replaces settings (``num_workers``, ``device``...).
+    ``class_sizes`` (training images per class) is read from the folder unless given (to print the grid of a
+    folder that is not on this machine)."""
     positive_int("images_per_run", images_per_run)
     positive_int("classes", classes)
     if class_sizes is None:
@@ -369,9 +377,9 @@ def sample_efficiency_scale(data_root: str | Path, classes: int = 10, images_per
         class_sizes = tuple(Counter(train_set.targets)[c] for c in range(len(train_set.classes)))
     n = sum(class_sizes)
     return Scale(convit="convit_tiny", deit="deit_tiny", epochs=max(1, round(images_per_run / n)),
-                 warmup_epochs=warmup_images / n, model_args=dict(SAMPLE_EFFICIENCY_MODEL),
-                 convit_args={"local_up_to_layer": 4}, class_sizes=class_sizes,
-                 common={**SAMPLE_EFFICIENCY_RECIPE, "data_root": str(data_root), "classes": classes, **common})
+                 warmup_epochs=warmup_images / n, preset="sample-efficiency", convit_args={"local_up_to_layer": 4},
+                 class_sizes=class_sizes, common={"data_root": str(data_root), "classes": classes, **common})
+
 # %% [markdown]
 # Pre-condition (3) needs the sum of a run's learning rates, from its schedule (chapter 21's `deit_lr`):
 
@@ -403,17 +411,34 @@ FRACTIONS, SEEDS, ABLATION_FRACTION = [0.1, 0.3, 1.0], [0, 1], 0.1
 cpu_runs = sample_efficiency_grid(CPU, FRACTIONS, SEEDS)
 print(f"{len(cpu_runs)} Table 2 runs:", ", ".join(s.name for s in cpu_runs))
 print("schedule per fraction:", {f: CPU.schedule(f) for f in FRACTIONS}, "\nclass sizes:", CPU.class_sizes)
-from convit_edu.zoo import count_params, model_config
+from convit_edu.zoo import count_params
 
-sizes = {name: count_params(model_config(name, **CPU.model_args, **extra, img_size=64, num_classes=10))
-         for name, extra in ((CPU.convit, CPU.convit_args), (CPU.deit, {}))}
+sizes = {s.config.model: count_params(s.config.model_config(num_classes=10, distilled=False)) for s in cpu_runs[:2]}
 print("parameters:", sizes)
-batch = CPU.common["global_batch"]
+batch = CPU.base.global_batch
 steps = {f: CPU.schedule(f)["epochs"] * (sum(math.floor(f * n + 1e-9) for n in CPU.class_sizes) // batch)
          for f in FRACTIONS}
 print("optimiser steps per run:", steps)
 assert max(steps.values()) - min(steps.values()) <= 0.01 * max(steps.values())  # the same compute at every f
 assert all(abs(n - 397_000) < 2_000 for n in sizes.values())
+
+# %% [markdown]
+# Each run is its recipe and a few flags. Here is the first ConViT run of the grid as its script prints it, and
+# every run of the committed grid read back from the `run.json` it wrote: each is its run of this grid, except
+# where and how it ran (its folders, loader processes, progress display and `--resume auto`, which
+# `convit-edu experiment` sets, chapter 13). So any one of them can be run again by hand.
+
+# %%
+import json
+from dataclasses import replace
+
+print(train_command(CPU.run("convit", 0.1, 0), RESULTS))
+committed = unique_runs(cpu_runs, ablation_grid(CPU, ABLATION_FRACTION, names=list(ABLATIONS)))
+where = ("data_root", "output", "num_workers", "progress", "resume")
+for run in committed:
+    recorded = TrainConfig.from_dict(json.loads((RESULTS / run.name / "run.json").read_text())["config"])
+    assert replace(recorded, **{k: getattr(run.config, k) for k in where}) == run.config, run.name
+print(f"the {len(committed)} committed runs are the grid's configs, but for {', '.join(where)}")
 
 # %% [markdown]
 # ## Exercises

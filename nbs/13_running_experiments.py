@@ -33,7 +33,7 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 #| export
 import math
 from collections import Counter
-from dataclasses import fields
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -41,16 +41,15 @@ from matplotlib.figure import Figure
 from torch.utils.data import Dataset, Subset
 
 from convit_edu.analysis import LocalityRecorder, plot_gate_history, plot_nonlocality_history, read_locality
-from convit_edu.augment import AugConfig, build_transforms
+from convit_edu.augment import build_transforms
 from convit_edu.checks import positive_int
 from convit_edu.config import TrainConfig
 from convit_edu.datasets import ImageFolderDataset, subsample_per_class
 from convit_edu.grids import ABLATIONS, RunSpec
-from convit_edu.models import ModelConfig, VisionTransformer
+from convit_edu.models import VisionTransformer
 from convit_edu.runtime import evaluate, resolve_device
 from convit_edu.throughput import measure_model
 from convit_edu.training import train
-from convit_edu.zoo import MODEL_ZOO
 
 # %%
 # %matplotlib inline
@@ -75,29 +74,14 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # resumes a partly finished grid where it stopped. After every run, `OUTPUT/summary.json` (one record per
 # finished run), `OUTPUT/table.txt` and the figures are written again.
 #
-# First, a run's flags become a `TrainConfig`: each flag is a field of `TrainConfig`, of the model's
-# `ModelConfig` (into `model_args`) or of the augmentation's `AugConfig` (into `aug_args`), exactly as the
-# command line sorts them (chapter 25).
+# A run of a grid already is a `TrainConfig` (chapter 12): the one its printed command trains. Here it only
+# gets its folder, and `--resume auto`.
 
 # %%
 #| export
 def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConfig:
-    """The validated ``TrainConfig`` of ``spec`` (its flags, then ``overrides``) training into ``folder``."""
-    run_fields = {f.name for f in fields(TrainConfig)}
-    values: dict[str, Any] = {"model_args": {}, "aug_args": {}, "output": str(folder)}
-    for key, value in {**spec.flags, **overrides}.items():
-        if key in ("model_args", "aug_args"):
-            raise ValueError(f"run {spec.name!r}: give the fields of {key} as flags of their own, as on the command "
-                             f"line (e.g. {{'depth': 6}}, not {{{key!r}: {{'depth': 6}}}})")
-        if key in run_fields:
-            values[key] = value
-        elif key in {f.name for f in fields(ModelConfig)}:
-            values["model_args"][key] = value
-        elif key in {f.name for f in fields(AugConfig)}:
-            values["aug_args"][key] = value
-        else:
-            raise ValueError(f"run {spec.name!r}: {key!r} is not a TrainConfig, ModelConfig or AugConfig field")
-    return TrainConfig(**values)
+    """``spec``'s ``TrainConfig`` training into ``folder``, with ``overrides`` (``TrainConfig`` fields) on top."""
+    return replace(spec.config, output=str(folder), **overrides)
 
 
 # %% [markdown]
@@ -149,14 +133,19 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
         "hours": result.history[-1]["time_s"] / 3600,
         "gates_start": _gpsa_layer_means(recorder.records[0]["gates"]),
         "gates_end": _gpsa_layer_means(recorder.records[-1]["gates"])}
-    _write_json(folder / "record.json", record)
+    write_json(folder / "record.json", record)
     return record
 
 
-def _write_json(path: Path, value: Any) -> None:
+def write_json(path: str | Path, value: Any) -> Path:
+    """Write ``value`` as JSON to ``path`` (its folders made) in one step: a temporary file renamed over it, so a
+    reader never sees half a file (a grid's records, its summary; benchmark results)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(value, indent=1) + "\n")
     tmp.replace(path)
+    return path
 # %% [markdown]
 # Before a grid starts, the command says how long it will take on this machine: the mean measured time of
 # the finished runs of each model when there are some, otherwise a training step of each model measured on the
@@ -197,7 +186,7 @@ def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list
     print(f"{len(runs) - len(todo)} of {len(runs)} runs already finished in {output}; {len(todo)} to go, "
           f"expected {hours:.1f} h on this machine (from {how})", flush=True)
     for i, spec in enumerate(todo, 1):
-        print(f"[{i}/{len(todo)}] {spec.name} ({spec.label}, {spec.flags['epochs']} epochs)", flush=True)
+        print(f"[{i}/{len(todo)}] {spec.name} ({spec.label}, {spec.config.epochs} epochs)", flush=True)
         if train_run(spec, output, records) is None:
             print(f"stopped during {spec.name}: run the same command again to continue", flush=True)
             break
@@ -249,10 +238,9 @@ def read_run(folder: str | Path, spec: RunSpec) -> RunResult:
         if not (folder / name).is_file():
             raise FileNotFoundError(f"{folder / name} does not exist: run {spec.name!r} has not written it yet")
     config = json.loads((folder / "run.json").read_text())["config"]
-    if config["model"] != spec.flags.get("model", config["model"]) or config["fraction"] != spec.flags.get(
-            "fraction", config["fraction"]):
+    if (config["model"], config["fraction"]) != (spec.config.model, spec.config.fraction):
         raise ValueError(f"{folder} holds a {config['model']} on fraction {config['fraction']}, not run {spec.name!r} "
-                         f"({spec.flags.get('model')} on fraction {spec.flags.get('fraction')})")
+                         f"({spec.config.model} on fraction {spec.config.fraction})")
     history = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines() if line.strip()]
     return RunResult(spec, config, history)
 
@@ -417,7 +405,7 @@ def write_summary(output: str | Path, paper_gaps: dict[float, float] | None = No
     order = {name: i for i, name in enumerate(ABLATIONS)}
     records = sorted((json.loads(p.read_text()) for p in output.glob("*/record.json")),
                      key=lambda r: (r["fraction"], order[r["ablation"] or r["model"]], r["seed"]))
-    _write_json(output / "summary.json", records)
+    write_json(output / "summary.json", records)
     rows = table_2(records)
     text = [format_table_2(rows)] + [format_table_3(table_3(records, f)) for f in sorted({
         r["fraction"] for r in records if r["ablation"] is not None})]
@@ -445,7 +433,7 @@ def plot_ablation(results: dict[str, RunResult], runs: list[RunSpec]) -> Figure:
         run = results.get(spec.name)
         if run is None:
             continue
-        gpsa_layers = spec.flags.get("local_up_to_layer", MODEL_ZOO[spec.flags["model"]].local_up_to_layer)
+        gpsa_layers = spec.config.model_config(num_classes=2, distilled=False).local_up_to_layer
         ax.plot([row["epoch"] for row in run.history], [row["val_top1"] for row in run.history],
                 "-" if gpsa_layers else "--", color=f"C{i}", label=f"{spec.label}: {run.top1:.1f}")
     ax.set(xlabel="epoch", ylabel="top-1 (%)", title="ablations (final top-1 in the legend)")

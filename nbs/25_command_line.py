@@ -36,10 +36,9 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp cli
-# The command line: `convit-edu train / eval / bench / experiment`, every config field a flag.
+# The command line: `convit-edu train / eval / bench / experiment`, every config field a flag (chapter 20's).
 #
-# A little longer than most chapters: the parser that makes each config field a flag is one piece, and every
-# command is shown running.
+# A little longer than most chapters: every command is shown running.
 
 # %%
 import contextlib
@@ -62,7 +61,9 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # SM C's CIFAR-100 setting: every hyper-parameter unchanged, images rescaled to 224 × 224 (the paper then
 # trains far longer than 300 epochs, up to 3000: pass `--epochs`). `cifar100-32` is this course's own small
 # setting for one GPU or a CPU: native 32 × 32 images cut into 4 × 4 patches (an 8 × 8 grid), the classic
-# CIFAR augmentation (pad-and-crop, flip) without mixing, global batch 128.
+# CIFAR augmentation (pad-and-crop, flip) without mixing, global batch 128. `sample-efficiency` is the recipe of
+# chapter 12's grid (Table 2 at the scale of a CPU), so that any run of that grid is `--preset sample-efficiency`
+# and a few flags: the command its script prints runs here by hand.
 #
 # Explicit flags override the preset; the global batch of a preset holds on any number of GPUs, each process
 # taking its share. One setting gives way to the loader: DALI (chapter 19) has no repeated augmentation, so
@@ -72,26 +73,24 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # %%
 #| export
 import argparse
-import ast
 import json
 import os
 import sys
-import typing
-from dataclasses import MISSING, Field, asdict, fields
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from convit_edu.augment import AugConfig, augmentation, build_mixup, build_transforms
 from convit_edu.bench import BenchSizes, pipeline_bench, run_benchmarks, write_json
 from convit_edu.checks import positive_int
-from convit_edu.config import PRECISIONS, RECIPES, RUN_OWNED, TrainConfig, recipe
+from convit_edu.config import (PRECISIONS, TrainConfig, add_config_flags, config_from_args, parse_key_value,
+                               recipe)
 from convit_edu.datasets import build_datasets
 from convit_edu.experiments import run_grid
 from convit_edu.grids import ABLATIONS, ablation_grid, sample_efficiency_grid, sample_efficiency_scale
 from convit_edu.loaders import benchmark_loader, default_num_workers
-from convit_edu.models import ModelConfig, VisionTransformer
+from convit_edu.models import VisionTransformer
 from convit_edu.optimisation import read_checkpoint
 from convit_edu.pretrained import read_state_dict
 from convit_edu.runtime import evaluate, resolve_device, resolve_precision
@@ -103,58 +102,21 @@ from convit_edu.zoo import create_model, mask_at_test_time
 # %% [markdown]
 # ## One flag per field
 #
-# The flags are generated from the three dataclasses, so a field and its flag never drift apart and there is
-# one name per idea: `TrainConfig.warmup_epochs` is `--warmup-epochs`, `ModelConfig.local_up_to_layer` is
-# `--local-up-to-layer`, `AugConfig.mixup_alpha` is `--mixup-alpha`, and the log keys and checkpoint
-# fields are those names again. The help of a run flag is the field's own (`TrainConfig`'s `setting(…,
-# help)`). A dict field of `TrainConfig` gathers the flags of the dataclass it overrides: the architecture
-# flags fill `model_args`, the augmentation flags `aug_args`, and `--data-arg KEY=VALUE` fills `data_args`.
-# The fields of those dataclasses that the run owns (`config.RUN_OWNED`: the image size, the classes, the
-# distillation head, drop path) are the run's flags only — one flag per setting.
+# The flags are chapter 20's, generated from the three dataclasses (`config.add_config_flags`), so a field and
+# its flag never drift apart and there is one name per idea: `TrainConfig.warmup_epochs` is `--warmup-epochs`,
+# `ModelConfig.local_up_to_layer` is `--local-up-to-layer`, `AugConfig.mixup_alpha` is `--mixup-alpha`, and the
+# log keys and checkpoint fields are those names again. The help of a run flag is the field's own
+# (`TrainConfig`'s `setting(…, help)`). A dict field of `TrainConfig` gathers the flags of the dataclass it
+# overrides: the architecture flags fill `model_args`, the augmentation flags `aug_args`, and `--data-arg
+# KEY=VALUE` fills `data_args`. The fields of those dataclasses that the run owns (`config.RUN_OWNED`: the image
+# size, the classes, the distillation head, drop path) are the run's flags only — one flag per setting.
+#
+# The `train` command reads its flags with `config.config_from_args`, the very code behind
+# `config_from_words`: the words an experiment grid prints for a run (`config_to_words`, chapter 12) train that
+# run here, flag for flag.
 
 # %%
 #| exporti
-_OVERRIDES = {  # TrainConfig field: (the dataclass it overrides, the prefix of its flags' dests, the group's title)
-    "model_args": (ModelConfig, "model", "model architecture (convit_edu.models.ModelConfig; defaults shown are "
-                                         "ConViT-Ti's, unset flags keep those of --model)"),
-    "aug_args": (AugConfig, "aug", "augmentation (convit_edu.augment.AugConfig; defaults shown are those of the deit "
-                                   "augmentation, unset flags keep those of --aug)")}
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _parse_value(text: str) -> Any:
-    """`3` -> 3, `0.5` -> 0.5, `none` -> None, `true` -> True, `(1, 2)` -> (1, 2), anything else -> the string."""
-    lowered = text.strip().lower()
-    if lowered in ("none", "null"):
-        return None
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def _add_flag(group, f: Field, dest: str) -> None:
-    """One flag for dataclass field `f`, storing into `dest`; unset flags stay out of the namespace."""
-    default = f.default if f.default is not MISSING else f.default_factory()
-    help = f"{f.metadata.get('help', '')} (default: {default})".strip()
-    kwargs = dict(dest=dest, default=argparse.SUPPRESS, help=help)
-    types = [t for t in typing.get_args(f.type) if t is not type(None)]  # `X | None`: "none" is valid too
-    if isinstance(default, bool):
-        group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
-    elif isinstance(default, tuple):
-        group.add_argument(_flag(f.name), type=float, nargs=len(default), metavar="X", **kwargs)
-    elif types or default is None:
-        metavar = "|".join(t.__name__.upper() for t in types) or "VALUE"
-        group.add_argument(_flag(f.name), type=_parse_value, metavar=metavar, **kwargs)
-    else:
-        group.add_argument(_flag(f.name), type=type(default), metavar=type(default).__name__.upper(), **kwargs)
-
-
 def _train_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train", help="train a model", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -163,41 +125,9 @@ def _train_parser(sub) -> argparse.ArgumentParser:
         epilog="examples:\n  convit-edu train --model convit_tiny --preset cifar100-32 --epochs 1\n"
                "  torchrun --nproc_per_node=8 -m convit_edu.cli train --model convit_small --preset imagenet "
                "--data-root /data/imagenet --output runs/convit_small --resume auto")
-    p.add_argument("--preset", choices=list(RECIPES), help="a recipe (training.RECIPES); it prints what it sets")
     p.add_argument("--print-config", action="store_true", help="print the complete config as JSON and exit")
-    p.add_argument("--data-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra dataset arguments (data_args), e.g. --data-arg num_train=512 for --data fake")
-    run = p.add_argument_group("run (TrainConfig)")
-    for f in fields(TrainConfig):
-        if f.name in _OVERRIDES:
-            cls, prefix, title = _OVERRIDES[f.name]
-            group = p.add_argument_group(title)
-            for g in fields(cls):
-                if g.name not in RUN_OWNED:
-                    _add_flag(group, g, f"{prefix}.{g.name}")
-        elif f.default is not MISSING:  # data_args, the other dict field, has the repeatable --data-arg instead
-            _add_flag(run, f, f.name)
+    add_config_flags(p)
     return p
-
-
-def _config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, list[str]]:
-    """Defaults < preset < flags, as one validated `TrainConfig`, and notes on what a preset could not keep."""
-    values, notes = recipe(args.preset) if args.preset else {}, []
-    for name in ("model_args", "aug_args", "data_args"):
-        values[name] = dict(values.get(name, {}))
-    target = {prefix: name for name, (_, prefix, _) in _OVERRIDES.items()}
-    for key, value in vars(args).items():
-        prefix, _, name = key.partition(".")
-        if name:
-            values[target[prefix]][name] = tuple(value) if isinstance(value, list) else value
-        elif key in {f.name for f in fields(TrainConfig)}:
-            values[key] = value
-    values["data_args"].update(_key_value(item, "--data-arg") for item in args.data_arg)
-    if values.get("loader") == "dali" and values.get("repeats", 1) != 1 and "repeats" not in vars(args):
-        notes.append(f"loader dali has no repeated augmentation: the preset's repeats {values['repeats']} becomes 1 "
-                     "(each image once per epoch; --loader torchvision keeps it)")
-        values["repeats"] = 1
-    return TrainConfig(**values), notes
 
 
 # %% [markdown]
@@ -213,7 +143,7 @@ def _config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, list[str]]
 # %%
 #| export
 def run_train(args: argparse.Namespace) -> int:
-    cfg, notes = _config_from_args(args)
+    cfg, notes = config_from_args(args)
     main_process = os.environ.get("RANK", "0") == "0"
     if main_process and args.preset:
         print(f"preset {args.preset} expands to:")
@@ -272,7 +202,7 @@ def run_bench(args: argparse.Namespace) -> int:
     positive_int("--steps", args.steps)
     device = resolve_device(args.device)
     model = create_model(args.model, img_size=args.img_size, num_classes=args.num_classes,
-                         **dict(_key_value(item, "--model-arg") for item in args.model_arg))
+                         **dict(parse_key_value(item, "--model-arg") for item in args.model_arg))
     if args.compile:
         model = torch.compile(model)
     print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, "
@@ -288,14 +218,15 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"  {key:<28}{value:>10.1f}")
     aug = augmentation(args.aug, args.img_size)
     train_tf, _ = build_transforms(aug)
-    data_args = dict(_key_value(item, "--data-arg") for item in args.data_arg)
+    data_args = dict(parse_key_value(item, "--data-arg") for item in args.data_arg)
     train_set, _, classes = build_datasets(args.data, args.data_root, download=False, **data_args)
     workers = _workers(args)
     print(f"data loader on {args.data} ({args.aug} augmentation, {workers} workers):")
     loader = benchmark_loader(train_set, train_tf, batch_size=args.batch_size, num_workers=workers,
                               mixup=build_mixup(aug, len(classes)) if len(classes) > 1 else None)
     print(loader)
-    cfg = TrainConfig(model=args.model, model_args=dict(_key_value(item, "--model-arg") for item in args.model_arg),
+    cfg = TrainConfig(model=args.model,
+                      model_args=dict(parse_key_value(item, "--model-arg") for item in args.model_arg),
                       img_size=args.img_size, data=args.data, data_root=str(args.data_root), data_args=data_args,
                       aug=args.aug, batch_size=args.batch_size, num_workers=workers,
                       precision=args.precision, device=args.device)
@@ -315,13 +246,6 @@ def _workers(args: argparse.Namespace) -> int:
     """`--num-workers`, or the loader default of training runs (`default_num_workers`) when it is not given."""
     return default_num_workers() if args.num_workers is None else positive_int("--num-workers", args.num_workers,
                                                                                 minimum=0)
-
-
-def _key_value(item: str, flag: str) -> tuple[str, Any]:
-    key, sep, value = item.partition("=")
-    if not sep:
-        raise ValueError(f"{flag} {item!r} is not KEY=VALUE")
-    return key, _parse_value(value)
 
 
 # %%

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -11,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from convit_edu.cli import build_parser, main
-from convit_edu.config import RECIPES, RUN_OWNED, TrainConfig
+from convit_edu.config import RECIPES, RUN_OWNED, TrainConfig, config_from_words
+from convit_edu.experiments import run_config
+from convit_edu.grids import sample_efficiency_scale, train_command
 from convit_edu.launch import SBATCH_SCRIPT
 from convit_edu.optimisation import read_checkpoint
 from convit_edu.zoo import list_models
@@ -67,8 +70,25 @@ def test_a_preset_prints_its_expansion_and_explicit_flags_override_it(capsys):
     cfg = json.loads("{" + config)
     assert (cfg["epochs"], cfg["img_size"], cfg["global_batch"], cfg["data"]) == (3, 32, 128, "cifar100")
     assert cfg["model_args"] == {"patch_size": 4} and cfg["aug_args"] == {"mixup_alpha": 0.2}
-    assert set(RECIPES) == {"deit", "imagenet", "cifar100-32", "cifar100-224"}
+    assert set(RECIPES) == {"deit", "imagenet", "cifar100-32", "cifar100-224", "sample-efficiency"}
     assert RECIPES["deit"]["global_batch"] == 1024 and RECIPES["imagenet"]["data"] == "imagefolder"
+
+
+def test_train_reads_its_flags_as_config_from_words_does(capsys):
+    words = ["--preset", "cifar100-32", "--depth", "6", "--local-up-to-layer", "2", "--no-use-local-init",
+             "--scale", "0.5", "1.0", "--ema-decay", "none", "--data-arg", "num_train=8", "--epochs", "3"]
+    assert main(["train", *words, "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert TrainConfig.from_dict(json.loads(out[out.index("\n{") + 1:])) == config_from_words(words)
+
+
+def test_a_command_printed_by_a_grid_trains_that_run_by_hand(capsys):
+    run = sample_efficiency_scale("data/tiny", class_sizes=(500,) * 10).run("convit", 0.1, seed=1)
+    words = shlex.split(train_command(run, "runs/grid"))
+    assert words[4:6] == ["--preset", "sample-efficiency"] and "--local-up-to-layer" in words
+    assert main([*words[3:], "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert TrainConfig.from_dict(json.loads(out[out.index("\n{") + 1:])) == run_config(run, "runs/grid/" + run.name)
 
 
 def test_unknown_model_or_preset_is_refused_listing_the_valid_ones(tmp_path, capsys):

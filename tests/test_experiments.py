@@ -3,65 +3,70 @@ grids, collecting logs into tables, the relative gain."""
 
 import json
 import shlex
+from dataclasses import replace
 
 import pytest
 
-from convit_edu.cli import build_parser
+from convit_edu.config import TrainConfig, config_from_words
 from convit_edu.experiments import (collect, expected_hours, format_table_2, format_table_3, read_run, relative_gain,
-                                    run_config, run_grid, table_2, table_3, unseen_top1)
+                                    run_config, run_grid, table_2, table_3, unseen_top1, write_json)
 from convit_edu.grids import (ABLATIONS, RunSpec, Scale, ablation_grid, commands_script, sample_efficiency_grid,
                               sample_efficiency_scale, train_command, unique_runs)
 
-SCALE = Scale(convit="convit_tiny", deit="deit_tiny", epochs=10, warmup_epochs=1,
-              model_args={"patch_size": 8, "embed_dim": 64}, convit_args={"local_up_to_layer": 4},
-              common={"data": "fake", "batch_size": 32})
+SCALE = Scale(convit="convit_tiny", deit="deit_tiny", epochs=10, warmup_epochs=1, convit_args={"local_up_to_layer": 4},
+              common={"data": "fake", "batch_size": 32, "model_args": {"patch_size": 8, "embed_dim": 96}})
 
 
-def parse(command: str):
+def parse(command: str) -> TrainConfig:
+    """The config `convit-edu train` reads from a grid's command (config_from_words, the CLI's own code)."""
     words = shlex.split(command)
     assert words[:4] == ["python", "-m", "convit_edu.cli", "train"]
-    return vars(build_parser().parse_args(words[3:]))
+    return config_from_words(words[4:])
 
 
-def test_train_command_flags_are_read_back_by_the_cli_parser():
-    spec = RunSpec("r1", "x", {"model": "convit_tiny", "epochs": 3, "lr": 1e-3, "freeze_gating": True,
-                               "use_local_init": False, "ema_decay": None, "data_args": {"num_train": 64}})
-    args = parse(train_command(spec, "out/dir"))
-    assert args["model"] == "convit_tiny" and args["epochs"] == 3 and args["lr"] == 1e-3
-    assert args["model.freeze_gating"] is True and args["model.use_local_init"] is False
-    assert args["ema_decay"] is None and args["data_arg"] == ["num_train=64"]
-    assert args["output"] == "out/dir/r1"
+def test_train_command_words_read_back_into_the_runs_config():
+    spec = RunSpec("r1", "x", TrainConfig(model="convit_small", epochs=3, lr=1e-3, ema_decay=0.999,
+                                          model_args={"freeze_gating": True, "use_local_init": False},
+                                          aug_args={"scale": (0.35, 1.0)}, data_args={"num_train": 64}))
+    command = train_command(spec, "out/dir")
+    assert "--freeze-gating --no-use-local-init" in command and "--data-arg num_train=64" in command
+    assert parse(command) == replace(spec.config, output="out/dir/r1")
 
 
 def test_train_command_quotes_paths_and_keeps_the_launcher():
-    spec = RunSpec("r", "x", {"data_root": "my data"})
+    spec = RunSpec("r", "x", TrainConfig(data_root="my data"))
     command = train_command(spec, "res", launcher="OMP_NUM_THREADS=1 torchrun --nproc_per_node=8 -m convit_edu.cli")
     assert command.startswith("OMP_NUM_THREADS=1 torchrun --nproc_per_node=8 -m convit_edu.cli train ")
     assert "--data-root 'my data'" in command
 
 
-def test_run_spec_and_flags_reject_bad_values():
+def test_run_spec_rejects_bad_values():
     with pytest.raises(ValueError, match="folder name"):
-        RunSpec("a/b", "x")
-    with pytest.raises(ValueError, match="do not set 'output'"):
-        RunSpec("a", "x", {"output": "elsewhere"})
-    with pytest.raises(TypeError, match="flag 'model_args'"):
-        train_command(RunSpec("a", "x", {"model_args": {"depth": 2}}), "res")
+        RunSpec("a/b", "x", TrainConfig())
+    with pytest.raises(ValueError, match="leave its config's output at 'runs/run', not 'elsewhere'"):
+        RunSpec("a", "x", TrainConfig(output="elsewhere"))
+    with pytest.raises(TypeError, match="its config must be a TrainConfig"):
+        RunSpec("a", "x", {"lr": 1e-3})
+    with pytest.raises(ValueError, match="unknown preset 'jft'"):
+        RunSpec("a", "x", TrainConfig(), preset="jft")
+    with pytest.raises(ValueError, match="lacks 'patch_size', which preset cifar100-32 sets"):
+        RunSpec("a", "x", TrainConfig(img_size=32), preset="cifar100-32")
 
 
 def test_sample_efficiency_grid_scales_epochs_and_warmup_by_one_over_f():
     runs = sample_efficiency_grid(SCALE, [0.1, 0.5, 1.0])
     assert [r.name for r in runs] == ["deit_f0.1_s0", "convit_f0.1_s0", "deit_f0.5_s0", "convit_f0.5_s0", "deit_f1_s0",
                                       "convit_f1_s0"]
-    by_name = {r.name: r.flags for r in runs}
-    assert by_name["convit_f0.1_s0"]["epochs"] == 100
-    assert by_name["convit_f0.1_s0"]["warmup_epochs"] == pytest.approx(10)
-    assert by_name["deit_f0.5_s0"]["epochs"] == 20 and by_name["deit_f1_s0"]["fraction"] == 1.0
-    assert by_name["convit_f1_s0"]["local_up_to_layer"] == 4 and "local_up_to_layer" not in by_name["deit_f1_s0"]
-    assert by_name["deit_f1_s0"]["model"] == "deit_tiny" and by_name["deit_f1_s0"]["embed_dim"] == 64
+    by_name = {r.name: r.config for r in runs}
+    assert by_name["convit_f0.1_s0"].epochs == 100
+    assert by_name["convit_f0.1_s0"].warmup_epochs == pytest.approx(10)
+    assert by_name["deit_f0.5_s0"].epochs == 20 and by_name["deit_f1_s0"].fraction == 1.0
+    assert by_name["convit_f1_s0"].model_args["local_up_to_layer"] == 4
+    assert "local_up_to_layer" not in by_name["deit_f1_s0"].model_args
+    assert by_name["deit_f1_s0"].model == "deit_tiny" and by_name["deit_f1_s0"].model_args["embed_dim"] == 96
     assert [r.name for r in sample_efficiency_grid(SCALE, [1.0], seeds=[3, 4])] == [
         "deit_f1_s3", "convit_f1_s3", "deit_f1_s4", "convit_f1_s4"]
-    assert sample_efficiency_grid(SCALE, [1.0], seeds=[3])[0].flags["seed"] == 3
+    assert sample_efficiency_grid(SCALE, [1.0], seeds=[3])[0].config.seed == 3
 
 
 def test_with_class_sizes_every_fraction_makes_the_same_optimiser_steps():
@@ -75,17 +80,19 @@ def test_with_class_sizes_every_fraction_makes_the_same_optimiser_steps():
         assert plan["eval_every"] == round(39 / per_epoch), f
     with pytest.raises(ValueError, match="fraction 0.02 keeps fewer than one batch of 128"):
         scale.schedule(0.02)
+    with pytest.raises(ValueError, match="needs a global_batch"):
+        replace(scale, common={}).schedule(1.0)
 
 
 def test_ablation_grid_sets_the_table_3_switches():
     runs = {r.name: r for r in ablation_grid(SCALE, 0.1, names=list(ABLATIONS))}
-    assert runs["frozen_gate_f0.1_s0"].flags["freeze_gating"] is True
-    assert runs["no_conv_init_f0.1_s0"].flags["use_local_init"] is False
-    frozen_no_init = runs["frozen_gpsa_no_conv_init_f0.1_s0"].flags
+    assert runs["frozen_gate_f0.1_s0"].config.model_args["freeze_gating"] is True
+    assert runs["no_conv_init_f0.1_s0"].config.model_args["use_local_init"] is False
+    frozen_no_init = runs["frozen_gpsa_no_conv_init_f0.1_s0"].config.model_args
     assert frozen_no_init["freeze_gpsa"] and not frozen_no_init["use_local_init"]
-    assert runs["psa_f0.1_s0"].flags["local_attention"] == "psa"
-    for name, spec in runs.items():  # every run is a valid CLI invocation
-        parse(train_command(spec, "res"))
+    assert runs["psa_f0.1_s0"].config.model_args["local_attention"] == "psa"
+    for name, spec in runs.items():  # the command trains what the runner trains
+        assert parse(train_command(spec, "res")) == run_config(spec, f"res/{name}"), name
     with pytest.raises(ValueError, match="unknown ablation 'e': choose one of convit, frozen_gate"):
         SCALE.run("e", 0.1)
 
@@ -93,11 +100,10 @@ def test_ablation_grid_sets_the_table_3_switches():
 def test_the_deit_row_is_the_ablation_that_builds_the_deit():
     assert [name for name, a in ABLATIONS.items() if a.model == "deit"] == ["deit"]
     assert [a.table_ref for a in ABLATIONS.values()] == ["a", "b", "c", "d", "e", "f", "g", "App. A"]
-    deit, convit = SCALE.run("deit", 1.0).flags, SCALE.run("convit", 1.0).flags
-    assert deit["model"] == "deit_tiny" and "local_up_to_layer" not in deit  # the ConViT's own args stay off
-    assert convit["model"] == "convit_tiny" and convit["local_up_to_layer"] == 4
-    assert {k: v for k, v in deit.items() if k != "model"} == {
-        k: v for k, v in convit.items() if k not in ("model", "local_up_to_layer")}
+    deit, convit = SCALE.run("deit", 1.0).config, SCALE.run("convit", 1.0).config
+    assert deit.model == "deit_tiny" and "local_up_to_layer" not in deit.model_args  # the ConViT's own args stay off
+    assert convit.model == "convit_tiny" and convit.model_args["local_up_to_layer"] == 4
+    assert replace(convit, model="deit_tiny", model_args=deit.model_args) == deit
 
 
 def test_unique_runs_merges_the_shared_runs_and_rejects_clashes():
@@ -105,7 +111,7 @@ def test_unique_runs_merges_the_shared_runs_and_rejects_clashes():
                          ablation_grid(SCALE, 0.1, names=["convit", "frozen_gate", "deit"]))
     assert [r.name for r in merged] == ["deit_f0.1_s0", "convit_f0.1_s0", "frozen_gate_f0.1_s0"]
     with pytest.raises(ValueError, match="both named 'x'"):
-        unique_runs([RunSpec("x", "1", {"lr": 1})], [RunSpec("x", "2", {"lr": 2})])
+        unique_runs([RunSpec("x", "1", TrainConfig(lr=1.0))], [RunSpec("x", "2", TrainConfig(lr=2.0))])
 
 
 def test_commands_script_runs_every_command_in_order_and_stops_on_failure():
@@ -188,19 +194,16 @@ def test_table_3_keeps_the_ablations_of_one_fraction_in_the_papers_order():
     assert "App. A PSA" in format_table_3(rows)
 
 
-def test_run_config_sorts_flags_into_run_model_and_augmentation_settings(tmp_path):
-    spec = RunSpec("r", "x", {"model": "convit_tiny", "epochs": 3, "num_heads": 4, "freeze_gating": True,
-                              "scale": (0.35, 1.0), "mixup_alpha": 0.0, "img_size": 32})
-    cfg = run_config(spec, tmp_path / "r", resume="auto")
-    assert cfg.epochs == 3 and cfg.img_size == 32 and cfg.resume == "auto" and cfg.output == str(tmp_path / "r")
-    assert cfg.model_args == {"num_heads": 4, "freeze_gating": True}
-    assert cfg.aug_args == {"scale": (0.35, 1.0), "mixup_alpha": 0.0}
-    with pytest.raises(ValueError, match="'colour' is not a TrainConfig, ModelConfig or AugConfig field"):
-        run_config(RunSpec("r", "x", {"colour": 1}), tmp_path)
-    with pytest.raises(ValueError, match="give the fields of model_args as flags of their own"):
-        run_config(RunSpec("r", "x", {"model_args": {"depth": 6}}), tmp_path)
-    args = parse(train_command(spec, "res"))  # and the CLI reads the same flags
-    assert args["aug.scale"] == [0.35, 1.0] and args["model.num_heads"] == 4
+def test_run_config_is_the_runs_config_in_its_folder(tmp_path):
+    spec = SCALE.run("frozen_gate", 0.5, seed=2)
+    cfg = run_config(spec, tmp_path / spec.name, resume="auto")
+    assert cfg == replace(spec.config, output=str(tmp_path / spec.name), resume="auto")
+    assert parse(train_command(spec, tmp_path)) == replace(cfg, resume=None)  # what the script prints for it
+
+
+def test_write_json_makes_its_folders_and_leaves_no_temporary_file(tmp_path):
+    path = write_json(tmp_path / "a" / "b.json", {"x": (1, 2)})
+    assert json.loads(path.read_text()) == {"x": [1, 2]} and [p.name for p in path.parent.iterdir()] == ["b.json"]
 
 
 def jpeg_folder(root, classes=3, train=24, val=6, size=32):
@@ -225,7 +228,7 @@ def tiny_scale(root):
 def test_the_grid_writes_a_summary_per_run_and_resumes_where_it_stopped(tmp_path, capsys, monkeypatch):
     root, output = jpeg_folder(tmp_path / "data"), tmp_path / "out"
     scale = tiny_scale(root)
-    assert scale.class_sizes == (24, 24, 24) and scale.model_args["num_heads"] == 9
+    assert scale.class_sizes == (24, 24, 24) and scale.base.model_args["num_heads"] == 9
     runs = sample_efficiency_grid(scale, [0.5, 1.0])
     records = run_grid(runs, output, records=3)
     assert "0 of 4 runs already finished" in capsys.readouterr().out
@@ -240,6 +243,9 @@ def test_the_grid_writes_a_summary_per_run_and_resumes_where_it_stopped(tmp_path
         assert (output / name).is_file(), name
     steps = [json.loads((output / s.name / "log.jsonl").read_text().splitlines()[-1])["step"] for s in runs]
     assert max(steps) - min(steps) < 3  # equal compute at both fractions
+    for spec in runs:  # each run trained the config its printed command gives (--resume auto aside)
+        recorded = TrainConfig.from_dict(json.loads((output / spec.name / "run.json").read_text())["config"])
+        assert replace(recorded, resume=None) == parse(train_command(spec, output)), spec.name
 
     (output / "convit_f1_s0" / "record.json").unlink()  # as if stopped after training, before scoring
     import convit_edu.experiments as experiments
