@@ -1,0 +1,128 @@
+"""Tests of convit_edu.fit, the core path's minimal training loop: its optimiser pieces equal the production
+ones (convit_edu.optimisation), evaluate scores predictions we control, and fit learns a tiny problem."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.data import DataLoader, TensorDataset
+
+from convit_edu import optimisation
+from convit_edu.fit import deit_lr, evaluate, fit, param_groups
+from convit_edu.zoo import create_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = dict(img_size=16, patch_size=4, embed_dim=16, num_heads=4, depth=2, num_classes=3)
+
+
+def test_deit_lr_equals_the_production_schedule_at_every_step_of_many_schedules():
+    for total, warmup in [(1, 0), (10, 0), (10, 3), (100, 10), (391, 78), (50, 50), (20, 30)]:
+        for peak, min_lr, warmup_lr in [(1e-3, 1e-5, 1e-6), (5e-4, 0.0, 0.0), (2e-3, 1e-4, 1e-3)]:
+            args = (total, warmup, peak, min_lr, warmup_lr)
+            for step in range(total + 5):  # past the end too
+                assert deit_lr(step, *args) == optimisation.deit_lr(step, *args), (step, args)
+
+
+def test_deit_lr_at_hand_computed_landmarks():
+    schedule = dict(total_steps=100, warmup_steps=10, peak_lr=1e-3, min_lr=1e-5, warmup_lr=1e-6)
+    assert deit_lr(0, **schedule) == 1e-6
+    assert math.isclose(deit_lr(10, **schedule), 1e-3)
+    assert math.isclose(deit_lr(55, **schedule), (1e-3 + 1e-5) / 2)
+    assert math.isclose(deit_lr(100, **schedule), 1e-5) and math.isclose(deit_lr(500, **schedule), 1e-5)
+
+
+@pytest.mark.parametrize("name, extra", [("convit_tiny", {"local_up_to_layer": 1}), ("deit_tiny", {}),
+                                         ("deit_tiny", {"distilled": True})])
+def test_param_groups_equal_the_production_groups(name, extra):
+    model = create_model(name, **TINY, **extra)
+    model.blocks[0].mlp.fc1.weight.requires_grad_(False)  # frozen parameters join no group
+    for weight_decay in (0.0, 0.05, 0.3):
+        mine, production = param_groups(model, weight_decay), optimisation.param_groups(model, weight_decay)
+        assert [g["weight_decay"] for g in mine] == [g["weight_decay"] for g in production] == [weight_decay, 0.0]
+        assert [[id(p) for p in g["params"]] for g in mine] == [[id(p) for p in g["params"]] for g in production]
+
+
+def test_param_groups_decay_matrices_but_not_gates_norms_biases_or_embeddings():
+    model = create_model("convit_tiny", **TINY, local_up_to_layer=1)
+    decayed, kept = (set(map(id, g["params"])) for g in param_groups(model, 0.05))
+    named = dict(model.named_parameters())
+    assert {id(named[n]) for n in ("patch_embed.proj.weight", "blocks.0.attn.qk.weight", "head.weight")} <= decayed
+    not_decayed = ("pos_embed", "cls_token", "blocks.0.attn.gating_param", "blocks.0.norm1.weight", "head.bias")
+    assert {id(named[n]) for n in not_decayed} <= kept
+    assert decayed.isdisjoint(kept) and len(decayed | kept) == len(named)
+
+
+def test_param_groups_of_a_model_without_no_weight_decay_split_by_dimension():
+    model = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3))
+    decayed, kept = param_groups(model, 0.1)
+    assert [p.shape for p in decayed["params"]] == [(3, 4)] and len(kept["params"]) == 3
+
+
+def test_evaluate_scores_predictions_we_control_and_restores_the_mode():
+    model = nn.Linear(3, 3)  # the identity: the inputs are the logits
+    with torch.no_grad():
+        model.weight.copy_(torch.eye(3))
+        model.bias.zero_()
+    logits = torch.tensor([[3.0, 0, 0], [0, 3.0, 0], [0, 0, 3.0], [3.0, 0, 0], [0, 3.0, 0]])
+    labels = torch.tensor([0, 1, 2, 1, 2])  # the first three right, the last two wrong
+    model.train()
+    result = evaluate(model, DataLoader(TensorDataset(logits, labels), batch_size=2))  # batches of 2, 2 and 1
+    assert result["top1"] == 60.0
+    assert math.isclose(result["loss"], F.cross_entropy(logits, labels).item(), rel_tol=1e-6)
+    assert model.training
+    model.eval()
+    evaluate(model, [(logits, labels)])
+    assert not model.training
+
+
+def blobs(n: int, seed: int) -> TensorDataset:
+    """Images of 3 classes told apart by their mean colour: a problem a tiny ViT learns in a few steps."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % 3
+    images = torch.randn(n, 3, 16, 16, generator=g) * 0.5
+    images[torch.arange(n), labels] += 1.5
+    return TensorDataset(images, labels)
+
+
+@pytest.mark.parametrize("name", ["convit_tiny", "deit_tiny"])
+def test_fit_lowers_the_loss_and_returns_the_documented_history(name):
+    torch.manual_seed(0)
+    model = create_model(name, **TINY, **({"local_up_to_layer": 1} if name == "convit_tiny" else {}))
+    train_loader = DataLoader(blobs(96, 0), batch_size=16, shuffle=True, drop_last=True)
+    val_loader = DataLoader(blobs(48, 1), batch_size=48)
+    before = evaluate(model, val_loader)
+    history = fit(model, train_loader, val_loader, 4, lr=0.1, warmup_epochs=1, min_lr=1e-5)
+    assert [row["epoch"] for row in history] == [1, 2, 3, 4]
+    assert all(set(row) == {"epoch", "train_loss", "val_loss", "val_top1", "lr", "gates"} for row in history)
+    assert history[-1]["val_loss"] < 0.7 * before["loss"] and history[-1]["val_top1"] > 90
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert math.isclose(history[-1]["lr"], 1e-5)
+    assert math.isclose(history[0]["lr"], 0.1 * 16 / 512)  # the peak, after one warm-up epoch, scaled by 16/512
+    gates = [len(row["gates"]) for row in history]
+    assert gates == ([1] * 4 if name == "convit_tiny" else [0] * 4)
+
+
+def test_fit_sets_the_schedules_rate_before_every_step():
+    model = create_model("deit_tiny", **TINY)
+    seen = []
+    hook = register_optimizer_step_pre_hook(lambda opt, args, kwargs: seen.append([g["lr"] for g in opt.param_groups]))
+    loader = DataLoader(blobs(40, 0), batch_size=8)  # 5 steps per epoch
+    try:
+        fit(model, loader, loader, 2, lr=0.01, warmup_epochs=1, min_lr=1e-5, warmup_lr=1e-6)
+    finally:
+        hook.remove()
+    want = [deit_lr(t, 10, 5, 0.01 * 8 / 512, 1e-5, 1e-6) for t in range(10)]
+    assert seen == [[lr, lr] for lr in want]
+
+
+def test_fit_refuses_a_loader_without_a_batch_and_a_bad_epoch_count():
+    model = create_model("deit_tiny", **TINY)
+    empty = DataLoader(blobs(10, 0), batch_size=16, drop_last=True)
+    with pytest.raises(ValueError, match="yields no batch"):
+        fit(model, empty, empty, 1)
+    with pytest.raises(ValueError, match="epochs must be at least 1"):
+        fit(model, DataLoader(blobs(16, 0), batch_size=8), empty, 0)
