@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from convit_edu.checks import positive_int
+from convit_edu.gpsa import gate_means
 from convit_edu.models import VisionTransformer
 
 __all__ = ['param_groups', 'deit_lr', 'evaluate', 'fit']
@@ -87,7 +88,7 @@ def fit(model: VisionTransformer, train_loader: DataLoader, val_loader: DataLoad
         val = evaluate(model, val_loader)
         history.append({"epoch": epoch, "train_loss": sum(losses) / len(losses), "val_loss": val["loss"],
                         "val_top1": val["top1"], "lr": deit_lr(step, *schedule),
-                        "gates": model.gates().mean(dim=1).tolist()})
+                        "gates": gate_means(model)})
         print(f"epoch {epoch}/{epochs}: train loss {history[-1]['train_loss']:.3f}, val loss {val['loss']:.3f}, "
               f"val top-1 {val['top1']:.1f} %")
     return history

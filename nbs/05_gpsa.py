@@ -34,7 +34,7 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # Gated positional self-attention (GPSA, Eq. 6-7): a reference that materializes the attention, and the fast form.
 #
 # Longer than most chapters: the paper's central layer in two forms, the checks that they agree, a picture of
-# Eq. 7 and two exercises (its timing section moved to chapter 27).
+# Eq. 7 and two exercises (its timing section moved to chapter 23).
 
 # %%
 import matplotlib.pyplot as plt
@@ -243,6 +243,12 @@ def gate_values(gating_param: Tensor, gate_override: float | None = None) -> Ten
         return torch.full_like(gating_param, float(gate_override))
     return torch.sigmoid(gating_param)
 
+def gate_means(model: nn.Module) -> list[float]:
+    """Mean σ(λ) over the heads of each layer of ``model`` that has a ``gating_param`` (Eq. 6), in layer order,
+    as the forward mixes with them (``gate_override`` included): what a run logs and a recorder keeps."""
+    return [gate_values(m.gating_param.detach().float(), getattr(m, "gate_override", None)).mean().item()
+            for m in model.modules() if isinstance(getattr(m, "gating_param", None), torch.Tensor)]
+
 
 class _Gated(_PositionalAttention):
     """Adds the gate of Eq. 7: ``gating_param`` λ (one per head, initialised to 1) and a test-time override."""
@@ -270,7 +276,7 @@ class _Gated(_PositionalAttention):
 # no-op, kept here to stay literally faithful to Eq. 6), attention dropout on A, then A·V. This is the
 # computation of the official code and of timm but for one thing: they expand `rel_indices` to the batch and
 # so compute the positional softmax once per *image*, where it is the same for every image; here it is
-# computed once per forward (chapter 27 measures what that saves). It is what to read, what to
+# computed once per forward (chapter 23 measures what that saves). It is what to read, what to
 # use for attention maps, and the yardstick the fast version is tested against.
 
 # %%
@@ -390,7 +396,7 @@ class PSA(_PositionalAttention):
 # projection (D² + D), v_pos (3·N_h weights + N_h biases) and λ (N_h).
 
 # %%
-from convit_edu.gpsa import GPSA, PSA, GPSAReference
+from convit_edu.gpsa import GPSA, GPSAReference, PSA
 
 torch.manual_seed(0)
 ref = GPSAReference(192, 4)
@@ -508,9 +514,9 @@ print("every head peaks within half a patch of query + Δ_h")
 # (σ = 0, what a ViT head would do) and its positional attention (σ = 1, a blurred tap of a convolution).
 # Below, one head of a freshly initialised layer reads the Grace Hopper photograph (patches of 16 pixels
 # embedded by a random 16 × 16 convolution and a LayerNorm, as in chapter 03's Fig. 3), with its gate forced
-# to five values (`gate_override`, the hook chapter 11's masking uses), on one logarithmic colour scale. At
+# to five values (`gate_override`, the hook chapter 26's masking uses), on one logarithmic colour scale. At
 # initialization (weights of standard deviation 0.02) the content map is nearly uniform; we scale W_qry and
-# W_key up 4 times so that it shows something, a random read-out of the picture — training (chapter 09) is
+# W_key up 4 times so that it shows something, a random read-out of the picture — training (chapter 24) is
 # what makes it useful. The ConViT starts
 # at σ(1) = 0.73, the fourth panel: mostly the positional bump, with the picture faintly behind it.
 
@@ -558,7 +564,7 @@ print("every intermediate map equals (1 - σ)·content + σ·position")
 # ## Speed and memory
 #
 # How much faster and leaner the fast layer is than the official form and the reference is measured in
-# chapter 27, "One GPSA layer: official form, reference and fast".
+# chapter 23, "One GPSA layer: official form, reference and fast".
 
 # %% [markdown]
 # ## Exercises

@@ -41,6 +41,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from convit_edu.checks import positive_int
+from convit_edu.gpsa import gate_means
 from convit_edu.models import VisionTransformer
 
 # %%
@@ -299,7 +300,7 @@ print(f"untrained: validation loss within 0.1 of ln {CLASSES} = {math.log(CLASSE
 # Now the loop. Before every step it sets the schedule's rate, computes the loss on a batch, back-propagates
 # and lets AdamW update the weights. After every epoch it evaluates and records a row: the mean training loss,
 # the validation loss and top-1, the next step's rate and, for a ConViT, the mean gate σ(λ) of each GPSA layer
-# (Eq. 7; `model.gates()`, chapter 07): 1 is positional, convolution-like attention, 0 pure content attention.
+# (Eq. 7; `gate_means`, chapter 05): 1 is positional, convolution-like attention, 0 pure content attention.
 
 # %%
 #| export
@@ -335,7 +336,7 @@ def fit(model: VisionTransformer, train_loader: DataLoader, val_loader: DataLoad
         val = evaluate(model, val_loader)
         history.append({"epoch": epoch, "train_loss": sum(losses) / len(losses), "val_loss": val["loss"],
                         "val_top1": val["top1"], "lr": deit_lr(step, *schedule),
-                        "gates": model.gates().mean(dim=1).tolist()})
+                        "gates": gate_means(model)})
         print(f"epoch {epoch}/{epochs}: train loss {history[-1]['train_loss']:.3f}, val loss {val['loss']:.3f}, "
               f"val top-1 {val['top1']:.1f} %")
     return history

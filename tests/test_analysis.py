@@ -1,4 +1,4 @@
-"""Tests for convit_edu.analysis: nonlocality (Eq. 8) on known maps and on models, gates, the locality
+"""Tests for convit_edu.locality: nonlocality (Eq. 8) on known maps and on models, gates, the locality
 recorder, attention maps and masking at test time (SM F)."""
 
 import json
@@ -8,11 +8,12 @@ import pytest
 import torch
 from torch.optim.swa_utils import AveragedModel
 
-from convit_edu.analysis import (LocalityRecorder, gates, model_nonlocality, nonlocality, patch_distances,
-                                 read_locality)
+from convit_edu.attention_maps import attention_maps
 from convit_edu.config import TrainConfig
-from convit_edu.maps import attention_maps, format_masking, masking_table
-from convit_edu.runtime import evaluate
+from convit_edu.evaluation import format_masking, masking_table
+from convit_edu.evaluation import evaluate
+from convit_edu.locality import (LocalityRecorder, gates, model_nonlocality, nonlocality, patch_distances,
+                                 read_locality)
 from convit_edu.training import train
 from convit_edu.zoo import create_model
 

@@ -10,12 +10,12 @@ import torch
 import torchvision
 from torch.utils.data import TensorDataset
 
-from convit_edu import analysis, cli, pretrained, runtime, training, zoo
+from convit_edu import checkpoints, cli, evaluation, locality, training, zoo
 from convit_edu.augment import AugConfig
+from convit_edu.checkpoints import read_checkpoint
 from convit_edu.config import TrainConfig, per_device_batch, recipe
 from convit_edu.datasets import build_datasets
 from convit_edu.loaders import RepeatAugSampler, build_loaders
-from convit_edu.optimisation import read_checkpoint
 
 TINY = dict(model="deit_tiny", model_args={"patch_size": 4, "depth": 1}, img_size=8)
 
@@ -67,12 +67,12 @@ API = [
      "expected torch.float32 images like the model's weights, got torch.float64"),
     (lambda t: zoo.create_model("convit_tiny", embed_dim=100, num_heads=3), ValueError,
      "embed_dim 100 is not divisible by num_heads 3"),
-    (lambda t: pretrained.load_checkpoint(zoo.create_model("deit_tiny"), files(t)["truncated"]), ValueError,
+    (lambda t: checkpoints.load_weights(zoo.create_model("deit_tiny"), files(t)["truncated"]), ValueError,
      "truncated.pt is truncated or not a torch checkpoint"),
-    (lambda t: pretrained.load_checkpoint(zoo.create_model("deit_tiny"), files(t)["random"]), ValueError,
+    (lambda t: checkpoints.load_weights(zoo.create_model("deit_tiny"), files(t)["random"]), ValueError,
      "random.pt is truncated or not a torch checkpoint"),
-    (lambda t: pretrained.load_file(files(t)["unsafe"]), ValueError, "cannot be loaded safely"),
-    (lambda t: analysis.gates(files(t)["truncated"]), ValueError, "is truncated or not a torch checkpoint"),
+    (lambda t: checkpoints.load_file(files(t)["unsafe"]), ValueError, "cannot be loaded safely"),
+    (lambda t: locality.gates(files(t)["truncated"]), ValueError, "is truncated or not a torch checkpoint"),
     (lambda t: read_checkpoint(files(t)["foreign"]), ValueError, "not a convit-edu training checkpoint"),
     (lambda t: read_checkpoint(t / "missing.pt"), FileNotFoundError, "no checkpoint file at"),
     (lambda t: build_datasets("fake", fraction=1.5), ValueError, "fraction 1.5 is outside \\(0, 1\\]"),
@@ -84,7 +84,7 @@ API = [
     (lambda t: RepeatAugSampler(10, 2, 2), ValueError, "rank 2 must lie in 0..1"),
     (lambda t: build_loaders(TensorDataset(torch.zeros(2)), TensorDataset(torch.zeros(2)), batch_size=1,
                              num_replicas=3), ValueError, "3 processes but the training set has only 2 samples"),
-    (lambda t: runtime.evaluate(torch.nn.Linear(2, 2), TensorDataset(torch.zeros(0, 2), torch.zeros(0).long())),
+    (lambda t: evaluation.evaluate(torch.nn.Linear(2, 2), TensorDataset(torch.zeros(0, 2), torch.zeros(0).long())),
      ValueError, "the evaluation set is empty"),
     (lambda t: training.train(TrainConfig(**TINY, aug=None, output=str(t / "run"), progress="none"),
                               datasets=(TensorDataset(torch.zeros(8, 3, 8, 8), torch.zeros(8).long()),

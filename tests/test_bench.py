@@ -1,4 +1,4 @@
-"""Tests of convit_edu.bench: the official GPSA form (timm's computation), interleaving and medians (with fake
+"""Tests of convit_edu.benchmark_suite: the official GPSA form (timm's computation), interleaving and medians (with fake
 timers), activation memory, tables, JSON, the benchmark functions on tiny sizes and the H100 estimate. No timing
 is asserted."""
 
@@ -10,12 +10,12 @@ import pytest
 import torch
 from gpsa_checks import grads, perturb, rel_err
 
-from convit_edu import bench
-from convit_edu.bench import (H100_BF16_DENSE_FLOPS, BenchSizes, compiled_throughput, h100_estimate,
-                              peak_matmul_flops, run_benchmarks, training_flops_per_image)
-from convit_edu.gpsa import GPSA, GPSAReference
-from convit_edu.throughput import (GPSAOfficialForm, format_table, gpsa_layer_bench, interleaved_times, median,
+from convit_edu import benchmark_suite as bench
+from convit_edu.benchmark_suite import (BenchSizes, H100_BF16_DENSE_FLOPS, compiled_throughput, h100_estimate,
+                                        peak_matmul_flops, run_benchmarks, training_flops_per_image)
+from convit_edu.benchmarks import (GPSAOfficialForm, format_table, gpsa_layer_bench, interleaved_times, median,
                                    model_throughput, resolution_sweep, saved_activation_bytes, spread)
+from convit_edu.gpsa import GPSA, GPSAReference
 from convit_edu.zoo import count_macs, model_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -207,7 +207,7 @@ def test_run_benchmarks_prints_tables_and_writes_json(tmp_path):
 
 
 def test_pipeline_bench_compares_float_and_uint8_loaders_and_the_model_with_train(tmp_path):
-    from convit_edu.bench import pipeline_bench
+    from convit_edu.benchmark_suite import pipeline_bench
     from convit_edu.config import TrainConfig
 
     cfg = TrainConfig(model="deit_tiny", model_args={"patch_size": 4, "embed_dim": 16, "num_heads": 2, "depth": 1},

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from convit_edu.checkpoints import read_checkpoint
 from convit_edu.cli import build_parser, main
 from convit_edu.config import RECIPES, RUN_OWNED, TrainConfig, config_from_words
+from convit_edu.distributed import SBATCH_SCRIPT
+from convit_edu.experiment_design import sample_efficiency_scale, train_command
 from convit_edu.experiments import run_config
-from convit_edu.grids import sample_efficiency_scale, train_command
-from convit_edu.launch import SBATCH_SCRIPT
-from convit_edu.optimisation import read_checkpoint
 from convit_edu.zoo import list_models
 
 ROOT = Path(__file__).resolve().parents[1]

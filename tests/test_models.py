@@ -9,10 +9,10 @@ from torch.optim.swa_utils import AveragedModel
 from torch.utils.flop_counter import FlopCounterMode
 
 from convit_edu import gpsa
+from convit_edu.checkpoints import guess_architecture, load_weights, read_state_dict
 from convit_edu.conv_init import head_centres, v_pos
 from convit_edu.layers import Block, DropPath, resize_pos_embed
 from convit_edu.models import ForwardRecord, ModelConfig, VisionTransformer
-from convit_edu.pretrained import guess_architecture, load_checkpoint, read_state_dict
 from convit_edu.zoo import MODEL_ZOO, count_macs, count_params, create_model, list_models, mask_at_test_time
 
 timm = pytest.importorskip("timm")
@@ -205,7 +205,7 @@ def test_flop_counter_sees_the_linear_layers_but_not_fused_attention():
 @pytest.mark.parametrize("name", ["convit_tiny", "deit_tiny", "convit_small"])
 def test_timm_weights_give_timm_logits(name):
     reference, state_dict = timm_weights(TIMM_NAMES[name])
-    ours = load_checkpoint(create_model(name), state_dict).eval()
+    ours = load_weights(create_model(name), state_dict).eval()
     x = images(224, 224, batch=2 if name.endswith("tiny") else 1)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), reference(x), atol=1e-5, rtol=0)
@@ -213,7 +213,7 @@ def test_timm_weights_give_timm_logits(name):
 
 def test_timm_distilled_deit_gives_timm_logits_and_trains_with_two_heads():
     reference, state_dict = timm_weights("deit_tiny_distilled_patch16_224")
-    ours = load_checkpoint(create_model("deit_tiny", distilled=True), state_dict)
+    ours = load_weights(create_model("deit_tiny", distilled=True), state_dict)
     x = images(224, 224, batch=2)
     with torch.no_grad():
         torch.testing.assert_close(ours.eval()(x), reference(x), atol=1e-5, rtol=0)
@@ -231,7 +231,7 @@ def test_read_state_dict_unwraps_training_checkpoints_ddp_and_ema_weights(tmp_pa
     for source in sources:
         weights = read_state_dict(source)
         assert list(weights) == list(own) and all(torch.equal(weights[k], own[k]) for k in own)
-    fresh = load_checkpoint(seeded("convit_tiny", seed=1, img_size=32, num_classes=10), ema)
+    fresh = load_weights(seeded("convit_tiny", seed=1, img_size=32, num_classes=10), ema)
     assert torch.equal(fresh.blocks[0].attn.qk.weight, model.blocks[0].attn.qk.weight)
 
 
@@ -239,7 +239,7 @@ def test_official_checkpoint_files_load_wrapped_and_prefixed(tmp_path):
     reference, state_dict = timm_weights("convit_tiny")
     path = tmp_path / "convit_tiny.pth"
     torch.save({"model": {f"module.{k}": v for k, v in state_dict.items()}, "epoch": torch.tensor(299)}, path)
-    ours = load_checkpoint(create_model("convit_tiny"), path).eval()
+    ours = load_weights(create_model("convit_tiny"), path).eval()
     x = images(224, 224)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), reference(x), atol=1e-5, rtol=0)
@@ -248,7 +248,7 @@ def test_official_checkpoint_files_load_wrapped_and_prefixed(tmp_path):
 def test_checkpoint_of_another_architecture_names_key_shapes_and_model():
     _, state_dict = timm_weights("convit_small")
     with pytest.raises(ValueError) as error:
-        load_checkpoint(create_model("convit_tiny"), state_dict)
+        load_weights(create_model("convit_tiny"), state_dict)
     message = str(error.value)
     assert "'blocks.0.attn.qk.weight': checkpoint shape (864, 432), model shape (384, 192)" in message
     assert "looks like: convit_small (embed_dim 432, depth 12, 10 GPSA layers, num_heads 9" in message
@@ -258,22 +258,22 @@ def test_checkpoint_of_another_architecture_names_key_shapes_and_model():
 def test_deit_checkpoint_into_a_convit_reports_missing_and_unexpected_keys():
     _, state_dict = timm_weights("deit_tiny_patch16_224")
     with pytest.raises(ValueError, match=r"(?s)key 'pos_embed'.*missing from the checkpoint.*looks like: deit_tiny"):
-        load_checkpoint(create_model("convit_tiny"), state_dict)
+        load_weights(create_model("convit_tiny"), state_dict)
 
 
 def test_a_non_vit_checkpoint_says_so():
     resnet = {"conv1.weight": torch.zeros(64, 3, 7, 7), "fc.weight": torch.zeros(1000, 2048)}
     with pytest.raises(ValueError, match="looks like: not a ConViT/DeiT"):
-        load_checkpoint(create_model("deit_tiny"), resnet)
+        load_weights(create_model("deit_tiny"), resnet)
 
 
 def test_other_number_of_classes_needs_ignore_head():
     _, state_dict = timm_weights("convit_tiny")
     with pytest.raises(ValueError, match="(?s)key 'head.weight'.*ignore_head=True"):
-        load_checkpoint(create_model("convit_tiny", num_classes=100), state_dict)
+        load_weights(create_model("convit_tiny", num_classes=100), state_dict)
     model = seeded("convit_tiny", num_classes=100)
     head = model.head.weight.clone()
-    load_checkpoint(model, state_dict, ignore_head=True)
+    load_weights(model, state_dict, ignore_head=True)
     assert torch.equal(model.head.weight, head)
     assert torch.equal(model.blocks[3].attn.qk.weight, state_dict["blocks.3.attn.qk.weight"])
 
@@ -281,8 +281,8 @@ def test_other_number_of_classes_needs_ignore_head():
 @pytest.mark.parametrize("name", ["convit_tiny", "deit_tiny"])
 def test_checkpoint_at_another_resolution_has_its_pos_embed_interpolated(name):
     _, state_dict = timm_weights(TIMM_NAMES[name])
-    native = load_checkpoint(create_model(name), state_dict).eval()
-    at_256 = load_checkpoint(create_model(name, img_size=256), state_dict).eval()
+    native = load_weights(create_model(name), state_dict).eval()
+    at_256 = load_weights(create_model(name, img_size=256), state_dict).eval()
     prefix = 1 if name.startswith("deit") else 0
     assert at_256.pos_embed.shape == (1, prefix + 16 * 16, 192)
     assert torch.equal(at_256.pos_embed[:, :prefix], state_dict["pos_embed"][:, :prefix])  # class slot untouched

@@ -131,13 +131,46 @@ def test_the_package_import_graph_is_one_way():
 
     for name in sorted(graph):
         visit(name)
-    assert graph["training"] >= {"config", "runtime", "optimisation", "loaders"}  # the graph was read at all
+    assert graph["training"] >= {"config", "distributed", "optimisation", "loaders"}  # the graph was read at all
 
 
 def test_a_cycle_in_the_import_graph_would_be_caught(monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "package_imports", lambda: {"a": {"b"}, "b": {"a"}})
     with pytest.raises(AssertionError, match="circular imports: a -> b -> a"):
         test_the_package_import_graph_is_one_way()
+
+
+def chapter_imports() -> list[tuple[str, int, str, int]]:
+    """(chapter, its number, a convit_edu module it imports, the number of the chapter exporting that module),
+    from each chapter's `#| default_exp` line and its imports (`from convit_edu.X import`, `import convit_edu.X`,
+    `from convit_edu import X`)."""
+    chapters = sorted((ROOT / "nbs").glob("[0-9][0-9]_*.py"))
+    owner = {m.group(1): int(p.name[:2]) for p in chapters
+             if (m := re.search(r"^#\| default_exp (\w+)", p.read_text(), re.M))}
+    found = []
+    for p in chapters:
+        text = p.read_text()
+        used = set(re.findall(r"^\s*(?:from|import) convit_edu\.(\w+)", text, re.M))
+        used |= {name.split(" as ")[0].strip() for names in re.findall(r"^\s*from convit_edu import ([\w ,]+)", text, re.M)
+                 for name in names.split(",")}
+        found += [(p.stem, int(p.name[:2]), module, owner[module]) for module in sorted(used) if module in owner]
+    return found
+
+
+def test_chapters_are_in_dependency_order():
+    """No chapter (the map, 00, aside) imports a module that a later chapter exports: a reader going front to
+    back never meets a tool before the chapter that builds it."""
+    found = chapter_imports()
+    later = [f"{stem} imports {module} (chapter {n:02d})" for stem, number, module, n in found if 0 < number < n]
+    assert not later, "chapters out of dependency order: " + "; ".join(later)
+    assert ("21_training", 21, "optimisation", 17) in found  # the imports were read at all
+
+
+def test_a_chapter_that_imports_a_later_module_would_be_caught(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "chapter_imports", lambda: [
+        ("21_training", 21, "optimisation", 17), ("09_fit", 9, "training", 21)])
+    with pytest.raises(AssertionError, match=r"09_fit imports training \(chapter 21\)"):
+        test_chapters_are_in_dependency_order()
 
 
 def cross_module_imports() -> list[tuple[str, str, str]]:
@@ -168,12 +201,12 @@ def test_no_private_name_crosses_a_module_and_every_imported_name_is_public():
     assert not private, f"private names cross a module: {', '.join(private)}"
     unlisted = [f"{a} imports {b}.{name}" for a, b, name in imports if name not in public_names(b)]
     assert not unlisted, f"imported but not in the module's __all__: {', '.join(unlisted)}"
-    assert ("training", "runtime", "World") in imports  # the imports were read at all
+    assert ("training", "distributed", "World") in imports  # the imports were read at all
 
 
 @pytest.mark.parametrize("planted, match", [
-    (("training", "runtime", "_World"), "private names cross a module: training imports runtime._World"),
-    (("training", "runtime", "sys"), "not in the module's __all__: training imports runtime.sys"),
+    (("training", "distributed", "_World"), "private names cross a module: training imports distributed._World"),
+    (("training", "distributed", "sys"), "not in the module's __all__: training imports distributed.sys"),
 ])
 def test_a_private_or_unlisted_import_would_be_caught(monkeypatch, planted, match):
     monkeypatch.setattr(sys.modules[__name__], "cross_module_imports", lambda: [planted])

@@ -23,10 +23,11 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 from training_checks import StopAt, assert_same_weights
 
-from convit_edu import optimisation, runtime, training
+from convit_edu import checkpoints, devices, distributed, evaluation, optimisation, training
+from convit_edu.callbacks import Callback
+from convit_edu.gpsa import gate_means
+from convit_edu.checkpoints import read_checkpoint, save_checkpoint
 from convit_edu.config import RECIPES, TrainConfig, per_device_batch, recipe
-from convit_edu.optimisation import read_checkpoint, save_checkpoint
-from convit_edu.runtime import Callback, gate_means
 from convit_edu.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -290,7 +291,7 @@ def test_best_pt_keeps_the_best_epoch_after_a_stop_at_an_epoch_end_and_a_resume(
 def test_a_kill_while_best_pt_is_written_leaves_best_and_last_in_agreement(tmp_path, monkeypatch):
     cfg = config(tmp_path, epochs=2, ema_decay=None)
     monkeypatch.setattr(training, "evaluate", scripted(10.0, 60.0))
-    real_save = optimisation.save_checkpoint
+    real_save = checkpoints.save_checkpoint
 
     def killed_on_the_second_best(checkpoint, path):
         if Path(path).name == "best.pt" and checkpoint["epoch"] == 2:
@@ -364,7 +365,7 @@ def test_bad_settings_fail_early_naming_the_value(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="fewer than one optimiser step of batch 128"):
         train(config(tmp_path, batch_size=128), model=make_model(), datasets=make_data())
     with pytest.raises(ValueError, match="4 processes but the training set has only 3 samples"):
-        monkeypatch.setattr(training, "init_world", lambda device: runtime.World(0, 4, torch.device("cpu"), False))
+        monkeypatch.setattr(training, "init_world", lambda device: distributed.World(0, 4, torch.device("cpu"), False))
         train(config(tmp_path), model=make_model(), datasets=make_data(n_train=3))
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -553,7 +554,7 @@ def test_resume_auto_that_only_some_processes_can_see_is_an_error_on_every_proce
       "SLURM_LOCALID": "0"}, (0, 2, 0, "torchrun")),  # srun torchrun: torchrun's world
 ])
 def test_the_world_comes_from_torchrun_or_srun(env, world):
-    assert runtime._world_from_env(env) == world
+    assert distributed._world_from_env(env) == world
 
 
 @pytest.mark.parametrize("env, match", [
@@ -564,7 +565,7 @@ def test_the_world_comes_from_torchrun_or_srun(env, world):
 ])
 def test_an_inconsistent_world_is_a_clear_error(env, match):
     with pytest.raises(ValueError, match=match):
-        runtime._world_from_env(env)
+        distributed._world_from_env(env)
 
 
 def test_each_process_takes_gpu_local_rank_mod_visible_gpus_and_a_process_group_with_a_timeout(monkeypatch):
@@ -576,10 +577,10 @@ def test_each_process_takes_gpu_local_rank_mod_visible_gpus_and_a_process_group_
     monkeypatch.setattr(training.dist, "init_process_group", lambda backend, **kw: calls.update(backend=backend, **kw))
     for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3"}.items():
         monkeypatch.setenv(name, value)
-    world = runtime.init_world("cuda")
+    world = distributed.init_world("cuda")
     assert world.device == torch.device("cuda:1") == calls["device"]
     assert (calls["backend"], calls["rank"], calls["world_size"]) == ("nccl", 3, 4)
-    assert calls["timeout"] == runtime.PROCESS_GROUP_TIMEOUT
+    assert calls["timeout"] == distributed.PROCESS_GROUP_TIMEOUT
 
 
 def test_checkpoints_hold_no_cuda_generator_states(tmp_path):
@@ -670,22 +671,22 @@ def test_auto_precision_on_a_cpu_is_bf16_only_where_the_cpu_has_native_bf16(monk
     amx = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_bf16\n"
     avx2 = "processor\t: 0\nflags\t\t: fpu sse avx2 fma\n"
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    assert runtime.cpu_has_native_bf16(amx) and not runtime.cpu_has_native_bf16(avx2)
+    assert devices.cpu_has_native_bf16(amx) and not devices.cpu_has_native_bf16(avx2)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # ATen pinned below AVX-512
-    assert not runtime.cpu_has_native_bf16(amx)
+    assert not devices.cpu_has_native_bf16(amx)
     for native, expected in ((True, "bf16"), (False, "fp32")):
-        monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: native)
-        assert runtime.resolve_precision("auto", "cpu") == expected
-        assert runtime.resolve_precision("fp32", "cpu") == "fp32"
+        monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: native)
+        assert devices.resolve_precision("auto", "cpu") == expected
+        assert devices.resolve_precision("fp32", "cpu") == "fp32"
 
 
 def test_auto_device_is_cuda_then_mps_then_cpu(monkeypatch):
     for cuda, mps, expected in ((True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
         monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
-        assert runtime.resolve_device("auto").type == expected
+        assert devices.resolve_device("auto").type == expected
     with pytest.raises(ValueError, match="CUDA is not available"):
-        runtime.resolve_device("cuda")
+        devices.resolve_device("cuda")
 
 
 def test_adamw_is_fused_on_a_gpu_and_the_model_and_its_ema_are_scored_in_one_pass(tmp_path, monkeypatch):
@@ -694,7 +695,7 @@ def test_adamw_is_fused_on_a_gpu_and_the_model_and_its_ema_are_scored_in_one_pas
     assert optimisation.build_optimizer(cfg, model, 8, 12, torch.device("cuda"))[0].defaults["fused"]
     assert not optimisation.build_optimizer(cfg, model, 8, 12, torch.device("cpu"))[0].defaults["fused"]
     passes = []
-    real = runtime.evaluate
+    real = evaluation.evaluate
     monkeypatch.setattr(training, "evaluate", lambda models, *a, **kw: passes.append(list(models)) or real(
         models, *a, **kw))
     result = train(cfg, model=make_model(), datasets=make_data())
@@ -723,13 +724,13 @@ def test_the_ema_update_equals_averaged_models_own_without_reading_the_device():
 
 
 def test_the_runs_own_datasets_ship_uint8_and_a_uint8_batch_needs_its_finish(tmp_path):
-    from convit_edu.runtime import finish_batch
+    from convit_edu.evaluation import finish_batch
 
     cfg = TrainConfig(model="deit_tiny", img_size=16, model_args={"patch_size": 4, "embed_dim": 16, "num_heads": 2,
                                                                   "depth": 1}, data="fake",
                       data_args={"num_train": 16, "num_val": 8, "num_classes": 2, "image_size": 16}, epochs=1,
                       batch_size=8, num_workers=0, precision="fp32", progress="none", output=str(tmp_path))
-    trainer = training.Trainer(cfg, runtime.World(0, 1, torch.device("cpu"), False))
+    trainer = training.Trainer(cfg, distributed.World(0, 1, torch.device("cpu"), False))
     images, _ = next(iter(trainer.loaders.train))
     assert images.dtype == torch.uint8 and trainer.finish is not None
     assert finish_batch(images, trainer.finish, train=True).dtype == torch.float32
