@@ -210,8 +210,8 @@ ENGINEERING = [
     ("21_training", "the loop of chapter 09, hardened: `Trainer` and `train`"),
     ("22_training_checks", "exact resume, hooks, a NaN, two processes: checked"),
     ("23_benchmarks", "why GPSA is slow and how to make it fast"),
-    ("30_benchmark_suite", "compile, the machine's peak, the data, the benchmark suite"),
     ("28_experiments", "one command per grid; from logs to tables and figures"),
+    ("30_benchmark_suite", "compile, the machine's peak, the data, the benchmark suite"),
     ("31_cli", "convit-edu train / eval / bench / experiment"),
     ("32_clusters", "launching at every scale: torchrun, many nodes, SLURM"),
 ]
@@ -222,7 +222,7 @@ for track, chapters in (("core path", CORE), ("engineering track", ENGINEERING))
     for stem, topic in chapters:
         exported = re.search(r"^#\| default_exp (\w+)", Path(f"{stem}.py").read_text(), re.M)
         module = f"convit_edu/{exported.group(1)}.py" if exported else "(no module)"
-        print(f"  {stem:<28} {module:<29} {topic}")
+        print(f"  {stem:<28} {module:<32} {topic}")
 
 # %% [markdown]
 # ## How to run the notebooks

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Training, part 1: a run is a config
+# # A run is a config
 #
 # The ConViT is trained with DeiT's recipe, unchanged (§4 of the paper): AdamW, a learning rate scaled with
 # the batch, a warm-up and a cosine decay, stochastic depth, Mixup/CutMix with label smoothing, and optionally

@@ -14,12 +14,12 @@
 # ---
 
 # %% [markdown]
-# # Training, part 2: the schedule, the loss, randomness and checkpoints
+# # The optimiser, the schedule, the loss and per-step randomness
 #
 # The pieces of a training step that decide *what* is learned: the optimiser and its learning-rate schedule,
 # the loss with hard distillation, the EMA of the weights, random draws that depend only on the step (so that a
-# resumed run draws the same), and checkpoints that are written atomically, hold everything a run needs to
-# continue, and are refused when they belong to another run.
+# resumed run draws the same), and the check that a checkpoint (chapter 10 writes and reads them) belongs to
+# the run that resumes from it.
 
 # %% tags=["parameters"]
 import os
@@ -29,7 +29,7 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # %%
 #| default_exp optimisation
 # The optimiser and learning-rate schedule, the training loss and its teacher, the EMA of the weights, per-step
-# randomness, and atomic checkpoints with the check that a resume continues the same run.
+# randomness, and the check that a resume continues the same run.
 
 # %%
 #| export

@@ -14,9 +14,9 @@
 # ---
 
 # %% [markdown]
-# # Training, part 4: the loop, hardened
+# # The training loop, hardened: `Trainer` and `train`
 #
-# The first training loop anyone writes is a dozen lines:
+# The first training loop anyone writes is a dozen lines — chapter 09's `fit`, in short:
 #
 # ```python
 # for epoch in range(epochs):

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Training, part 5: the loop, checked
+# # The training loop, checked
 #
 # What chapters 10-21 promised, checked by running it: a run stopped anywhere and resumed ends with
 # bit-identical weights; a hook sees every step; a NaN stops the run and says where; and two processes

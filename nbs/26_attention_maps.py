@@ -43,9 +43,10 @@ from convit_edu.augment import build_transforms
 from convit_edu.checks import expect_error
 from convit_edu.config import TrainConfig
 from convit_edu.datasets import build_datasets, first_classes
+from convit_edu.evaluation import evaluate, format_masking, masking_table
 from convit_edu.locality import (gates, model_nonlocality, nonlocality, plot_gate_history, plot_gates,
                                  plot_nonlocality_history, read_locality)
-from convit_edu.zoo import create_model
+from convit_edu.zoo import create_model, mask_at_test_time
 
 torch.set_printoptions(precision=4, sci_mode=False)
 _ = torch.manual_seed(0)
