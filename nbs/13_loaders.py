@@ -664,7 +664,7 @@ def plot_loader_benchmarks(results: dict[str, LoaderBenchmark]) -> Figure:
 
 # %% [markdown]
 # The benchmark on this machine (its numbers change from run to run, and with the CPU; the committed ones come
-# from an AMD EPYC, Zen 3 with AVX2, 2 cores, with nothing else running). Decoding a 64×64 JPEG
+# from an Intel Xeon (model 207, AVX-512 without AVX-512 BF16 or AMX, 2 cores), with nothing else running). Decoding a 64×64 JPEG
 # is cheap; the augmentations at 224 px dominate — RandomResizedCrop's bicubic upsampling and RandAugment —
 # so `num_workers` should be as large as the CPU cores allow (DeiT used 10 per GPU). At 32 px the same
 # pipeline is an order of magnitude faster.

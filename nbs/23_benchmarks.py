@@ -86,8 +86,9 @@ torch.set_num_threads(1)  # see "Measuring honestly" below
 # So every measurement here uses `torch.set_num_threads(1)`, including the peak matmul that the achieved
 # fraction is taken against, and the JSON output records the thread count.
 #
-# The committed outputs of this chapter come from an AMD EPYC (Zen 3, AVX2 without AVX-512, 2 cores), one thread,
-# with nothing else running; chapter 30's findings set them beside other runs.
+# The committed outputs of this chapter come from an Intel Xeon (model 207, AVX-512 without AVX-512 BF16 or AMX, 2 cores),
+# one thread, with nothing else running; chapter 30's findings set them beside other runs, on this CPU and on
+# the AMD EPYC (Zen 3, AVX2 without AVX-512) of earlier runs.
 
 # %%
 #| export
@@ -307,8 +308,9 @@ for i in (0, 4):
 
 # %% [markdown]
 # The time is printed, not asserted: it is this machine's, and it is noisy. Three things explain why the
-# margin over the official form is modest here, and smaller still over the reference, which already
-# computes P once per forward:
+# margin over the official form is modest here, and why over the reference, which already computes P once per
+# forward, it is small or none (on the CPU of the committed run the fast layer is slower than the reference
+# at Ti size):
 #
 # * **The shared work dominates.** The MHSA row — the linear maps and SDPA that every form shares — bounds
 #   what *any* GPSA built on SDPA could gain at this size on this machine (the last line of each size). The
@@ -501,8 +503,8 @@ print(f"ConViT-Ti trains at {throughput[0]['vs_last']:.2f}x DeiT-Ti's images/s (
 # %% [markdown]
 # ### bf16 autocast on this CPU
 #
-# On GPUs bf16 roughly doubles matmul throughput. This CPU (AVX2, no AVX-512 BF16 or AMX instructions) has
-# no bf16 arithmetic: every bf16 matmul is converted and run on slow fallback kernels. So the comparison is
+# On GPUs bf16 roughly doubles matmul throughput. This CPU (AVX-512, but no AVX-512 BF16 or AMX instructions)
+# has no bf16 arithmetic: every bf16 matmul is converted and run on slow fallback kernels. So the comparison is
 # kept tiny (64 px images, 16 tokens, batch 2, one timed step): its point is the ratio, not the rate. (The
 # bf16 matmul rate itself is measured beside the fp32 peak below.)
 

@@ -438,58 +438,50 @@ for label, value, target in targets:
     print(f"{label:<46}{value:>7.3f}   target {target}   {'met' if met else 'MISSED'}")
 
 # %% [markdown]
-# **Findings.** Timings on this 2-core AVX2 CPU (one thread) move by tens of percent between runs, so each
-# finding gives the value of the suite run shown above and, in brackets, today's two other full runs (chapter
-# 27's, and an earlier run of this chapter), then the range over the runs made while this chapter was first
-# written. All three of today's runs were made on an AMD EPYC (Zen 3, AVX2 without AVX-512) with nothing else
-# running.
+# **Findings.** Timings on these 2-core CPUs (one thread) move by tens of percent between runs, and more between
+# CPUs. Each finding gives the value of the suite run shown above, made on an Intel Xeon (model 207, AVX-512
+# without AVX-512 BF16 or AMX, 2 cores) with nothing else running, then, in brackets, chapter 23's run on the
+# same machine and the range of the earlier runs on an AMD EPYC (Zen 3, AVX2 without AVX-512), on which this
+# chapter was first written.
 #
-# - *Activation memory*: **met**, and deterministic. The fast layer saves 0.47× the reference's activations
-#   at ConViT-Ti and ConViT-S sizes (B = 32, 224 px), and 0.34× the official form's at Ti size; its share
-#   falls with resolution: 0.89× the reference's at L = 64, 0.24× at L = 576 (B = 8), because the
-#   reference's saved tensors grow as B·H·L² and the fast layer's as B·L·D plus one shared H·L².
-# - *Layer speed* (target: forward+backward ≥ 2× the official/timm form): **met at ConViT-S size, missed at
-#   ConViT-Ti size in this run**: 2.28× at S size [2.51×, 2.45×; 2.19–2.39×], 1.90× at Ti size [2.11×, 1.74×;
-#   1.47–2.10×] — the Ti-size target lies inside this machine's run-to-run noise, and the official form itself
-#   is bounded: no layer built on SDPA can beat it by more than the official/MHSA ratio, 2.37× at Ti size in
-#   this run. Over our reference, which already computes P once per forward, the gain is smaller: 1.26× at Ti
-#   size [1.08×, 1.15×; 1.01–1.44×], 1.61× at S size [1.77×, 1.84×; 1.15–1.79×]. The gain needs many numbers
-#   per attention map: at small B·L the forms are even, at L = 576 the fast layer is 4.3× faster than the
-#   official form [4.2×, 4.1×; 3.9–4.5×] and 2.7× than the reference [2.7×, 2.9×; 1.4–2.9×]. What limits it
-#   *here* is visible in the profile: PyTorch's CPU flash-attention kernel is no faster than the explicit
-#   matmuls it replaces (it saves memory, not arithmetic), so the only gain is the materialising forms'
-#   elementwise passes over B·H·L² numbers (and the page faults of their fresh B·H·L² buffers, chapter 23),
-#   while the fast form adds a P @ V matmul (plus two in the backward). The `mhsa` row is the floor, a plain
-#   attention layer of the same size: the fast GPSA layer costs 1.25× of it [1.23×, 1.20×; 1.16–1.37×]. On a
-#   GPU, where fused attention is much faster than materialised attention, the same reformulation should gain
-#   more; no GPU was available to measure it.
-# - *Model throughput* (target ≥ 0.90×): **at the edge** — ConViT-Ti trained at 0.91× DeiT-Ti's images/s in
-#   this run, met, but 0.84× and 0.897× in today's other two [earlier 0.80–0.92×], where timm's ConViT runs at
-#   0.42–0.57× its DeiT; the arithmetic bound set by the P @ V work is 0.95×. The rest of the gap is the GPSA
-#   layers' elementwise work (the gate's lerp and its backward, the (H, L, B·d) layout copies) and a less
-#   efficient SDPA at head_dim 48 than DeiT's 64. ConViT-S is wider than DeiT-S (432 vs 384), so its bound is
-#   0.80×; it measured 0.73× [0.69×, 0.72×; 0.63–0.75×].
-# - *Data pipeline* (target: end to end ≥ 0.90× model only, for the Tiny ImageNet configuration chapter 29's
-#   grid trains): **missed in this run**, 0.86× [1.00× in today's other run; 0.93–1.00× earlier] — `train` ran
-#   113 images/s over an epoch of real 64-px JPEG batches against 132 for the model's step alone on random
-#   tensors, with one thread and one loader worker, which shares the two cores with the training thread: the
-#   worker keeps up in some runs and not in others. Shipping uint8 instead of float32 cuts a 64-px image from
-#   49 152 to 12 288 bytes (a 224-px one from 602 KB to 150 KB), and a worker made 1 050 instead of 768
-#   images/s [833 vs 602; 1 165 vs 865] without the per-image conversion and normalisation, which now run once
-#   per batch on the device.
-# - *bf16 autocast* is slower than fp32 here: 0.24× (ConViT-Ti) and 0.20× (DeiT-Ti) the fp32 rate at 64 px
-#   [0.21× and 0.21× in chapter 23; 0.17–0.27×], where the models are so small that much of a step is not
-#   matmul; a 512×512 bf16 matmul ran 59× slower than in fp32 [59×; 57–120×]. This CPU has no bf16 arithmetic
-#   (no AVX-512 BF16, no AMX), so bf16 is a GPU optimisation here, and `--precision auto` picks fp32 on it; on a
-#   CPU whose flags show AVX-512 BF16 or AMX (chapter 15's `cpu_has_native_bf16`) it picks bf16, measured there
-#   at about 2× fp32 on a ConViT-Ti training step (the issue's measurement on such a machine; not repeated here).
+# - *Activation memory*: **met**, and deterministic (the same on both CPUs). The fast layer saves 0.47× the
+#   reference's activations at ConViT-Ti and ConViT-S sizes (B = 32, 224 px), and 0.34× the official form's at
+#   Ti size; its share falls with resolution, from 0.89× the reference's at L = 64 to 0.31× at L = 400 (0.24×
+#   at L = 576 in chapter 23), because the reference's saved tensors grow as B·H·L² and the fast layer's as
+#   B·L·D plus one shared H·L².
+# - *Layer speed* (target: forward+backward ≥ 2× the official/timm form): **missed at both sizes on this CPU**:
+#   1.53× at Ti size and 1.85× at S size [1.42× and 1.84×; AMD EPYC 1.47–2.11× and 2.19–2.51×]. Over our
+#   reference, which already computes P once per forward, the fast layer is *slower* at Ti size here (0.74×)
+#   and 1.18× faster at S size [0.80× and 1.19×; AMD EPYC 1.01–1.44× and 1.15–1.84×]; in the resolution
+#   sweep it loses to the reference up to L = 400 and wins only at L = 576 (1.44× in chapter 23). The `mhsa`
+#   row, the floor, shows where the time goes: the fast GPSA layer costs 2.69× an MHSA layer of the same size
+#   here [2.63×; AMD EPYC 1.16–1.37×]. On this AVX-512 CPU the explicit matmuls of the reference run relatively
+#   faster than PyTorch's CPU flash-attention kernel, which the fast form relies on; why exactly is not measured
+#   here. On a GPU, where fused attention is much faster than materialised attention, the reformulation should
+#   gain more; no GPU was available to measure it.
+# - *Model throughput* (target ≥ 0.90×): **missed, far, on this CPU** — ConViT-Ti trained at 0.58× DeiT-Ti's
+#   images/s [0.59×; AMD EPYC 0.80–0.92×], about timm's ConViT (0.42–0.57× its DeiT), although the arithmetic
+#   bound set by the P @ V work is 0.95×: the GPSA layers' cost relative to MHSA above is the gap. The target was
+#   met at the edge on the AMD EPYC, so it depends on the CPU, and the performance work is not done for AVX-512
+#   CPUs. ConViT-S is wider than DeiT-S (432 vs 384), so its bound is 0.80×; it measured 0.58× in chapter 23.
+# - *Data pipeline* (target: end to end ≥ 0.90× model only, for the Tiny ImageNet configuration chapter 28's
+#   grid trains): **met in this run**, 0.92× [AMD EPYC 0.86–1.00×] — `train` ran 220 images/s over an epoch of
+#   real 64-px JPEG batches against 240 for the model's step alone on random tensors, with one thread and one
+#   loader worker sharing the two cores with the training thread, and the steps waited for data 3 % of the
+#   epoch. Shipping uint8 instead of float32 cuts a 64-px image from 49 152 to 12 288 bytes (a 224-px one from
+#   602 KB to 150 KB), and a worker made 1 762 instead of 1 258 images/s without the per-image conversion and
+#   normalisation, which run once per batch on the device.
+# - *bf16 autocast* is slower than fp32 here: 0.50× the fp32 rate for both ConViT-Ti and DeiT-Ti at 64 px (in
+#   chapter 23) [AMD EPYC 0.17–0.27×], and a 512×512 bf16 matmul ran 5× slower than in fp32 [AMD EPYC 57–120×]:
+#   AVX-512 makes the emulation far less costly than on an AVX2-only CPU, but this CPU has no bf16 arithmetic (no
+#   AVX-512 BF16, no AMX), so `--precision auto` picks fp32 on it; on a CPU whose flags show AVX-512 BF16 or AMX
+#   (chapter 15's `cpu_has_native_bf16`) it picks bf16, measured there at about 2× fp32 on a ConViT-Ti training
+#   step (the issue's measurement on such a machine; not repeated here).
 # - *`torch.compile`* could **not** be measured: Inductor's C++ compilation of a ConViT-Ti training step did
-#   not finish within the 60 s limit in either of today's runs of this chapter (nor within 5 minutes in a
-#   separate trial when the chapter was written). One earlier run failed instead with "file too short": a killed
-#   compile had left a truncated library in the shared Inductor cache, which is why each compile child now gets
-#   a cache of its own.
-# - *Fraction of peak*: whole-model fp32 training at 224 px reached 0.78–0.91 of this run's single-thread
-#   large-matmul rate in the suite, and 0.69 (ConViT-Ti) and 0.82 (DeiT-Ti) in this chapter's own measurement
-#   above [0.56–0.69 in today's other run; 0.53–0.90 earlier], DeiT more than ConViT. The H100 column is an
-#   **estimate**, not a measurement (40 % of 989 TFLOP/s dense bf16, H100 SXM): about 5.2×10⁴ training images/s
-#   for ConViT-Ti and DeiT-Ti at 224 px, 1.1×10⁴ for ConViT-S. No GPU was available for this chapter.
+#   not finish within the 60 s limit (nor within 5 minutes in a separate trial when the chapter was written).
+#   Each compile child gets an Inductor cache of its own, since a killed compile once left a truncated library
+#   in the shared cache.
+# - *Fraction of peak*: whole-model fp32 training at 224 px reached 0.36 (ConViT-Ti) and 0.62 (DeiT-Ti) of this
+#   run's single-thread large-matmul rate (159 GFLOP/s) [AMD EPYC 0.53–0.91], DeiT more than ConViT. The H100
+#   column is an **estimate**, not a measurement (40 % of 989 TFLOP/s dense bf16, H100 SXM): about 5.2×10⁴
+#   training images/s for ConViT-Ti and DeiT-Ti at 224 px. No GPU was available for this chapter.
