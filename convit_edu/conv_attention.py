@@ -18,7 +18,7 @@ __all__ = ['ConvAsPSA']
 class ConvAsPSA(nn.Module):
     """A positional self-attention layer (Eq. 4-5, W_qry = W_key = 0) computing a given k×k convolution.
 
-    Cordonnier et al. (2019): one head per kernel tap, centred at that tap's offset; ``v`` copies the input
+    Cordonnier et al. (2020): one head per kernel tap, centred at that tap's offset; ``v`` copies the input
     channels into every head (D_h = C_in), ``proj`` holds the taps of ``conv.weight`` and ``conv.bias``. The
     output approaches ``conv(images)`` as ``locality_strength`` (α) grows (error ~ e^{−α}). For even k the
     query is the pixel ⌊(k − 1)/2⌋ from the window's top-left corner, so every centre is an integer offset.

@@ -19,7 +19,7 @@
 # Chapter 02 gave every (query, key) pair its relative position r_δ = (δx, δy, ‖δ‖²) and added a positional
 # score v_posᵀ r_δ to the content score (Eq. 4). This chapter chooses v_pos so that each head looks at one
 # offset of a convolution kernel (Eq. 5), and draws the attention maps of Fig. 3 on a real image. Chapter 04
-# then proves, by running it, the result the whole paper builds on (Cordonnier et al., 2019): a positional
+# then proves, by running it, the result the whole paper builds on (Cordonnier et al., 2020): a positional
 # self-attention layer with N_h = k² heads computes any k×k convolution — with as many output channels as a
 # head is wide (min(D_h, D_out)).
 

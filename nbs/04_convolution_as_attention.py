@@ -57,7 +57,7 @@ _ = torch.manual_seed(0)
 # %% [markdown]
 # ## Proof by execution: a PSA layer with k² heads *is* a k×k convolution
 #
-# Cordonnier et al. (2019, Theorem 1) prove that multi-head self-attention with N_h heads of width D_h, output
+# Cordonnier et al. (2020, Theorem 1) prove that multi-head self-attention with N_h heads of width D_h, output
 # width D_out and relative positional encodings (D_pos ≥ 3) can express any √N_h × √N_h convolution with
 # min(D_h, D_out) output channels. Every head must carry enough channels for the whole kernel tap it applies;
 # `ConvAsPSA` meets the condition by making each head as wide as the input (D_h = C_in, so the value
@@ -89,7 +89,7 @@ from convit_edu.positional import rel_indices
 class ConvAsPSA(nn.Module):
     """A positional self-attention layer (Eq. 4-5, W_qry = W_key = 0) computing a given k×k convolution.
 
-    Cordonnier et al. (2019): one head per kernel tap, centred at that tap's offset; ``v`` copies the input
+    Cordonnier et al. (2020): one head per kernel tap, centred at that tap's offset; ``v`` copies the input
     channels into every head (D_h = C_in), ``proj`` holds the taps of ``conv.weight`` and ``conv.bias``. The
     output approaches ``conv(images)`` as ``locality_strength`` (α) grows (error ~ e^{−α}). For even k the
     query is the pixel ⌊(k − 1)/2⌋ from the window's top-left corner, so every centre is an integer offset.

@@ -326,7 +326,7 @@ check_patches(grid, num_tokens)
 print(expect_error(lambda: check_patches((10, 6), 60), WrongAnswer))
 
 # %% [markdown]
-# **2. One DeiT-Ti block, parameter by parameter.** A block of DeiT-Ti: width D = 192, 4 heads, MLP ratio 4,
+# **2. One DeiT-Ti block, parameter by parameter.** A block of DeiT-Ti: width D = 192, 3 heads, MLP ratio 4,
 # `MHSA` with qkv bias. Count its parameters by hand — the two LayerNorms, the qkv and output projections, the
 # MLP's two linear maps — and set `block_params`.
 
@@ -342,7 +342,7 @@ print(f"block_params = {block_params:,}")
 
 # %%
 def check_block_params(answer: int) -> None:
-    want = sum(p.numel() for p in Block(192, 4, qkv_bias=True).parameters())
+    want = sum(p.numel() for p in Block(192, 3, qkv_bias=True).parameters())
     check_answer(answer == want, f"{'too many' if answer > want else 'too few'}: every linear map has a bias "
                  "(the qkv one too, in DeiT), and each LayerNorm has a weight and a bias of width D")
 

@@ -211,7 +211,8 @@ print(expect_error(lambda: ModelConfig(embed_dim=200, num_heads=3)))
 # (`patch_embed.proj`, `pos_embed`, `cls_token`, `blocks.i.{norm1, attn, norm2, mlp.fc1, mlp.fc2}`, `norm`,
 # `head`). Initialization is DeiT's (normal, std 0.02, zero biases), except for the positional layers, which
 # initialized themselves (chapter 05: the same normal init, then Eq. 5): Eq. 5 is applied once per layer, in
-# one place (the official ConViT applies it, overwrites it with the global init, and applies it again).
+# one place (the official `convit.py` applies `local_init` once per GPSA layer and afterwards re-initialises only
+# the head; it is timm's port that applies Eq. 5, overwrites it with the global init, and applies it again).
 # `forward_features` can also return a `ForwardRecord` of every block's attention and input, for chapters
 # 09-10; `distilled=True` adds DeiT's distillation token and head; `mask_pos_embed` drops the absolute
 # positional embedding at test time (SM F, Table 5).

@@ -16,7 +16,7 @@
 # %% [markdown]
 # # A run is a config
 #
-# The ConViT is trained with DeiT's recipe, unchanged (§4 of the paper): AdamW, a learning rate scaled with
+# The ConViT is trained with DeiT's recipe, unchanged (Sec. 3 of the paper): AdamW, a learning rate scaled with
 # the batch, a warm-up and a cosine decay, stochastic depth, Mixup/CutMix with label smoothing, and optionally
 # an EMA of the weights and hard distillation from a CNN teacher (SM B, Table 4). Chapters 16-21 write the loop
 # that does it, once, for every scale: one process on a CPU, one GPU, `torchrun` on one node, or many nodes

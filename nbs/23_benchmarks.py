@@ -69,7 +69,7 @@ torch.set_num_threads(1)  # see "Measuring honestly" below
 # nothing else is needed. The first term is exactly what a fused kernel computes. The second term's P does not
 # depend on the image: it is computed once per forward, (H, L, L), and applied to the whole batch as one
 # (H, L, L) @ (H, L, B·d) product. The result is mixed with `torch.lerp(content, position, σ)`. That is
-# `convit_edu.gpsa.GPSA` (chapter 05 checks it equals `GPSAReference` in fp64).
+# `convit_edu.gpsa.GPSA` (chapter 05 checks it equals `GPSAReference` in fp32, to a relative 1e-5).
 
 # %% [markdown]
 # ## Measuring honestly on a shared machine

@@ -85,9 +85,9 @@ size = dict(patch_size=8, embed_dim=96, num_heads=4, depth=6)
 deit_cfg = TrainConfig(model="deit_tiny", model_args=size, img_size=64, **data, classes=CLASSES,
                        fraction=0.1 if FAST else 0.5, epochs=2 if FAST else 4, batch_size=64,
                        lr=8e-3, warmup_epochs=1, precision="fp32", num_workers=2, seed=0,
-                       output=str(RUNS / "09_deit"))
+                       output=str(RUNS / "24_deit"))
 convit_cfg = replace(deit_cfg, model="convit_tiny", model_args={**size, "local_up_to_layer": 5},
-                     output=str(RUNS / "09_convit"))
+                     output=str(RUNS / "24_convit"))
 configs = {"DeiT": deit_cfg, "ConViT": convit_cfg}
 print("data:", data["data"], "| FAST:", FAST)
 print(convit_cfg)

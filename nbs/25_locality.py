@@ -423,10 +423,10 @@ data = first_classes("../../shared/data/tiny-imagenet-100.tar.gz", "../data/tiny
 size = dict(patch_size=8, embed_dim=48, num_heads=4, depth=6)
 base = TrainConfig(model="deit_tiny", model_args=size, img_size=64, **data, epochs=1,
                    fraction=0.02 if FAST else 1.0, batch_size=64, lr=8e-3, warmup_epochs=0.5, precision="fp32",
-                   num_workers=1, seed=0, progress="none", output="runs/09_deit")
+                   num_workers=1, seed=0, progress="none", output="runs/25_deit")
 configs = {"DeiT": base,
            "ConViT": replace(base, model="convit_tiny", model_args={**size, "local_up_to_layer": 4},
-                             output="runs/09_convit")}
+                             output="runs/25_convit")}
 _, val_tf = build_transforms(base.aug_config())
 _, val_set, classes = build_datasets(base.data, base.data_root, val_transform=val_tf, max_classes=None,
                                      download=False, **base.data_args)

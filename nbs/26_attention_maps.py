@@ -293,7 +293,8 @@ assert all(layer.gate_override is None for layer in model.local_layers) and not 
 # paper's and the sizes are not:
 #
 # * **Nonlocality (Fig. 5).** Every DeiT layer ends below the uniform value (4.14 patches on an 8 × 8 grid),
-#   by 0.03 to 0.19 patch in both seeds: plain SA layers drift towards locality, as in the paper. The
+#   by 0.03 to 0.19 patch in both seeds: plain SA layers drift towards locality — the paper's direction, but its
+#   Fig. 5 shows DeiT layers moving by several patches, an order of magnitude more. The
 #   ConViT's GPSA layers climb out of their local start (1.98) by 0.12 to 0.19 patch, and the later GPSA
 #   layers (3 and 4) climb more than the earlier ones (1 and 2), in both seeds — the paper's ordering, where
 #   the last GPSA layers escape locality most. None of it comes near the paper's swings.

@@ -326,8 +326,7 @@ assert paper_script.count("torchrun") == 2 and "--fraction 0.05" in paper_script
 #   GPSA blocks. Nine heads put the locality prior on a 3 × 3 kernel with one head on the query, as in ConViT-S
 #   (4 heads would give a 2 × 2 kernel of four overlapping blurs);
 # * **recipe**: crops of 35–100 % of the image and flips, label smoothing 0.1, drop path 0.05, and **no**
-#   RandAugment, MixUp, CutMix or erasing: CutMix by itself pushes attention toward locality, which shrinks the
-#   very gap we measure, and heavy augmentation hides data starvation. AdamW, 10⁻³ at batch 32 (written as a
+#   RandAugment, MixUp, CutMix or erasing: heavy augmentation hides data starvation. AdamW, 10⁻³ at batch 32 (written as a
 #   base rate of 1.6 × 10⁻² for 512, DeiT's linear scaling rule), weight decay 0.05, warm-up over 10 000
 #   images, then cosine;
 # * **budget**: every run makes the same number of optimiser steps, 120 000 images' worth in batches of 32

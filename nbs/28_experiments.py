@@ -450,7 +450,7 @@ import shutil
 import numpy as np
 from PIL import Image
 
-tiny_root, tiny_output = Path("runs/10_tiny_folder"), Path("runs/10_tiny_grid")  # nbs/runs/ is not committed
+tiny_root, tiny_output = Path("runs/28_tiny_folder"), Path("runs/28_tiny_grid")  # nbs/runs/ is not committed
 shutil.rmtree(tiny_root, ignore_errors=True)
 shutil.rmtree(tiny_output, ignore_errors=True)
 pixels = np.random.default_rng(0)

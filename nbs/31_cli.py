@@ -55,7 +55,7 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # ## Presets: the paper's recipes by name
 #
 # `--preset NAME` applies one of chapter 16's `RECIPES` over the defaults. `deit` is DeiT's ImageNet recipe as
-# the ConViT paper uses it unchanged (§4): 300 epochs, global batch 1024 (so lr = 5·10⁻⁴ × 1024/512 = 10⁻³),
+# the ConViT paper uses it unchanged (Sec. 3): 300 epochs, global batch 1024 (so lr = 5·10⁻⁴ × 1024/512 = 10⁻³),
 # 5 warm-up epochs, cosine to 10⁻⁵, AdamW wd 0.05, drop path 0.1, RandAugment, random erasing, Mixup/CutMix
 # with label smoothing, repeated augmentation ×3. `imagenet` is `deit` on an ImageNet folder. `cifar100-224` is
 # SM C's CIFAR-100 setting: every hyper-parameter unchanged, images rescaled to 224 × 224 (the paper then
