@@ -50,8 +50,11 @@ _ = torch.manual_seed(0)
 # In PSA a head whose positional scores are large simply drowns its content scores: both live in one softmax,
 # and their balance depends on their scales. GPSA separates them. For head h,
 #
-# $$\mathbf{A}^h_{ij} = \big(1-\sigma(\lambda_h)\big)\,\operatorname{softmax}_j\!\big(\mathbf{Q}^h_i\mathbf{K}^{h\top}_j\big)
+# $$\mathbf{A}^h_{ij} = \big(1-\sigma(\lambda_h)\big)\,\operatorname{softmax}_j\!\Big(\frac{\mathbf{Q}^h_i\mathbf{K}^{h\top}_j}{\sqrt{D_h}}\Big)
 #   + \sigma(\lambda_h)\,\operatorname{softmax}_j\!\big(\mathbf{v}^{h\top}_{pos}\mathbf{r}_{ij}\big) \qquad\text{(Eq. 7)}$$
+#
+# (the paper writes Eq. 7 without the 1/√D_h; the official code, and ours, scale the content scores as Eq. 1
+# does, as chapter 02 noted for Eq. 4),
 #
 # followed by $\mathbf{A}^h_{ij} \leftarrow \mathbf{A}^h_{ij} / \sum_j \mathbf{A}^h_{ij}$ (Eq. 6's
 # normalisation) and $\mathrm{GPSA}_h(\mathbf{X}) = \mathbf{A}^h\mathbf{X}\mathbf{W}^h_{val}$. The gate

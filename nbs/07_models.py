@@ -381,6 +381,52 @@ class VisionTransformer(nn.Module):
 
 
 # %% [markdown]
+# ### Fig. 4, drawn from a model
+#
+# The picture at the top, drawn from a ConViT-Ti built here rather than from its configuration: each block's
+# attention is read from the model (GPSA or MHSA), and the class token enters after the last GPSA block, so the
+# GPSA blocks attend over the 196 patches and the SA blocks over 197 tokens.
+
+# %%
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyBboxPatch
+
+from convit_edu.gpsa import GPSA
+from convit_edu.zoo import create_model
+
+
+def draw_convit(model: VisionTransformer):
+    """Fig. 4 of the paper for `model`: patch embedding, its blocks coloured by attention, the class token."""
+    cfg = model.config
+    kinds = ["GPSA" if isinstance(block.attn, GPSA) else "SA" for block in model.blocks]
+    patches = (cfg.img_size // cfg.patch_size) ** 2
+    fig, ax = plt.subplots(figsize=(10, 2.4), dpi=80)
+    boxes = ["patches\n+ pos_embed", *kinds, "LayerNorm\nhead"]
+    for i, label in enumerate(boxes):
+        colour = {"GPSA": "#f4a261", "SA": "#2a9d8f"}.get(label, "#dddddd")
+        ax.add_patch(FancyBboxPatch((i * 1.2, 0), 1.0, 1.0, boxstyle="round,pad=0.05", color=colour))
+        ax.text(i * 1.2 + 0.5, 0.5, label, ha="center", va="center", fontsize=8 if label in kinds else 6.5)
+        if i:
+            ax.annotate("", (i * 1.2 - 0.05, 0.5), (i * 1.2 - 0.15, 0.5), arrowprops=dict(arrowstyle="->"))
+    join = 1 + kinds.count("GPSA")  # the box before which the class token enters
+    ax.annotate("class token", (join * 1.2 - 0.1, 1.05), (join * 1.2 - 0.1, 1.7), ha="center", fontsize=8,
+                arrowprops=dict(arrowstyle="->", color="crimson"), color="crimson")
+    gpsa, sa = kinds.count("GPSA"), len(kinds) - kinds.count("GPSA")
+    ax.text(1.2 * (1 + (gpsa - 1) / 2) + 0.5, -0.35, f"GPSA: {patches} patch tokens", ha="center", fontsize=8)
+    ax.text(1.2 * (join + (sa - 1) / 2) + 0.5, -0.35, f"SA: {patches + 1} tokens", ha="center", fontsize=8)
+    ax.set(xlim=(-0.2, 1.2 * len(boxes)), ylim=(-0.6, 1.9), title=f"{cfg.depth} blocks, local_up_to_layer = "
+           f"{cfg.local_up_to_layer}")
+    ax.axis("off")
+    return kinds
+
+
+kinds = draw_convit(create_model("convit_tiny"))
+assert kinds == ["GPSA"] * 10 + ["SA"] * 2  # read from the model's modules, not its config
+print(" ".join(kinds))
+plt.show()
+
+
+# %% [markdown]
 # ## Exercises
 #
 # How they work (chapter 00): a collapsed `solution` cell, a cell for your answer that replaces it, a check.
