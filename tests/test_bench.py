@@ -222,4 +222,5 @@ def test_pipeline_bench_compares_float_and_uint8_loaders_and_the_model_with_trai
     assert result["end_to_end_vs_model"] == pytest.approx(result["end_to_end_images_per_s"] /
                                                           result["model_images_per_s"])
     assert 0 <= result["pipeline_share_of_step"] <= 1
+    assert "end_to_end_data_wait_share" in result  # bench reports how long the end-to-end steps waited for data
     assert not (tmp_path / "x").exists()  # the end-to-end run trains in a temporary folder
