@@ -334,6 +334,7 @@ for seed in (0, 1):
     fall = torch.sigmoid(torch.tensor(1.0)) - end
     assert ((fall > 0.005) & (fall < 0.03)).all()
     assert (1 - torch.logit(end)).max() < 0.13  # λ (a layer's mean) moved by 0.12 at most
+    assert round(layer_nonlocality(convit_rec[0])[:4].mean().item(), 2) == 1.98  # the local start
     print(f"seed {seed}: GPSA nonlocality rise {rise.numpy().round(2)}, gate fall {fall.numpy().round(3)}")
 
 # %%
@@ -357,6 +358,10 @@ if not FAST and ARCHIVE.exists():
     assert position_drop - content_drop > 2 * diff_se  # position matters more here, beyond noise
     print(f"pos embed masked: DeiT -{deit_drop:.1f}, ConViT -{convit_drop:.1f} points; all 4 GPSA layers: "
           f"position -{position_drop:.1f}, content -{content_drop:.1f}; SE of a difference {diff_se:.1f}")
+    # the prose's numbers, as printed: 5.6 / 2.4 / 15 / 1.6 points, 4.10 / 4.22 patches for the DeiT's block 4
+    assert (round(deit_drop, 1), round(convit_drop, 1), round(position_drop), round(content_drop, 1)) == (
+        5.6, 2.4, 15, 1.6)
+    assert (round(float(true_in[3]), 2), round(float(official[3]), 2)) == (4.10, 4.22)
 
 # %% [markdown]
 # ## Exercises
