@@ -209,3 +209,37 @@ def plot_history(history: list[dict]):
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+# %% [markdown]
+# What these write and show, checked on a made-up history of two epochs: `log.jsonl` holds the rows as they
+# are, `log.csv` flattens the gates into one column per layer (a spreadsheet opens it), the curves get a third
+# panel when there are gates, and a progress line in `lines` mode names the step, the loss, the rate, the speed
+# and the interval's wait for data.
+
+# %%
+import contextlib
+import csv as csv_module
+import io as io_module
+import json as json_module
+import tempfile
+
+history = [{"epoch": e, "step": 10 * e, "train_loss": 2.0 / e, "lr": 1e-3 / e, "images_per_s": 100.0,
+            "epoch_time_s": 5.0, "data_wait_s": 0.5, "data_wait_share": 0.1, "val_loss": 1.5 / e,
+            "val_top1": 30.0 * e, "val_top5": 60.0 + e, "gates": [0.73, 0.72 - 0.01 * e]} for e in (1, 2)]
+with tempfile.TemporaryDirectory() as folder:
+    write_logs(history, Path(folder))
+    rows = [json_module.loads(line) for line in (Path(folder) / "log.jsonl").read_text().splitlines()]
+    table = list(csv_module.DictReader(io_module.StringIO((Path(folder) / "log.csv").read_text())))
+    left = sorted(p.name for p in Path(folder).iterdir())
+assert rows == history and left == ["log.csv", "log.jsonl"]  # no temporary file left behind
+assert table[1]["gate_1"] == "0.7" and "gates" not in table[0]
+assert len(plot_history(history).axes) == 4  # loss (with the rate on a twin axis), accuracy, gates
+
+state = TrainState(cfg=None, model=torch.nn.Linear(1, 1), optimizer=None, rank=0, world_size=1, steps_per_epoch=20,
+                   step=10, loss=1.25)
+printed = io_module.StringIO()
+with contextlib.redirect_stdout(printed):
+    Progress("lines", epochs=3, log_every=5).step(state, lr=1e-3, images_per_s=250.0, data_wait=0.3, interval=2.0)
+line = printed.getvalue().strip()
+assert line == "epoch 1/3 step 10/20 loss 1.2500 lr 1.000e-03 250 img/s data wait 0.30 s (15 %)", line
+print(line)
