@@ -414,3 +414,48 @@ def check_head_up_right(answer: int) -> None:
 check_head_up_right(head_up_right)
 print(f"head_up_right = {head_up_right}, centred at Δ = {tuple(int(c) for c in head_centres(9)[head_up_right])}")
 print(expect_error(lambda: check_head_up_right(2), WrongAnswer))  # x and y swapped
+
+# %% [markdown]
+# **3. Eq. 5 from the equation.** Write `my_local_init(pos_proj, v, alpha)`: for a layer whose number of heads
+# N_h = `pos_proj.out_features` is a perfect square k², set row h of `pos_proj.weight` to α·(2Δx, 2Δy, −1) with
+# head h = h1 + k·h2 centred at Δ = (Δx, Δy) = (h2 − c, h1 − c), c = (k − 1)/2; set `pos_proj.bias` to 0, and
+# `v` to the identity with a zero bias. Use only torch (not `head_centres`, `v_pos` or `local_init`).
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def my_local_init(pos_proj: nn.Linear, v: nn.Linear, alpha: float) -> None:
+    k = int(pos_proj.out_features**0.5)
+    c = (k - 1) / 2
+    h = torch.arange(k * k)
+    dx, dy = h // k - c, h % k - c  # Δx from h2 = h // k (the column offset), Δy from h1 = h % k
+    with torch.no_grad():
+        pos_proj.weight.copy_(alpha * torch.stack([2 * dx, 2 * dy, -torch.ones(k * k)], dim=1))
+        pos_proj.bias.zero_()
+        v.weight.copy_(torch.eye(v.in_features))
+        v.bias.zero_()
+
+# %%
+# your answer: def my_local_init(pos_proj, v, alpha): ...
+
+# %%
+def check_local_init(fn) -> None:
+    for heads, alpha in ((4, 1.0), (9, 0.5), (16, 2.0)):
+        mine, theirs = (nn.Linear(3, heads), nn.Linear(6, 6)), (nn.Linear(3, heads), nn.Linear(6, 6))
+        fn(*mine, alpha)
+        local_init(*theirs, alpha)
+        wrong = (mine[0].weight - theirs[0].weight).abs().sum(1).nonzero().flatten().tolist()
+        check_answer(not wrong, f"{heads} heads, α = {alpha}: rows {wrong[:4]} of pos_proj.weight differ; "
+                     "row h is α·(2Δx, 2Δy, −1), Δx = h // k − c is the *column* offset (from h2), Δy = h % k − c")
+        check_answer(torch.equal(mine[0].bias, torch.zeros(heads)), "pos_proj.bias must start at 0")
+        check_answer(torch.equal(mine[1].weight, torch.eye(6)) and torch.equal(mine[1].bias, torch.zeros(6)),
+                     "v must start as the identity, with a zero bias")
+
+
+def swapped(pos_proj: nn.Linear, v: nn.Linear, alpha: float) -> None:  # a wrong answer: Δx and Δy swapped
+    my_local_init(pos_proj, v, alpha)
+    with torch.no_grad():
+        pos_proj.weight[:, :2] = pos_proj.weight[:, [1, 0]].clone()
+
+
+check_local_init(my_local_init)
+print("my_local_init sets the weights local_init sets, at 4, 9 and 16 heads")
+print(expect_error(lambda: check_local_init(swapped), WrongAnswer))
