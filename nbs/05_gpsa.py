@@ -572,41 +572,62 @@ print("every intermediate map equals (1 - σ)·content + σ·position")
 # %% [markdown]
 # ## Exercises
 #
-# **1. Predict, then look: λ = ±3.** What share of a head's attention is positional when its λ is −3, and when
-# it is +3? Write them as `sigma_pm3 = {-3: ..., 3: ...}` (two decimals are enough), then set head 0's
-# `gating_param` of the layer above to each value (the parameter itself, not `gate_override`) and draw the
-# query's map: which panel of the figure above does each look like?
+# **1. A GPSA layer from scratch.** Write `my_gpsa(layer, x, rows, cols)`: the output of the GPSA layer
+# `layer` on tokens `x` (B, L, D) of a rows × cols grid, from Eq. 6-7 and the layer's weights (`layer.qk`,
+# `layer.v`, `layer.pos_proj`, `layer.gating_param`, `layer.proj`), with the relative positions r_ij =
+# (δx, δy, ‖δ‖²), δ = key − query (δx the column offset, tokens row by row), built by hand — no
+# `rel_indices`, no method of the layer. The content scores carry the 1/√D_h.
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-sigma_pm3 = {-3: 0.05, 3: 0.95}  # σ(−3) = 1/(1 + e³) ≈ 0.047
-fig, axes = plt.subplots(1, 2, figsize=(5, 2.5), dpi=80)
-for ax, lam in zip(axes, (-3.0, 3.0)):
-    with torch.no_grad():
-        layer.gating_param[head] = lam
-        ax.imshow(layer(tokens, return_attention=True)[1][0, head, query].reshape(14, 14), norm=scale)
-    ax.set_title(f"λ = {lam:+.0f}: σ = {torch.sigmoid(torch.tensor(lam)):.2f}", fontsize=9)
-    ax.set_xticks([]), ax.set_yticks([])
-with torch.no_grad():
-    layer.gating_param[head] = 1.0  # back to the ConViT's initial value
-plt.show()
+def my_gpsa(layer: GPSA, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    h = layer.num_heads
+    q, k = rearrange(layer.qk(x), "b l (two h d) -> two b h l d", two=2, h=h)
+    v = rearrange(layer.v(x), "b l (h d) -> b h l d", h=h)
+    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+    xy = torch.stack([c.flatten(), r.flatten()], dim=-1).float()  # (L, 2): (column, row) of each token
+    delta = xy[None, :, :] - xy[:, None, :]  # [query, key] = key − query
+    rel = torch.cat([delta, (delta**2).sum(-1, keepdim=True)], dim=-1)  # (L, L, 3)
+    content = (q @ k.transpose(-2, -1) / layer.head_dim**0.5).softmax(-1)
+    position = rearrange(layer.pos_proj(rel), "q k h -> h q k").softmax(-1)
+    sigma = torch.sigmoid(layer.gating_param).view(-1, 1, 1)
+    attn = (1 - sigma) * content + sigma * position
+    attn = attn / attn.sum(-1, keepdim=True)  # Eq. 6's normalisation (a no-op but for rounding)
+    return layer.proj(rearrange(attn @ v, "b h l d -> b l (h d)"))
 
 # %%
-# your answer: sigma_pm3 = {-3: ..., 3: ...}
+# your answer: def my_gpsa(layer, x, rows, cols): ...
 
 # %%
 from convit_edu.checks import WrongAnswer, check_answer
 
 
-def check_sigma_pm3(answer: dict) -> None:
-    check_answer(set(answer) == {-3, 3}, "give a dict with the keys -3 and 3")
-    for lam, value in answer.items():
-        want = float(torch.sigmoid(torch.tensor(float(lam))))
-        check_answer(abs(value - want) < 0.006, f"σ({lam}) is not {value}: σ(λ) = 1 / (1 + exp(−λ)), and "
-                     "σ(−λ) = 1 − σ(λ)")
+def check_gpsa(fn) -> None:
+    torch.manual_seed(0)
+    for rows, cols in ((4, 4), (3, 5)):
+        random = GPSA(48, 4, locality_strength=1.0).eval()
+        with torch.no_grad():  # random positional weights and gates, so that every term counts
+            random.pos_proj.weight.normal_(), random.gating_param.normal_()
+        x = torch.randn(2, rows * cols, 48)
+        with torch.no_grad():
+            err = ((fn(random, x, rows, cols) - random(x, grid_size=(rows, cols))).norm() /
+                   random(x, grid_size=(rows, cols)).norm()).item()
+        check_answer(err < 1e-5, f"on a {rows} × {cols} grid your output differs by more than a relative 1e-5: check "
+                     "δ = key − query with δx the column offset, the 1/√D_h on the content scores, and which of "
+                     "the two softmaxes σ(λ) weighs (σ → 1 is positional)")
 
 
-check_sigma_pm3(sigma_pm3)
-print(expect_error(lambda: check_sigma_pm3({-3: 0.27, 3: 0.73}), WrongAnswer))
+def unscaled(layer: GPSA, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:  # a wrong answer: no 1/√D_h
+    saved = layer.head_dim
+    layer.head_dim = 1  # my_gpsa divides by √head_dim: 1 leaves the content scores unscaled
+    try:
+        return my_gpsa(layer, x, rows, cols)
+    finally:
+        layer.head_dim = saved
+
+
+check_gpsa(my_gpsa)
+print("my_gpsa equals GPSA's forward to a relative 1e-5, on a square and a non-square grid")
+print(expect_error(lambda: check_gpsa(unscaled), WrongAnswer))
 
 # %% [markdown]
 # **2. The fast form by hand.** Write `mix(content, pos_attn, v, sigma)`: given the content attention's output

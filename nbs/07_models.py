@@ -392,7 +392,6 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import FancyBboxPatch
 
 from convit_edu.gpsa import GPSA
-from convit_edu.zoo import create_model
 
 
 def draw_convit(model: VisionTransformer):
@@ -420,7 +419,7 @@ def draw_convit(model: VisionTransformer):
     return kinds
 
 
-kinds = draw_convit(create_model("convit_tiny"))
+kinds = draw_convit(VisionTransformer(ModelConfig()))  # ModelConfig's defaults are ConViT-Ti's
 assert kinds == ["GPSA"] * 10 + ["SA"] * 2  # read from the model's modules, not its config
 print(" ".join(kinds))
 plt.show()
