@@ -250,6 +250,10 @@ if not FAST:  # the prose's numbers are those of the full run
     lr_sum = learning_rate_sum(convit_cfg, steps_per_epoch)
     assert convit_cfg.epochs * steps_per_epoch == 156 and round(lr_sum, 3) == 0.079
     assert round(sigma_slope * lr_sum, 3) == 0.015
+    moved = max(abs(g - 1 / (1 + math.exp(-1))) for r in rows["ConViT"] for g in r["gates"])
+    assert moved < 0.02  # the gates barely moved: within about the 0.015 the learning rates allow
+    # and, from the section above, the train loss (mixed, augmented, smoothed) stays well above the validation loss
+    assert all(r["train_loss"] > r["val_loss"] + 0.1 for name in rows for r in rows[name])
 
 # %% [markdown]
 # ## Exercises
