@@ -229,8 +229,9 @@ class Block(nn.Module):
 
 
 # %% [markdown]
-# A GPSA block on a 3×4 grid of 12 tokens, and an MHSA block on 1 + 12 tokens; both keep the shape, and the
-# attention weights they return are row-stochastic:
+# A GPSA block on a 3×4 grid of 12 tokens, and an MHSA block on 1 + 12 tokens; both keep the shape. And the
+# block is pre-norm with two residual connections: with the last linear map of the attention and of the MLP
+# set to zero, it passes its input through unchanged (a post-norm block would still normalise it).
 
 # %%
 torch.manual_seed(0)
@@ -240,9 +241,45 @@ y, attn = gpsa_block(x, grid_size=(3, 4), return_attention=True)
 print("GPSA block", tuple(x.shape), "->", tuple(y.shape), "attention", tuple(attn.shape))
 y2, attn2 = mhsa_block(torch.randn(2, 13, 48), return_attention=True)
 print("MHSA block", (2, 13, 48), "->", tuple(y2.shape), "attention", tuple(attn2.shape))
-torch.testing.assert_close(attn.sum(-1), torch.ones(2, 4, 12))
-torch.testing.assert_close(attn2.sum(-1), torch.ones(2, 4, 13))
 torch.testing.assert_close(gpsa_block(x, grid_size=(3, 4)), y)  # the fast path gives the same tokens
+silent = Block(48, 4, attention="gpsa")
+with torch.no_grad():
+    for linear in (silent.attn.proj, silent.mlp.fc2):
+        linear.weight.zero_(), linear.bias.zero_()
+torch.testing.assert_close(silent(x, grid_size=(3, 4)), x)
+
+# %% [markdown]
+# The block as a picture, its boxes read from the module's own children in the order the forward uses them:
+
+# %%
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyBboxPatch
+
+
+def draw_block(block: Block) -> list[str]:
+    """A pre-norm block: x → norm1 → attn → + x → norm2 → mlp → + (the residual paths drawn above)."""
+    children = dict(block.named_children())
+    path = ["norm1", "attn", "+", "norm2", "mlp", "+"]
+    labels = {"norm1": "LayerNorm", "norm2": "LayerNorm", "+": "+", "mlp": "MLP\n(fc1, GELU, fc2)",
+              "attn": type(children["attn"]).__name__}
+    fig, ax = plt.subplots(figsize=(9, 1.9), dpi=80)
+    for i, name in enumerate(["x", *path]):
+        ax.add_patch(FancyBboxPatch((i * 1.3, 0), 1.0, 0.8, boxstyle="round,pad=0.05",
+                                    color="#dddddd" if name in ("x", "+") else "#f4a261"))
+        ax.text(i * 1.3 + 0.5, 0.4, "x" if name == "x" else labels[name], ha="center", va="center", fontsize=8)
+        if i:
+            ax.annotate("", (i * 1.3 - 0.05, 0.4), (i * 1.3 - 0.25, 0.4), arrowprops=dict(arrowstyle="->"))
+    for start, end in ((0, 3), (3, 6)):  # the residual connections skip over the norm and the sub-layer
+        ax.annotate("", (end * 1.3 + 0.5, 0.85), (start * 1.3 + 0.5, 0.85),
+                    arrowprops=dict(arrowstyle="->", connectionstyle="arc3,rad=-0.3", color="crimson"))
+    ax.set(xlim=(-0.2, 7 * 1.3), ylim=(-0.2, 2.0))
+    ax.axis("off")
+    return [name for name in path if name != "+"]
+
+
+order = draw_block(gpsa_block)
+assert set(order) <= set(dict(gpsa_block.named_children())) and type(gpsa_block.attn).__name__ == "GPSA"
+plt.show()
 
 # %% [markdown]
 # ## Positional embeddings at another resolution
