@@ -130,7 +130,7 @@ class Block(nn.Module):
         return (x, attn) if return_attention else x
 
 
-# %% nbs/06_layers.py 18
+# %% nbs/06_layers.py 20
 def resize_pos_embed(
     pos_embed: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int = 0
 ) -> Tensor:
