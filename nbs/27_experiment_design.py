@@ -408,6 +408,24 @@ assert max(steps.values()) - min(steps.values()) <= 0.01 * max(steps.values())  
 assert all(abs(n - 397_000) < 2_000 for n in sizes.values())
 
 # %% [markdown]
+# The design in one picture: the fewer the images, the more epochs, so that every run makes the same number of
+# optimiser steps (the paper's Table 2 does the same with 300/f epochs).
+
+# %%
+import matplotlib.pyplot as plt
+
+images = [sum(math.floor(f * n + 1e-9) for n in CPU.class_sizes) for f in FRACTIONS]
+epochs = [CPU.schedule(f)["epochs"] for f in FRACTIONS]
+fig, axes = plt.subplots(1, 3, figsize=(9, 2.3), dpi=80)
+for ax, values, title in zip(axes, (images, epochs, [steps[f] for f in FRACTIONS]),
+                             ("training images", "epochs", "optimiser steps")):
+    ax.bar([f"f = {f:g}" for f in FRACTIONS], values, color=["#f4a261", "#e9c46a", "#2a9d8f"])
+    ax.set_title(title, fontsize=9)
+fig.tight_layout()
+assert images == sorted(images) and epochs == sorted(epochs, reverse=True)  # fewer images, more epochs
+plt.show()
+
+# %% [markdown]
 # Each run is its recipe and a few flags. Here is the first ConViT run of the grid as its script prints it, and
 # every run of the committed grid read back from the `run.json` it wrote: each is its run of this grid, except
 # where and how it ran (its folders, loader processes, progress display and `--resume auto`, which
