@@ -112,6 +112,7 @@ print(convit_cfg)
 #
 # `train(cfg)` builds the data, the model and the optimiser from the config, trains, evaluates after every
 # epoch, and returns the model and the history. In a notebook it draws a progress bar and a live loss curve.
+# (The committed times come from an Intel Xeon with AVX-512, 2 cores, nothing else running.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
