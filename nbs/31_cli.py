@@ -480,7 +480,8 @@ for argv in (["train", "--model", "convit_huge"],
 # and bf16 side by side: is bf16 worth it here?), then the data pipeline's images/s stage by stage (chapter
 # 13's `benchmark_loader`), and the pipeline against the model (chapter 30's `pipeline_bench`: a worker's
 # images/s and bytes per image in float32 and uint8, the model's step alone and `train` end to end). Here
-# ConViT-Ti at 224 px with batch 16 on this notebook's CPU (FAST mode: 64 px). Chapters 23 and 30 go further.
+# ConViT-Ti at 224 px with batch 16 on this notebook's CPU (FAST mode: 64 px); the committed output is an Intel
+# Xeon's (AVX-512, 2 cores, nothing else running). Chapters 23 and 30 go further.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
