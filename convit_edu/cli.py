@@ -24,7 +24,7 @@ from convit_edu.datasets import build_datasets
 from convit_edu.devices import PRECISIONS, resolve_device, resolve_precision
 from convit_edu.evaluation import evaluate
 from convit_edu.experiment_design import ABLATIONS, ablation_grid, sample_efficiency_grid, sample_efficiency_scale
-from convit_edu.experiments import run_grid
+from convit_edu.experiments import fixed_test_split, run_grid
 from convit_edu.loaders import benchmark_loader, default_num_workers
 from convit_edu.models import VisionTransformer
 from convit_edu.training import train
@@ -156,8 +156,17 @@ def _workers(args: argparse.Namespace) -> int:
 # %% nbs/31_cli.py 12
 def run_experiment(args: argparse.Namespace) -> int:
     """`experiment sample-efficiency` (Table 2) or `experiment ablations` (Table 3, App. A): chapter 28's grid."""
-    common = {"num_workers": args.num_workers, "device": args.device, "progress": args.progress}
-    scale = sample_efficiency_scale(args.data_root, args.classes, args.images_per_run, **common)
+    common = {"num_workers": args.num_workers, "device": args.device, "progress": args.progress,
+              **dict(parse_key_value(item, "--set") for item in args.set)}
+    for flag, words, key in (("--model-arg", args.model_arg, "model_args"), ("--aug-arg", args.aug_arg, "aug_args")):
+        if words:
+            common[key] = dict(parse_key_value(item, flag) for item in words)
+    data_root = args.data_root
+    if args.test_per_class:
+        data_root = fixed_test_split(args.data_root, args.output / "data", args.classes, args.test_per_class,
+                                     args.dev_per_class)
+    convit_args = dict(parse_key_value(item, "--convit-arg") for item in args.convit_arg)
+    scale = sample_efficiency_scale(data_root, args.classes, args.images_per_run, convit_args=convit_args, **common)
     if args.grid == "sample-efficiency":
         runs = sample_efficiency_grid(scale, args.fractions, args.seeds)
     else:
@@ -184,6 +193,16 @@ def _experiment_parser(sub) -> None:
         g.add_argument("--num-workers", type=int, default=1, help="data loader processes per run")
         g.add_argument("--device", default="auto")
         g.add_argument("--progress", default="auto", help="auto, bar, lines or none (each run's progress)")
+        g.add_argument("--test-per-class", type=int, default=100,
+                       help="score every run on one fixed test set: this many training images of each class that "
+                            "no fraction trains on, plus its validation images (0: the first design's unseen images)")
+        g.add_argument("--dev-per-class", type=int, default=50,
+                       help="training images of each class kept out of every fraction and scored during training")
+        for flag, what in (("--set", "a TrainConfig field of every run"),
+                           ("--model-arg", "a model_args entry of every run (patch_size=4)"),
+                           ("--aug-arg", "an aug_args entry of every run"),
+                           ("--convit-arg", "a model_args entry of the ConViT only (local_up_to_layer=5)")):
+            g.add_argument(flag, action="append", default=[], metavar="KEY=VALUE", help=what)
         if name == "sample-efficiency":
             g.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.3, 1.0])
         else:

@@ -181,10 +181,11 @@ def commands_script(runs: list[RunSpec], results: str | Path, launcher: str = "p
 # %% nbs/27_experiment_design.py 19
 def sample_efficiency_scale(data_root: str | Path, classes: int = 10, images_per_run: int = 120_000,
                             warmup_images: int = 10_000, class_sizes: tuple[int, ...] | None = None,
-                            **common: Any) -> Scale:
+                            convit_args: dict[str, Any] | None = None, **common: Any) -> Scale:
     """The CPU-scale Table 2 design (the ``sample-efficiency`` recipe of ``config.RECIPES``) on the first
     ``classes`` classes of the ImageNet-style folder ``data_root``: every run makes the optimiser steps of
-    ``images_per_run`` images; ``common`` adds or replaces settings (``num_workers``, ``device``...).
+    ``images_per_run`` images; ``common`` adds or replaces settings (``num_workers``, ``device``, ``img_size``,
+    ``model_args``...) and ``convit_args`` the ConViT's own (4 GPSA layers of 6 unless given).
     ``class_sizes`` (training images per class) is read from the folder unless given (to print the grid of a
     folder that is not on this machine)."""
     positive_int("images_per_run", images_per_run)
@@ -194,5 +195,6 @@ def sample_efficiency_scale(data_root: str | Path, classes: int = 10, images_per
         class_sizes = tuple(Counter(train_set.targets)[c] for c in range(len(train_set.classes)))
     n = sum(class_sizes)
     return Scale(convit="convit_tiny", deit="deit_tiny", epochs=max(1, round(images_per_run / n)),
-                 warmup_epochs=warmup_images / n, preset="sample-efficiency", convit_args={"local_up_to_layer": 4},
+                 warmup_epochs=warmup_images / n, preset="sample-efficiency",
+                 convit_args={"local_up_to_layer": 4, **(convit_args or {})},
                  class_sizes=class_sizes, common={"data_root": str(data_root), "classes": classes, **common})

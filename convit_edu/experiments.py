@@ -21,14 +21,15 @@ from convit_edu.checkpoints import write_json
 from convit_edu.checks import positive_int
 from convit_edu.config import TrainConfig
 from convit_edu.datasets import ImageFolderDataset, subsample_per_class
-from convit_edu.devices import resolve_device
+from convit_edu.devices import autocast, resolve_device
 from convit_edu.evaluation import evaluate
 from convit_edu.experiment_design import ABLATIONS, RunSpec
+from convit_edu.loaders import build_loader
 from convit_edu.locality import LocalityRecorder, plot_gate_history, plot_nonlocality_history, read_locality
 from convit_edu.models import VisionTransformer
 from convit_edu.training import train
 
-__all__ = ['run_config', 'scoring_sets', 'train_run', 'expected_hours', 'run_grid', 'RunResult', 'read_run', 'collect', 'relative_gain', 'unseen_top1', 'table_2', 'format_table_2', 'table_3', 'format_table_3', 'plot_table_2', 'locality_histories', 'write_summary', 'plot_ablation']
+__all__ = ['run_config', 'fixed_test_split', 'scoring_sets', 'per_image_correct', 'train_run', 'expected_hours', 'run_grid', 'RunResult', 'read_run', 'collect', 'relative_gain', 'unseen_top1', 'test_top1', 'paired_bootstrap', 'table_2', 'format_table_2', 'table_3', 'format_table_3', 'plot_table_2', 'locality_histories', 'write_summary', 'plot_ablation']
 
 
 # %% nbs/28_experiments.py 7
@@ -38,6 +39,45 @@ def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConf
 
 
 # %% nbs/28_experiments.py 9
+def fixed_test_split(source: str | Path, dest: str | Path, classes: int, test_per_class: int = 100,
+                     dev_per_class: int = 50) -> Path:
+    """Make (or check) ``dest``: the first ``classes`` classes of the ImageNet-style folder ``source`` as
+    ``train/`` (the training images a fraction subsamples), ``val/`` (``dev_per_class`` training images per class,
+    scored during training) and ``test/`` (the last ``test_per_class`` training images and every validation image
+    of each class), as symbolic links; returns ``dest``."""
+    source, dest = Path(source).resolve(), Path(dest)
+    positive_int("classes", classes)
+    positive_int("test_per_class", test_per_class)
+    positive_int("dev_per_class", dev_per_class, minimum=0)
+    recipe = {"source": str(source), "classes": classes, "test_per_class": test_per_class,
+              "dev_per_class": dev_per_class}
+    if (dest / "split.json").is_file():
+        made = json.loads((dest / "split.json").read_text())
+        if {k: made.get(k) for k in recipe} != recipe:
+            raise ValueError(f"{dest} holds another split ({made}), not {recipe}: choose another folder")
+        return dest
+    train, val = (ImageFolderDataset(source / split, max_classes=classes) for split in ("train", "val"))
+    parts: dict[str, list[str]] = {"train": [], "val": [], "test": []}
+    for c in range(classes):
+        files = [p for p, t in train.samples if t == c]
+        if len(files) <= test_per_class + dev_per_class:
+            raise ValueError(f"class {train.classes[c]!r} has {len(files)} training images: test_per_class "
+                             f"{test_per_class} + dev_per_class {dev_per_class} would leave none to train on")
+        cut = len(files) - test_per_class
+        parts["train"] += files[:cut - dev_per_class]
+        parts["val"] += files[cut - dev_per_class:cut]
+        parts["test"] += files[cut:] + [p for p, t in val.samples if t == c]
+    for split, files in parts.items():
+        for file in files:
+            link = dest / split / Path(file).parent.name / Path(file).name
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.is_symlink():
+                link.symlink_to(Path(file).resolve())
+    write_json(dest / "split.json", {**recipe, **{f"{k}_images": len(v) for k, v in parts.items()}})
+    return dest
+
+
+# %% nbs/28_experiments.py 11
 def scoring_sets(cfg: TrainConfig) -> dict[str, Dataset]:
     """``val``, ``train`` (the images the run trains on) and ``heldout`` (the rest of the first ``cfg.classes``
     classes' training images; empty at f = 1) of an ImageFolder run, with the run's evaluation transform."""
@@ -46,8 +86,27 @@ def scoring_sets(cfg: TrainConfig) -> dict[str, Dataset]:
     every = ImageFolderDataset(root / "train", val_tf, max_classes=cfg.classes)
     kept = subsample_per_class(every.targets, cfg.fraction)
     left_out = sorted(set(range(len(every))) - set(kept))
-    return {"val": ImageFolderDataset(root / "val", val_tf, max_classes=cfg.classes),
+    sets = {"val": ImageFolderDataset(root / "val", val_tf, max_classes=cfg.classes),
             "train": Subset(every, kept), "heldout": Subset(every, left_out)}
+    if (root / "test").is_dir():
+        sets["test"] = ImageFolderDataset(root / "test", val_tf, max_classes=cfg.classes)
+    return sets
+
+
+def per_image_correct(model: torch.nn.Module, dataset: Dataset, *, batch_size: int = 256,
+                      device: str | torch.device = "cpu", precision: str = "fp32", num_workers: int = 0) -> str:
+    """Which images of ``dataset`` ``model`` classifies right (top-1), in dataset order, as a string of "0" and "1"."""
+    device = torch.device(device)
+    loader = build_loader(dataset, batch_size, None, num_workers=num_workers, seed=0, drop_last=False)
+    hits, mode = [], model.training
+    model.eval()
+    with torch.no_grad():
+        for images, labels in loader:
+            with autocast(device, precision):
+                logits = model(images.to(device))
+            hits.append(logits.argmax(dim=1).cpu() == labels)
+    model.train(mode)
+    return "".join("1" if h else "0" for h in torch.cat(hits).tolist())
 
 
 def _gpsa_layer_means(gates: list) -> list[float]:
@@ -68,9 +127,12 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
     if result.stopped:
         return None
     device = next(result.model.parameters()).device
+    test = sets.pop("test", None)
     scores = {name: evaluate(result.model, ds, batch_size=256, device=device, precision=cfg.precision,
                              num_workers=cfg.loader_workers())["top1"] if len(ds) else None
               for name, ds in sets.items()}
+    correct = None if test is None else per_image_correct(result.model, test, device=device, precision=cfg.precision,
+                                                          num_workers=cfg.loader_workers())
     ablation = spec.name.rsplit("_f", 1)[0]
     record = {
         "name": spec.name, "model": ABLATIONS[ablation].model,
@@ -81,11 +143,14 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
         "hours": result.history[-1]["time_s"] / 3600,
         "gates_start": _gpsa_layer_means(recorder.records[0]["gates"]),
         "gates_end": _gpsa_layer_means(recorder.records[-1]["gates"])}
+    if correct is not None:
+        record.update(test_top1=100 * correct.count("1") / len(correct), test_images=len(correct),
+                      test_correct=correct)
     write_json(folder / "record.json", record)
     return record
 
 
-# %% nbs/28_experiments.py 11
+# %% nbs/28_experiments.py 13
 def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]:
     """Hours the unfinished ``runs`` should take here, and how that was estimated."""
     done = [json.loads(p.read_text()) for p in Path(output).glob("*/record.json")]
@@ -126,7 +191,7 @@ def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list
     return write_summary(output)
 
 
-# %% nbs/28_experiments.py 13
+# %% nbs/28_experiments.py 15
 @dataclass(frozen=True)
 class RunResult:
     """A run read back from its folder: the spec, the config `convit-edu train` recorded, one log row per epoch."""
@@ -192,11 +257,17 @@ def relative_gain(convit: float, deit: float) -> float:
     return 100 * (convit - deit) / deit
 
 
-# %% nbs/28_experiments.py 15
+# %% nbs/28_experiments.py 17
 def unseen_top1(record: dict) -> float:
     """Top-1 (%) on every image the run did not train on: its validation and held-out training images."""
     n_val, n_out = record["val_images"], record["heldout_images"]
     return (record["val_top1"] * n_val + (record["heldout_top1"] or 0.0) * n_out) / (n_val + n_out)
+
+
+def test_top1(record: dict) -> float:
+    """Top-1 (%) on the run's test images: the fixed test split's (``fixed_test_split``) when it was scored on
+    one, else every image it did not train on (``unseen_top1``)."""
+    return record["test_top1"] if "test_top1" in record else unseen_top1(record)
 
 
 def _images(record: dict) -> int:
@@ -210,9 +281,45 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
     return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) ** 0.5
 
 
+def paired_bootstrap(convit: list[str], deit: list[str], resamples: int = 2000, seed: int = 0) -> dict[str, float]:
+    """ConViT and DeiT test top-1, their difference (points) and the relative gain (%) from per-image correctness
+    strings of the same test images (``per_image_correct``), one ConViT and one DeiT per seed; standard errors from
+    a bootstrap that draws seeds and images with replacement, the same images for both models."""
+    if not convit or len(convit) != len(deit) or len({len(r) for r in (*convit, *deit)}) != 1:
+        raise ValueError(f"need as many ConViT as DeiT runs ({len(convit)} vs {len(deit)}), all scored on the same "
+                         f"test images (lengths {sorted({len(r) for r in (*convit, *deit)})})")
+    c, d = (torch.tensor([[ch == "1" for ch in run] for run in runs], dtype=torch.float64) for runs in (convit, deit))
+    g = torch.Generator().manual_seed(seed)
+
+    def weights(n: int) -> torch.Tensor:  # (resamples, n): how often each of n items is drawn, over n
+        draws = torch.randint(n, (resamples, n), generator=g)
+        return torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64)) / n
+
+    images, seeds = weights(c.shape[1]), weights(c.shape[0])
+    boot_c, boot_d = (100 * ((images @ runs.T) * seeds).sum(dim=1) for runs in (c, d))
+    top_c, top_d = 100 * c.mean().item(), 100 * d.mean().item()
+    return {"convit_top1": top_c, "deit_top1": top_d, "diff": top_c - top_d, "diff_se": (boot_c - boot_d).std().item(),
+            "gain": relative_gain(top_c, top_d), "gain_se": (100 * (boot_c - boot_d) / boot_d).std().item()}
+
+
+def _seed_and_binomial(pairs: list[tuple[dict, dict]]) -> dict[str, float]:
+    """The first design's uncertainty (unpaired): top-1 on each run's unseen images, seed-to-seed spread and
+    binomial noise combined."""
+    accs = [(unseen_top1(c), unseen_top1(d)) for c, d in pairs]
+    binomial = sum(p * (100 - p) / _images(r) for (c, d), pair in zip(accs, pairs)
+                   for p, r in zip((c, d), pair)) ** 0.5 / len(pairs)  # in points
+    diff, diff_se = _mean_se([c - d for c, d in accs])
+    gain, gain_se = _mean_se([relative_gain(c, d) for c, d in accs])
+    deit = sum(d for _, d in accs) / len(accs)
+    return {"convit_top1": sum(c for c, _ in accs) / len(accs), "deit_top1": deit, "diff": diff,
+            "diff_se": math.hypot(0.0 if math.isnan(diff_se) else diff_se, binomial), "gain": gain,
+            "gain_se": math.hypot(0.0 if math.isnan(gain_se) else gain_se, 100 * binomial / deit)}
+
+
 def table_2(records: list[dict]) -> list[dict]:
     """One row per fraction with a ConViT and a DeiT of the same seed: mean test top-1 of both, the point
-    difference and the relative gain (%), each with its standard error (seed-to-seed and binomial, combined)."""
+    difference and the relative gain (%), with standard errors: paired over the fixed test images
+    (``paired_bootstrap``) when every run saved its per-image correctness, else ``_seed_and_binomial``."""
     plain = {(r["model"], r["fraction"], r["seed"]): r for r in records if r["ablation"] is None}
     rows = []
     for f in sorted({key[1] for key in plain}):
@@ -220,18 +327,13 @@ def table_2(records: list[dict]) -> list[dict]:
                  if ("convit", f, s) in plain and ("deit", f, s) in plain]
         if not pairs:
             continue
-        accs = [(unseen_top1(c), unseen_top1(d)) for c, d in pairs]
-        binomial = sum(p * (100 - p) / _images(r) for (c, d), pair in zip(accs, pairs)
-                       for p, r in zip((c, d), pair)) ** 0.5 / len(pairs)  # in points
-        diff, diff_se = _mean_se([c - d for c, d in accs])
-        gain, gain_se = _mean_se([relative_gain(c, d) for c, d in accs])
-        deit = sum(d for _, d in accs) / len(accs)
-        rows.append({"fraction": f, "seeds": len(pairs), "paired_seeds": [c["seed"] for c, _ in pairs], "test_images": _images(pairs[0][0]), "deit_top1": deit,
-                     "convit_top1": sum(c for c, _ in accs) / len(accs), "diff": diff,
-                     "diff_se": math.hypot(0.0 if math.isnan(diff_se) else diff_se, binomial), "gain": gain,
-                     "gain_se": math.hypot(0.0 if math.isnan(gain_se) else gain_se, 100 * binomial / deit),
-                     "train_top1": {m: sum(p[i]["train_top1"] for p in pairs) / len(pairs)
-                                    for i, m in enumerate(("convit", "deit"))}})
+        paired = all("test_correct" in r for pair in pairs for r in pair)
+        stats = (paired_bootstrap([c["test_correct"] for c, _ in pairs], [d["test_correct"] for _, d in pairs])
+                 if paired else _seed_and_binomial(pairs))
+        rows.append({"fraction": f, "seeds": len(pairs), "paired_seeds": [c["seed"] for c, _ in pairs],
+                     "paired": paired, "test_images": pairs[0][0]["test_images"] if paired else _images(pairs[0][0]),
+                     **stats, "train_top1": {m: sum(p[i]["train_top1"] for p in pairs) / len(pairs)
+                                            for i, m in enumerate(("convit", "deit"))}})
     return rows
 
 
@@ -254,19 +356,19 @@ def table_3(records: list[dict], fraction: float) -> list[dict]:
                 and r["ablation"] == (None if name in ("convit", "deit") else name)]
         if runs:
             rows.append({"name": name, "table_ref": a.table_ref, "label": a.label, "seeds": len(runs),
-                         "unseen_top1": sum(map(unseen_top1, runs)) / len(runs),
+                         "test_top1": sum(map(test_top1, runs)) / len(runs),
                          "val_top1": sum(r["val_top1"] for r in runs) / len(runs)})
     return rows
 
 
 def format_table_3(rows: list[dict]) -> str:
     lines = [f"{'row':<7}{'run':<27}{'seeds':>5}{'test top-1':>11}{'val top-1':>10}"]
-    lines += [f"{r['table_ref']:<7}{r['label']:<27}{r['seeds']:>5}{r['unseen_top1']:>11.1f}{r['val_top1']:>10.1f}"
+    lines += [f"{r['table_ref']:<7}{r['label']:<27}{r['seeds']:>5}{r['test_top1']:>11.1f}{r['val_top1']:>10.1f}"
               for r in rows]
     return "\n".join(lines)
 
 
-# %% nbs/28_experiments.py 17
+# %% nbs/28_experiments.py 19
 def plot_table_2(records: list[dict], paper_gaps: dict[float, float] | None = None) -> Figure:
     """Left: test top-1 against f (each seed a dot, the mean a line). Right: the relative gain of the ConViT with
     its standard error, and the paper's (``paper_gaps``) for reference."""
@@ -275,8 +377,8 @@ def plot_table_2(records: list[dict], paper_gaps: dict[float, float] | None = No
     for model, colour, label in (("deit", "C0", "DeiT"), ("convit", "C3", "ConViT")):
         runs = [r for r in records if r["ablation"] is None and r["model"] == model]
         fractions = sorted({r["fraction"] for r in runs})
-        acc.plot([r["fraction"] for r in runs], [unseen_top1(r) for r in runs], ".", color=colour, alpha=0.5)
-        acc.plot(fractions, [sum(unseen_top1(r) for r in runs if r["fraction"] == f) /
+        acc.plot([r["fraction"] for r in runs], [test_top1(r) for r in runs], ".", color=colour, alpha=0.5)
+        acc.plot(fractions, [sum(test_top1(r) for r in runs if r["fraction"] == f) /
                              sum(r["fraction"] == f for r in runs) for f in fractions], "-", color=colour, label=label)
     rows = table_2(records)
     gains.errorbar([r["fraction"] for r in rows], [r["gain"] for r in rows], yerr=[2 * r["gain_se"] for r in rows],
@@ -321,7 +423,7 @@ def write_summary(output: str | Path, paper_gaps: dict[float, float] | None = No
     return records
 
 
-# %% nbs/28_experiments.py 19
+# %% nbs/28_experiments.py 21
 def plot_ablation(results: dict[str, RunResult], runs: list[RunSpec]) -> Figure:
     """Top-1 against epochs for each run of ``runs`` (Fig. 12, right), final top-1 in the legend; dashed for a
     model without GPSA layers (the DeiT)."""

@@ -403,7 +403,17 @@ def check_answer(correct: bool, hint: str) -> None:
         raise WrongAnswer(hint)
 
 
+# %% [markdown]
+# A check in the style of the chapters: how many distinct offsets (δ1, δ2) separate two patches of a 14 × 14
+# grid? (Chapter 02 counts them for PSA: 27 in each direction.) The first answer below forgets that an
+# offset can be negative and fails with the hint; the second passes.
+
 # %%
-print(expect_error(lambda: check_answer(2 + 2 == 5, "count again"), WrongAnswer))
-check_answer(2 + 2 == 4, "count again")
+def check_offsets(answer: int) -> None:
+    offsets = {(qi - ki, qj - kj) for qi in range(14) for qj in range(14) for ki in range(14) for kj in range(14)}
+    check_answer(answer == len(offsets), "an offset runs from -(14 - 1) to 14 - 1 in each of the two directions")
+
+
+print(expect_error(lambda: check_offsets(14 * 14), WrongAnswer))
+check_offsets(27 ** 2)
 

@@ -46,9 +46,10 @@ from convit_edu.checkpoints import write_json
 from convit_edu.checks import positive_int
 from convit_edu.config import TrainConfig
 from convit_edu.datasets import ImageFolderDataset, subsample_per_class
-from convit_edu.devices import resolve_device
+from convit_edu.devices import autocast, resolve_device
 from convit_edu.evaluation import evaluate
 from convit_edu.experiment_design import ABLATIONS, RunSpec
+from convit_edu.loaders import build_loader
 from convit_edu.locality import LocalityRecorder, plot_gate_history, plot_nonlocality_history, read_locality
 from convit_edu.models import VisionTransformer
 from convit_edu.training import train
@@ -87,8 +88,61 @@ def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConf
 
 
 # %% [markdown]
+# ### One test set for every fraction
+#
+# Scoring each fraction on "the training images it left out" gives each fraction its own test set (and f = 1
+# only the validation images): fractions are then compared on different images. `fixed_test_split` builds,
+# once, a folder in which that cannot happen. Of each class of the source it sets aside the **last
+# `test_per_class` training images plus every validation image** as `test/` (no fraction trains on them), the
+# `dev_per_class` training images before those as `val/` (what training logs and pilots are scored on, so a
+# design is never chosen on test images), and the rest as `train/`, which the fractions subsample. The files
+# are symbolic links; `split.json` records how the folder was made, and a folder made differently is refused.
+
+# %%
+#| export
+def fixed_test_split(source: str | Path, dest: str | Path, classes: int, test_per_class: int = 100,
+                     dev_per_class: int = 50) -> Path:
+    """Make (or check) ``dest``: the first ``classes`` classes of the ImageNet-style folder ``source`` as
+    ``train/`` (the training images a fraction subsamples), ``val/`` (``dev_per_class`` training images per class,
+    scored during training) and ``test/`` (the last ``test_per_class`` training images and every validation image
+    of each class), as symbolic links; returns ``dest``."""
+    source, dest = Path(source).resolve(), Path(dest)
+    positive_int("classes", classes)
+    positive_int("test_per_class", test_per_class)
+    positive_int("dev_per_class", dev_per_class, minimum=0)
+    recipe = {"source": str(source), "classes": classes, "test_per_class": test_per_class,
+              "dev_per_class": dev_per_class}
+    if (dest / "split.json").is_file():
+        made = json.loads((dest / "split.json").read_text())
+        if {k: made.get(k) for k in recipe} != recipe:
+            raise ValueError(f"{dest} holds another split ({made}), not {recipe}: choose another folder")
+        return dest
+    train, val = (ImageFolderDataset(source / split, max_classes=classes) for split in ("train", "val"))
+    parts: dict[str, list[str]] = {"train": [], "val": [], "test": []}
+    for c in range(classes):
+        files = [p for p, t in train.samples if t == c]
+        if len(files) <= test_per_class + dev_per_class:
+            raise ValueError(f"class {train.classes[c]!r} has {len(files)} training images: test_per_class "
+                             f"{test_per_class} + dev_per_class {dev_per_class} would leave none to train on")
+        cut = len(files) - test_per_class
+        parts["train"] += files[:cut - dev_per_class]
+        parts["val"] += files[cut - dev_per_class:cut]
+        parts["test"] += files[cut:] + [p for p, t in val.samples if t == c]
+    for split, files in parts.items():
+        for file in files:
+            link = dest / split / Path(file).parent.name / Path(file).name
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.is_symlink():
+                link.symlink_to(Path(file).resolve())
+    write_json(dest / "split.json", {**recipe, **{f"{k}_images": len(v) for k, v in parts.items()}})
+    return dest
+
+
+# %% [markdown]
 # The sets a run is scored on, all with the evaluation transform: the validation split, the training images
-# its fraction kept (does it fit them?) and the ones the fraction left out.
+# its fraction kept (does it fit them?), the ones the fraction left out and, in a `fixed_test_split` folder, the
+# test images — for those, the run keeps which image it got right (`per_image_correct`), so two models can be
+# compared image by image.
 
 # %%
 #| export
@@ -100,8 +154,27 @@ def scoring_sets(cfg: TrainConfig) -> dict[str, Dataset]:
     every = ImageFolderDataset(root / "train", val_tf, max_classes=cfg.classes)
     kept = subsample_per_class(every.targets, cfg.fraction)
     left_out = sorted(set(range(len(every))) - set(kept))
-    return {"val": ImageFolderDataset(root / "val", val_tf, max_classes=cfg.classes),
+    sets = {"val": ImageFolderDataset(root / "val", val_tf, max_classes=cfg.classes),
             "train": Subset(every, kept), "heldout": Subset(every, left_out)}
+    if (root / "test").is_dir():
+        sets["test"] = ImageFolderDataset(root / "test", val_tf, max_classes=cfg.classes)
+    return sets
+
+
+def per_image_correct(model: torch.nn.Module, dataset: Dataset, *, batch_size: int = 256,
+                      device: str | torch.device = "cpu", precision: str = "fp32", num_workers: int = 0) -> str:
+    """Which images of ``dataset`` ``model`` classifies right (top-1), in dataset order, as a string of "0" and "1"."""
+    device = torch.device(device)
+    loader = build_loader(dataset, batch_size, None, num_workers=num_workers, seed=0, drop_last=False)
+    hits, mode = [], model.training
+    model.eval()
+    with torch.no_grad():
+        for images, labels in loader:
+            with autocast(device, precision):
+                logits = model(images.to(device))
+            hits.append(logits.argmax(dim=1).cpu() == labels)
+    model.train(mode)
+    return "".join("1" if h else "0" for h in torch.cat(hits).tolist())
 
 
 def _gpsa_layer_means(gates: list) -> list[float]:
@@ -122,9 +195,12 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
     if result.stopped:
         return None
     device = next(result.model.parameters()).device
+    test = sets.pop("test", None)
     scores = {name: evaluate(result.model, ds, batch_size=256, device=device, precision=cfg.precision,
                              num_workers=cfg.loader_workers())["top1"] if len(ds) else None
               for name, ds in sets.items()}
+    correct = None if test is None else per_image_correct(result.model, test, device=device, precision=cfg.precision,
+                                                          num_workers=cfg.loader_workers())
     ablation = spec.name.rsplit("_f", 1)[0]
     record = {
         "name": spec.name, "model": ABLATIONS[ablation].model,
@@ -135,6 +211,9 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
         "hours": result.history[-1]["time_s"] / 3600,
         "gates_start": _gpsa_layer_means(recorder.records[0]["gates"]),
         "gates_end": _gpsa_layer_means(recorder.records[-1]["gates"])}
+    if correct is not None:
+        record.update(test_top1=100 * correct.count("1") / len(correct), test_images=len(correct),
+                      test_correct=correct)
     write_json(folder / "record.json", record)
     return record
 
@@ -270,10 +349,12 @@ def relative_gain(convit: float, deit: float) -> float:
 # ## From records to tables
 #
 # `summary.json` is the list of the finished runs' records. Table 2 pairs the ConViT and the DeiT of each seed
-# and fraction and scores them on every image neither trained on, the validation images and the held-out
-# training images pooled (`unseen_top1`). The paper's "gap" is the relative improvement of the ConViT; here it
-# comes with a standard error that adds two sources of noise: how much the paired difference varies from seed
-# to seed (with two seeds, a rough estimate) and the binomial noise of scoring a finite set of images.
+# and fraction. In a `fixed_test_split` folder both are scored on the same test images at every fraction, and
+# the uncertainty is **paired** (`paired_bootstrap`): it redraws the seeds and the test images with
+# replacement, the same images for both models, so an image both get right or both get wrong adds no noise to
+# their difference. The first design (chapter 29) had no such split: there the score is on every image neither
+# run trained on (`unseen_top1`, different images at different fractions) and the standard error adds the
+# seed-to-seed spread and the binomial noise of each model's score, as if the two were scored independently.
 
 # %%
 #| export
@@ -281,6 +362,12 @@ def unseen_top1(record: dict) -> float:
     """Top-1 (%) on every image the run did not train on: its validation and held-out training images."""
     n_val, n_out = record["val_images"], record["heldout_images"]
     return (record["val_top1"] * n_val + (record["heldout_top1"] or 0.0) * n_out) / (n_val + n_out)
+
+
+def test_top1(record: dict) -> float:
+    """Top-1 (%) on the run's test images: the fixed test split's (``fixed_test_split``) when it was scored on
+    one, else every image it did not train on (``unseen_top1``)."""
+    return record["test_top1"] if "test_top1" in record else unseen_top1(record)
 
 
 def _images(record: dict) -> int:
@@ -294,9 +381,45 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
     return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) ** 0.5
 
 
+def paired_bootstrap(convit: list[str], deit: list[str], resamples: int = 2000, seed: int = 0) -> dict[str, float]:
+    """ConViT and DeiT test top-1, their difference (points) and the relative gain (%) from per-image correctness
+    strings of the same test images (``per_image_correct``), one ConViT and one DeiT per seed; standard errors from
+    a bootstrap that draws seeds and images with replacement, the same images for both models."""
+    if not convit or len(convit) != len(deit) or len({len(r) for r in (*convit, *deit)}) != 1:
+        raise ValueError(f"need as many ConViT as DeiT runs ({len(convit)} vs {len(deit)}), all scored on the same "
+                         f"test images (lengths {sorted({len(r) for r in (*convit, *deit)})})")
+    c, d = (torch.tensor([[ch == "1" for ch in run] for run in runs], dtype=torch.float64) for runs in (convit, deit))
+    g = torch.Generator().manual_seed(seed)
+
+    def weights(n: int) -> torch.Tensor:  # (resamples, n): how often each of n items is drawn, over n
+        draws = torch.randint(n, (resamples, n), generator=g)
+        return torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64)) / n
+
+    images, seeds = weights(c.shape[1]), weights(c.shape[0])
+    boot_c, boot_d = (100 * ((images @ runs.T) * seeds).sum(dim=1) for runs in (c, d))
+    top_c, top_d = 100 * c.mean().item(), 100 * d.mean().item()
+    return {"convit_top1": top_c, "deit_top1": top_d, "diff": top_c - top_d, "diff_se": (boot_c - boot_d).std().item(),
+            "gain": relative_gain(top_c, top_d), "gain_se": (100 * (boot_c - boot_d) / boot_d).std().item()}
+
+
+def _seed_and_binomial(pairs: list[tuple[dict, dict]]) -> dict[str, float]:
+    """The first design's uncertainty (unpaired): top-1 on each run's unseen images, seed-to-seed spread and
+    binomial noise combined."""
+    accs = [(unseen_top1(c), unseen_top1(d)) for c, d in pairs]
+    binomial = sum(p * (100 - p) / _images(r) for (c, d), pair in zip(accs, pairs)
+                   for p, r in zip((c, d), pair)) ** 0.5 / len(pairs)  # in points
+    diff, diff_se = _mean_se([c - d for c, d in accs])
+    gain, gain_se = _mean_se([relative_gain(c, d) for c, d in accs])
+    deit = sum(d for _, d in accs) / len(accs)
+    return {"convit_top1": sum(c for c, _ in accs) / len(accs), "deit_top1": deit, "diff": diff,
+            "diff_se": math.hypot(0.0 if math.isnan(diff_se) else diff_se, binomial), "gain": gain,
+            "gain_se": math.hypot(0.0 if math.isnan(gain_se) else gain_se, 100 * binomial / deit)}
+
+
 def table_2(records: list[dict]) -> list[dict]:
     """One row per fraction with a ConViT and a DeiT of the same seed: mean test top-1 of both, the point
-    difference and the relative gain (%), each with its standard error (seed-to-seed and binomial, combined)."""
+    difference and the relative gain (%), with standard errors: paired over the fixed test images
+    (``paired_bootstrap``) when every run saved its per-image correctness, else ``_seed_and_binomial``."""
     plain = {(r["model"], r["fraction"], r["seed"]): r for r in records if r["ablation"] is None}
     rows = []
     for f in sorted({key[1] for key in plain}):
@@ -304,18 +427,13 @@ def table_2(records: list[dict]) -> list[dict]:
                  if ("convit", f, s) in plain and ("deit", f, s) in plain]
         if not pairs:
             continue
-        accs = [(unseen_top1(c), unseen_top1(d)) for c, d in pairs]
-        binomial = sum(p * (100 - p) / _images(r) for (c, d), pair in zip(accs, pairs)
-                       for p, r in zip((c, d), pair)) ** 0.5 / len(pairs)  # in points
-        diff, diff_se = _mean_se([c - d for c, d in accs])
-        gain, gain_se = _mean_se([relative_gain(c, d) for c, d in accs])
-        deit = sum(d for _, d in accs) / len(accs)
-        rows.append({"fraction": f, "seeds": len(pairs), "paired_seeds": [c["seed"] for c, _ in pairs], "test_images": _images(pairs[0][0]), "deit_top1": deit,
-                     "convit_top1": sum(c for c, _ in accs) / len(accs), "diff": diff,
-                     "diff_se": math.hypot(0.0 if math.isnan(diff_se) else diff_se, binomial), "gain": gain,
-                     "gain_se": math.hypot(0.0 if math.isnan(gain_se) else gain_se, 100 * binomial / deit),
-                     "train_top1": {m: sum(p[i]["train_top1"] for p in pairs) / len(pairs)
-                                    for i, m in enumerate(("convit", "deit"))}})
+        paired = all("test_correct" in r for pair in pairs for r in pair)
+        stats = (paired_bootstrap([c["test_correct"] for c, _ in pairs], [d["test_correct"] for _, d in pairs])
+                 if paired else _seed_and_binomial(pairs))
+        rows.append({"fraction": f, "seeds": len(pairs), "paired_seeds": [c["seed"] for c, _ in pairs],
+                     "paired": paired, "test_images": pairs[0][0]["test_images"] if paired else _images(pairs[0][0]),
+                     **stats, "train_top1": {m: sum(p[i]["train_top1"] for p in pairs) / len(pairs)
+                                            for i, m in enumerate(("convit", "deit"))}})
     return rows
 
 
@@ -338,14 +456,14 @@ def table_3(records: list[dict], fraction: float) -> list[dict]:
                 and r["ablation"] == (None if name in ("convit", "deit") else name)]
         if runs:
             rows.append({"name": name, "table_ref": a.table_ref, "label": a.label, "seeds": len(runs),
-                         "unseen_top1": sum(map(unseen_top1, runs)) / len(runs),
+                         "test_top1": sum(map(test_top1, runs)) / len(runs),
                          "val_top1": sum(r["val_top1"] for r in runs) / len(runs)})
     return rows
 
 
 def format_table_3(rows: list[dict]) -> str:
     lines = [f"{'row':<7}{'run':<27}{'seeds':>5}{'test top-1':>11}{'val top-1':>10}"]
-    lines += [f"{r['table_ref']:<7}{r['label']:<27}{r['seeds']:>5}{r['unseen_top1']:>11.1f}{r['val_top1']:>10.1f}"
+    lines += [f"{r['table_ref']:<7}{r['label']:<27}{r['seeds']:>5}{r['test_top1']:>11.1f}{r['val_top1']:>10.1f}"
               for r in rows]
     return "\n".join(lines)
 # %% [markdown]
@@ -365,8 +483,8 @@ def plot_table_2(records: list[dict], paper_gaps: dict[float, float] | None = No
     for model, colour, label in (("deit", "C0", "DeiT"), ("convit", "C3", "ConViT")):
         runs = [r for r in records if r["ablation"] is None and r["model"] == model]
         fractions = sorted({r["fraction"] for r in runs})
-        acc.plot([r["fraction"] for r in runs], [unseen_top1(r) for r in runs], ".", color=colour, alpha=0.5)
-        acc.plot(fractions, [sum(unseen_top1(r) for r in runs if r["fraction"] == f) /
+        acc.plot([r["fraction"] for r in runs], [test_top1(r) for r in runs], ".", color=colour, alpha=0.5)
+        acc.plot(fractions, [sum(test_top1(r) for r in runs if r["fraction"] == f) /
                              sum(r["fraction"] == f for r in runs) for f in fractions], "-", color=colour, label=label)
     rows = table_2(records)
     gains.errorbar([r["fraction"] for r in rows], [r["gain"] for r in rows], yerr=[2 * r["gain_se"] for r in rows],
@@ -439,8 +557,9 @@ def plot_ablation(results: dict[str, RunResult], runs: list[RunSpec]) -> Figure:
 # ## The pipeline end to end, on a tiny grid
 #
 # Before trusting tables made from records, run the whole chain once through the real command, in a
-# subprocess: a folder of 3 classes of generated JPEGs, the grid on two fractions with a budget of two
-# optimiser steps per run, its `summary.json` read back and checked against the schema. Interrupting the
+# subprocess: a folder of 3 classes of generated JPEGs, split once into 96 training, 8 dev and 24 + 8 test
+# images per class, the grid on two fractions with a budget of eight optimiser steps per run, its
+# `summary.json` read back and checked against the schema. Interrupting the
 # command and running it again would skip the finished runs; the tests check that (`tests/test_experiments.py`).
 
 # %%
@@ -462,7 +581,8 @@ for split, count in (("train", 128), ("val", 8)):
             Image.fromarray(tone.astype(np.uint8)).save(tiny_root / split / f"class{c}" / f"{i}.jpg")
 command = [sys.executable, "-m", "convit_edu.cli", "experiment", "sample-efficiency", "--data-root", str(tiny_root),
            "--classes", "3", "--seeds", "0", "--fractions", "0.5", "1", "--images-per-run", "256",
-           "--num-workers", "0", "--progress", "none", "--output", str(tiny_output)]
+           "--num-workers", "0", "--progress", "none", "--test-per-class", "24", "--dev-per-class", "8",
+           "--output", str(tiny_output)]
 print(" ".join(command[1:]))
 done = subprocess.run(command, capture_output=True, text=True, timeout=600)
 print(done.stdout[-1500:], done.stderr[-1500:])
@@ -471,12 +591,12 @@ assert done.returncode == 0
 # %%
 tiny = json.loads((tiny_output / "summary.json").read_text())
 print("a record's fields:", ", ".join(tiny[0]))  # (its numbers vary with the CPU: the asserts check them)
-print([(r["name"], r["heldout_images"], len(r["gates_end"])) for r in tiny])
+print([(r["name"], r["heldout_images"], r["test_images"], len(r["gates_end"])) for r in tiny])
 SCHEMA = {"model", "ablation", "fraction", "seed", "val_top1", "heldout_top1", "heldout_images", "gates_start",
           "gates_end"}
 assert len(tiny) == 4 and all(SCHEMA <= set(r) for r in tiny)
 assert {(r["model"], r["fraction"]) for r in tiny} == {(m, f) for m in ("convit", "deit") for f in (0.5, 1.0)}
-assert all(r["heldout_images"] == (192 if r["fraction"] == 0.5 else 0) for r in tiny)
+assert all(r["heldout_images"] == (144 if r["fraction"] == 0.5 else 0) for r in tiny)
+assert all(r["test_images"] == len(r["test_correct"]) == 3 * (24 + 8) for r in tiny)  # one test set for all
 assert all(len(r["gates_end"]) == (4 if r["model"] == "convit" else 0) for r in tiny)
-assert all(0 <= r["val_top1"] <= 100 and 0 <= r["train_top1"] <= 100 for r in tiny)
-assert [row["fraction"] for row in table_2(tiny)] == [0.5, 1.0]
+assert [(row["fraction"], row["paired"]) for row in table_2(tiny)] == [(0.5, True), (1.0, True)]

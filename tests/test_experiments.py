@@ -277,7 +277,7 @@ def test_the_experiment_command_runs_a_grid_and_prints_its_table(tmp_path, capsy
     root = jpeg_folder(tmp_path / "data", classes=2, train=128, val=4)  # f = 0.5 keeps one batch of 128
     code = main(["experiment", "ablations", "--data-root", str(root), "--classes", "2", "--seeds", "0",
                  "--fraction", "0.5", "--names", "convit", "psa", "--images-per-run", "128", "--num-workers", "0",
-                 "--progress", "none", "--output", str(tmp_path / "out")])
+                 "--progress", "none", "--output", str(tmp_path / "out"), "--test-per-class", "0"])
     out = capsys.readouterr().out
     assert code == 0 and "App. A PSA" in out and "ConViT" in out
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

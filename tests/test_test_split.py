@@ -1,0 +1,86 @@
+"""The experiment's fixed test split (one test set for every fraction), per-image scoring and the paired
+bootstrap behind Table 2's standard errors."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from convit_edu.datasets import ImageFolderDataset
+from convit_edu.experiments import fixed_test_split, paired_bootstrap, per_image_correct, table_2
+from test_experiments import jpeg_folder
+
+
+def files(root, split):
+    return {os.path.realpath(p) for p, _ in ImageFolderDataset(root / split).samples}
+
+
+def test_the_split_sets_aside_the_same_test_images_whatever_trains(tmp_path):
+    source = jpeg_folder(tmp_path / "src", classes=3, train=12, val=3)
+    dest = fixed_test_split(source, tmp_path / "split", classes=2, test_per_class=4, dev_per_class=2)
+    train, dev, test = (files(dest, s) for s in ("train", "val", "test"))
+    assert (len(train), len(dev), len(test)) == (2 * 6, 2 * 2, 2 * (4 + 3))
+    assert not (train & dev or train & test or dev & test)
+    assert files(source, "val") - test == {os.path.realpath(p) for p in (source / "val" / "c2").iterdir()}
+    last = sorted((source / "train" / "c0").iterdir())[-4:]  # a class's last training images are test images
+    assert {os.path.realpath(p) for p in last} <= test
+    assert json.loads((dest / "split.json").read_text())["test_images"] == 14
+    assert fixed_test_split(source, dest, classes=2, test_per_class=4, dev_per_class=2) == dest  # made: kept
+    with pytest.raises(ValueError, match="holds another split"):
+        fixed_test_split(source, dest, classes=2, test_per_class=5, dev_per_class=2)
+    with pytest.raises(ValueError, match="class 'c0' has 12 training images"):
+        fixed_test_split(source, tmp_path / "other", classes=2, test_per_class=10, dev_per_class=2)
+
+
+def test_per_image_correct_lists_each_images_top1_hit_in_order():
+    images = torch.randn(5, 3, 4, 4)
+    labels = torch.tensor([0, 1, 1, 0, 1])
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 2))
+    dataset = torch.utils.data.TensorDataset(images, labels)
+    expected = "".join("1" if h else "0" for h in (model(images).argmax(1) == labels).tolist())
+    assert per_image_correct(model, dataset, batch_size=2) == expected
+
+
+def test_the_paired_bootstrap_sees_through_images_both_models_get_right_or_wrong():
+    g = torch.Generator().manual_seed(0)
+    deit = (torch.rand(3, 2000, generator=g) < 0.5).long()
+    convit = deit.clone()
+    convit[:, :40] = 1 - deit[:, :40] * 0  # the ConViT gets the first 40 images right
+    deit[:, :40] = 0  # the DeiT gets them wrong: a 2-point difference on otherwise equal answers
+    as_text = [["".join(map(str, run.tolist())) for run in runs] for runs in (convit, deit)]
+    stats = paired_bootstrap(*as_text)
+    assert stats["diff"] == pytest.approx(2.0)
+    unpaired_se = (2 * 50 * 50 / 2000 / 3) ** 0.5  # binomial noise of two independent ~50 % scores: 0.91
+    assert 0.15 < stats["diff_se"] < 0.45 < unpaired_se  # paired: about sqrt(40)/2000 = 0.32 points
+    assert stats["gain"] == pytest.approx(100 * 2.0 / stats["deit_top1"])
+    with pytest.raises(ValueError, match="same test images"):
+        paired_bootstrap(["101"], ["10"])
+
+
+def test_table_2_pairs_runs_that_saved_their_test_answers():
+    def record(model, seed, correct):
+        return {"model": model, "ablation": None, "fraction": 0.1, "seed": seed, "train_top1": 99.0,
+                "test_correct": correct, "test_images": len(correct), "test_top1": 100 * correct.count("1") / len(correct)}
+
+    rows = table_2([record("convit", 0, "1110"), record("deit", 0, "1100"), record("convit", 1, "1101"),
+                    record("deit", 1, "1100")])
+    assert len(rows) == 1 and rows[0]["paired"] and rows[0]["test_images"] == 4
+    assert rows[0]["diff"] == pytest.approx(25.0) and rows[0]["seeds"] == 2
+
+
+def test_the_experiment_command_scores_every_run_on_the_fixed_test_split(tmp_path, capsys):
+    from convit_edu.cli import main
+
+    root = jpeg_folder(tmp_path / "data", classes=2, train=44, val=4)
+    code = main(["experiment", "sample-efficiency", "--data-root", str(root), "--classes", "2", "--seeds", "0",
+                 "--fractions", "1.0", "--images-per-run", "64", "--num-workers", "0", "--progress", "none",
+                 "--test-per-class", "8", "--dev-per-class", "4", "--set", "img_size=32", "--model-arg",
+                 "embed_dim=36", "--convit-arg", "locality_strength=2.0", "--output", str(tmp_path / "out")])
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [(r["model"], r["test_images"], len(r["test_correct"]), r["train_images"]) for r in summary] == [
+        ("convit", 24, 24, 64), ("deit", 24, 24, 64)]
+    run = json.loads((tmp_path / "out" / "convit_f1_s0" / "run.json").read_text())["config"]
+    assert (run["img_size"], run["model_args"]["embed_dim"], run["model_args"]["locality_strength"]) == (32, 36, 2.0)
+    assert "24" in (tmp_path / "out" / "table.txt").read_text()
