@@ -493,9 +493,8 @@ print(expect_error(lambda: check_smoothed_cross_entropy(  # wrong: ε / (C − 1
 # %% [markdown]
 # ## What we have, and what comes next
 #
-# `convit_edu.fit` exports `param_groups`, `deit_lr`, `evaluate` and `fit`: DeiT's optimiser and schedule and a
-# loop of a few dozen lines that trains any model of the zoo. The engineering track's production loop,
-# `convit_edu.training.train`, is this loop, hardened: the same AdamW groups and schedule, plus many processes
-# (one per GPU, on many nodes), mixed precision, checkpoints and an exact resume, DeiT's full augmentation
-# (RandAugment, random erasing, Mixup/CutMix, label smoothing), EMA, distillation and logs. The later core
-# chapters use it as given; a core-path reader may skip how it is built.
+# `convit_edu.fit` exports `param_groups`, `deit_lr`, `evaluate` and `fit`: DeiT's optimiser and schedule and a loop
+# of a few dozen lines that trains any zoo model. The engineering track's production loop `convit_edu.training.train`
+# is this loop hardened: the same AdamW groups and schedule, plus one process per GPU on many nodes, mixed precision,
+# checkpoints, an exact resume, DeiT's full augmentation (RandAugment, random erasing, Mixup/CutMix, label smoothing),
+# EMA, distillation and logs. Later core chapters use it as given; a core-path reader may skip how it is built.
