@@ -16,10 +16,9 @@
 # %% [markdown]
 # # The DeiT recipe: crops, RandAugment, erasing, MixUp and CutMix
 #
-# DeiT trains a vision transformer on ImageNet-1k alone by regularising hard, and the ConViT paper keeps every
-# value of its recipe. This chapter writes that recipe with `torchvision.transforms.v2`, every value visible in
-# one dataclass, shows what it does to a photograph, and adds MixUp / CutMix with label smoothing on the
-# batch.
+# DeiT trains a vision transformer on ImageNet-1k alone by regularising hard, and the ConViT paper keeps every value
+# of its recipe. This chapter writes that recipe with `torchvision.transforms.v2`, every value visible in one
+# dataclass, shows what it does to a photograph, and adds MixUp / CutMix with label smoothing on the batch.
 
 # %% tags=["parameters"]
 import os
@@ -72,14 +71,13 @@ print(names)
 # %% [markdown]
 # ## The DeiT recipe, every value visible
 #
-# DeiT trains a ViT on ImageNet-1k alone by regularising hard, and the ConViT paper keeps every value of that
-# recipe. Per image (on the CPU, in the loader workers):
+# Its steps per image (on the CPU, in the loader workers):
 #
 # | step | value | why |
 # |---|---|---|
 # | `RandomResizedCrop` | 224 px, scale (0.08, 1), ratio (3/4, 4/3), bicubic | scale and aspect jitter |
 # | `RandomHorizontalFlip` | p = 0.5 | mirror symmetry of natural images |
-# | `RandAugment` | 2 ops, each applied with p = 0.5, magnitude 9 of 10 (DeiT: "rand-m9-mstd0.5-inc1") | colour/geometry jitter |
+# | `RandAugment` | 2 ops, each at p = 0.5, magnitude 9 of 10 (DeiT: "rand-m9-mstd0.5-inc1") | colour/geometry jitter |
 # | `Normalize` | ImageNet mean/std | centred inputs |
 # | `RandomErasing` | p = 0.25, per-pixel random values | occlusion |
 #
@@ -111,15 +109,14 @@ print(names)
 # | Invert, SolarizeAdd (+99 below 128) | in the list | absent | — |
 # | Identity | absent | in the list | — |
 #
-# So 12 of DeiT's 15 ops — the geometric ones, the four enhancements, Solarize, AutoContrast and Equalize — act
-# as in DeiT. Three differ: DeiT's harsh posterize, and Invert and SolarizeAdd, which torchvision lacks (it has
-# an Identity op instead). Each of the three acts on about 1 image in 15 (2 draws × ½ × 1/15), so we keep
-# torchvision's list rather than write ops of our own. DeiT's
-# **magnitude noise** ("mstd0.5": each op draws its magnitude from N(9, 0.5), clipped to [0, 10]) is not
-# reproduced: torchvision's magnitude is a fixed bin. The noise moves an op's strength by ±5 % around the same
-# mean (27° ± 1.5°), so DeiT's average augmentation is what we apply. The fill colour for rotations and shears
-# is the mean pixel, as in DeiT; the ops interpolate bilinearly where DeiT's are bicubic, because torchvision's
-# rotations and affine maps offer bicubic for PIL images only, and this pipeline must also take tensors.
+# So 12 of DeiT's 15 ops — the geometric ones, the four enhancements, Solarize, AutoContrast and Equalize — act as in
+# DeiT. Three differ: DeiT's harsh posterize, and Invert and SolarizeAdd, which torchvision lacks (it has an Identity
+# op instead). Each of the three acts on about 1 image in 15 (2 draws × ½ × 1/15), so we keep torchvision's list
+# rather than write ops of our own. DeiT's **magnitude noise** ("mstd0.5": each op draws its magnitude from N(9, 0.5),
+# clipped to [0, 10]) is not reproduced: torchvision's magnitude is a fixed bin. The noise moves an op's strength by
+# ±5 % around the same mean (27° ± 1.5°), so DeiT's average augmentation is what we apply. The fill colour for
+# rotations and shears is the mean pixel, as in DeiT; the ops interpolate bilinearly where DeiT's are bicubic, because
+# torchvision's rotations and affine maps offer bicubic for PIL images only, and this pipeline must also take tensors.
 #
 # Two named augmentations, `AUGMENTATIONS`: `deit` (the recipe above; the paper's SM C trains CIFAR-100
 # upsampled to 224 px with *all hyperparameters unchanged*, so it uses this one too — the random resized crop
@@ -462,17 +459,16 @@ print(f"share of the batches mixed by CutMix: {cutmix:.1f}")
 # %% [markdown]
 # ## MixUp partners that are not copies
 #
-# Repeated augmentation (chapter 13's `RepeatAugSampler`, DeiT's ×3) puts the r copies of an image side by side
-# in the global stream, and rank k of W takes positions k, k+W, … So in a process's batch the copies sit within
-# ⌈r/W⌉ − 1 positions of each other: side by side on one process, one per rank once W ≥ r. torchvision's
-# `MixUp`/`CutMix` pair image i with i−1: on one process 2 partners in 3 are then a copy, with the same label,
-# so the target is not mixed at all. Reversal pairs j with B−1−j, |B−1−2j| positions away: far apart except
-# at the middle of the batch, so at most one pair in an even batch is a copy for r ≤ 3 (about r/4 for a larger
-# r), at any world size, and without knowing the sampler. Measured through the real mixers on the stream that
-# chapter 13's sampler deals — a permutation, each index repeated r times in a row, rank k taking every W-th
-# position (tests/test_mixing.py measures the same through the sampler itself) — with each image's index in the
-# dataset as its label, no smoothing, MixUp only: a row of soft targets with one non-zero entry is an image
-# mixed with its copy.
+# Repeated augmentation (chapter 13's `RepeatAugSampler`, DeiT's ×3) puts the r copies of an image side by side in the
+# global stream, and rank k of W takes positions k, k+W, … So in a process's batch the copies sit within ⌈r/W⌉ − 1
+# positions of each other: side by side on one process, one per rank once W ≥ r. torchvision's `MixUp`/`CutMix` pair
+# image i with i−1: on one process 2 partners in 3 are then a copy, with the same label, so the target is not mixed at
+# all. Reversal pairs j with B−1−j, |B−1−2j| positions away: far apart except at the middle of the batch, so at most
+# one pair in an even batch is a copy for r ≤ 3 (about r/4 for a larger r), at any world size, and without knowing the
+# sampler. Measured through the real mixers on the stream that chapter 13's sampler deals — a permutation, each index
+# repeated r times in a row, rank k taking every W-th position (tests/test_mixing.py measures the same through the
+# sampler itself) — with each image's index in the dataset as its label, no smoothing, MixUp only: a row of soft
+# targets with one non-zero entry is an image mixed with its copy.
 
 # %%
 def copy_partner_share(mix, world: int, repeats: int = 3, batch: int = 64, num_samples: int = 3072) -> float:
