@@ -24,7 +24,7 @@ from convit_edu.zoo import create_model
 __all__ = ['interleaved_times', 'median', 'spread', 'saved_activation_bytes', 'GPSAOfficialForm', 'format_table', 'gpsa_layer_bench', 'resolution_sweep', 'train_step', 'measure_model', 'model_throughput']
 
 
-# %% nbs/23_benchmarks.py 7
+# %% nbs/23_benchmarks.py 6
 def interleaved_times(
     fns: dict[str, Callable[[], object]], reps: int, warmup: int = 1, timer: Callable[[], float] = time.perf_counter
 ) -> dict[str, list[float]]:
@@ -57,7 +57,7 @@ def spread(times: Sequence[float]) -> float:
     return (max(times) - min(times)) / median(times)
 
 
-# %% nbs/23_benchmarks.py 9
+# %% nbs/23_benchmarks.py 8
 def saved_activation_bytes(fn: Callable[[], object], exclude: Iterable[Tensor] = ()) -> int:
     """Bytes of the tensors autograd saves for backward while ``fn()`` runs, each storage once, ``exclude``
     (e.g. the parameters) left out."""
@@ -75,7 +75,7 @@ def saved_activation_bytes(fn: Callable[[], object], exclude: Iterable[Tensor] =
     return sum(seen.values())
 
 
-# %% nbs/23_benchmarks.py 11
+# %% nbs/23_benchmarks.py 10
 class GPSAOfficialForm(GPSAReference):
     """GPSA (Eq. 6-7) as the official code and timm compute it, kept as the baseline of the speed target.
 
@@ -97,7 +97,7 @@ class GPSAOfficialForm(GPSAReference):
         return self._output(self.attn_drop(attn) @ v)
 
 
-# %% nbs/23_benchmarks.py 14
+# %% nbs/23_benchmarks.py 13
 def format_table(rows: Sequence[dict], floatfmt: str = ".2f") -> str:
     """Rows of a benchmark (dicts with the same keys) as an aligned text table; floats with ``floatfmt``."""
     if not rows:
@@ -150,7 +150,7 @@ def gpsa_layer_bench(
     ]
 
 
-# %% nbs/23_benchmarks.py 22
+# %% nbs/23_benchmarks.py 20
 def resolution_sweep(
     embed_dim: int, num_heads: int, batch: int, lengths: Sequence[int], reps: int, warmup: int = 1,
     memory_batch: int = 32, timer: Callable[[], float] = time.perf_counter,
@@ -172,7 +172,7 @@ def resolution_sweep(
     return rows
 
 
-# %% nbs/23_benchmarks.py 28
+# %% nbs/23_benchmarks.py 26
 def train_step(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str,
                device: torch.device = torch.device("cpu")) -> Callable[[], None]:
     """One training step (forward under the precision's autocast, cross-entropy, backward, AdamW) on fixed random

@@ -16,11 +16,10 @@
 # %% [markdown]
 # # Performance: making the ConViT nearly as fast as the DeiT
 #
-# The ConViT has the same parameter count and almost the same multiply-accumulates (MACs) as the DeiT it is
-# built on (Table 1), yet the official code and timm's port train it at roughly half the DeiT's speed. This
-# chapter explains where that time goes, derives the reformulation that chapter 05's fast `GPSA` uses, and
-# measures it on this machine: one layer, growth with resolution, and whole-model training. Chapter 30 goes on
-# with `torch.compile`, the machine's peak, the data pipeline and `convit-edu bench`.
+# The ConViT has as many parameters and almost as many multiply-accumulates as the DeiT it is built on (Table 1), yet
+# the official code and timm's port train it at about half the DeiT's speed. Here we see where that time goes, derive
+# the reformulation behind chapter 05's fast `GPSA` and measure it: one layer, growth with resolution, whole-model
+# training. Chapter 30 goes on with `torch.compile`, the machine's peak, the data pipeline and `convit-edu bench`.
 
 # %% tags=["parameters"]
 import os
@@ -54,8 +53,7 @@ torch.set_num_threads(1)  # see "Measuring honestly" below
 # 3. cannot use a fused attention kernel (`scaled_dot_product_attention`, FlashAttention), because the
 #    attention matrix must exist to be mixed.
 #
-# So memory grows as B·H·L² instead of B·H·L·d, and the layer pays for elementwise passes over B·H·L²
-# numbers that a fused kernel never writes to memory.
+# So memory grows as B·H·L², not B·H·L·d, and elementwise passes run over B·H·L² numbers a fused kernel never stores.
 #
 # ## The reformulation
 #
@@ -65,30 +63,25 @@ torch.set_num_threads(1)  # see "Measuring honestly" below
 # \,\mathbf{V}^h}_{\texttt{SDPA}(Q,K,V)} + \sigma_h\,\underbrace{\mathrm{softmax}(\mathbf{v}^{h\top}_{pos}
 # \mathbf{r})}_{P^h\ (L\times L)}\,\mathbf{V}^h .$$
 #
-# Eq. 6's renormalisation is a no-op (both softmaxes already sum to one, and so does their convex mix), so
-# nothing else is needed. The first term is exactly what a fused kernel computes. The second term's P does not
-# depend on the image: it is computed once per forward, (H, L, L), and applied to the whole batch as one
-# (H, L, L) @ (H, L, B·d) product. The result is mixed with `torch.lerp(content, position, σ)`. That is
-# `convit_edu.gpsa.GPSA` (chapter 05 checks it equals `GPSAReference` in fp32, to a relative 1e-5).
-
-# %% [markdown]
+# Eq. 6's renormalisation is a no-op: both softmaxes sum to one, so does their convex mix. The first term is exactly
+# what a fused kernel computes; the second's P, independent of the image, is computed once per forward, (H, L, L), and
+# applied to the whole batch as one (H, L, L) @ (H, L, B·d) product. `torch.lerp(content, position, σ)` mixes the two.
+# That is `convit_edu.gpsa.GPSA` (chapter 05 checks it equals `GPSAReference` in fp32, to a relative 1e-5).
+#
 # ## Measuring honestly on a shared machine
 #
-# Timings on a CPU that other processes share are noisy. Three habits keep them useful:
-# **warm up** first (allocations, thread pools, kernel choice), call the things being compared **in turn**
-# (A B A B ..., so a slow second hurts both) and report **medians**, with the spread (max − min over median)
-# as a noise estimate. `interleaved_times` does this with an injectable timer, so the tests can check the
-# order and the medians without timing anything.
+# Timings on a shared CPU are noisy. Three habits keep them useful: **warm up** first (allocations, thread pools,
+# kernel choice), call the things being compared **in turn** (A B A B ..., so a slow second hurts both) and report
+# **medians**, with the spread (max − min over median) as a noise estimate. `interleaved_times` does this with an
+# injectable timer, so the tests check the order and the medians without timing anything.
 #
-# A fourth habit is specific to this machine: it has 2 cores and, while this chapter was written, about ten
-# runnable processes. PyTorch's two intra-op threads then wait for each other at every operator whenever one
-# of them is descheduled; with **one thread** the same GPSA layer ran about 4× faster and with less spread.
-# So every measurement here uses `torch.set_num_threads(1)`, including the peak matmul that the achieved
-# fraction is taken against, and the JSON output records the thread count.
-#
-# The committed outputs of this chapter come from an Intel Xeon (model 207, AVX-512 without AVX-512 BF16 or AMX, 2 cores),
-# one thread, with nothing else running; chapter 30's findings set them beside other runs, on this CPU and on
-# the AMD EPYC (Zen 3, AVX2 without AVX-512) of earlier runs.
+# A fourth habit is this machine's: 2 cores and, while this chapter was written, about ten runnable processes.
+# PyTorch's two intra-op threads then wait for each other at every operator when one is descheduled; with **one
+# thread** the same GPSA layer ran about 4× faster, with less spread. So every measurement uses
+# `torch.set_num_threads(1)`, even the peak matmul the achieved fraction is taken against, and the JSON output records
+# the thread count. The committed outputs come from an Intel Xeon (model 207, AVX-512 without AVX-512 BF16 or AMX,
+# 2 cores), one thread, nothing else running; chapter 30's findings set them beside other runs, on this CPU and on the
+# AMD EPYC (Zen 3, AVX2, no AVX-512) of earlier runs.
 
 # %%
 #| export
@@ -142,12 +135,10 @@ def spread(times: Sequence[float]) -> float:
 
 
 # %% [markdown]
-# *Activation memory* is what autograd saves for the backward pass: every tensor a
-# `saved_tensors_hooks` pack hook sees, each storage counted once, the layer's parameters excluded. It is the
-# memory a training step holds per layer between its forward and its backward, which is what limits the
-# batch size; it is deterministic, unlike a CPU process's resident size (the allocator keeps freed pages).
-# This is the memory measure used throughout this chapter: on a GPU, `torch.cuda.max_memory_allocated` would
-# add the transient buffers of the step on top of it.
+# *Activation memory* is what autograd saves for the backward pass: every tensor a `saved_tensors_hooks` pack hook
+# sees, each storage once, parameters excluded. A training step holds it per layer between forward and backward, so it
+# limits the batch size; unlike a CPU process's resident size (the allocator keeps freed pages) it is deterministic.
+# It is our memory measure; on a GPU, `torch.cuda.max_memory_allocated` would add the step's transient buffers to it.
 
 # %%
 #| export
@@ -171,19 +162,17 @@ def saved_activation_bytes(fn: Callable[[], object], exclude: Iterable[Tensor] =
 # %% [markdown]
 # ## One GPSA layer: official form, reference and fast
 #
-# Three GPSA forms with the same weights take part:
+# Three GPSA forms with the same weights take part, beside DeiT's layer:
 #
-# * the **official form**, `GPSAOfficialForm` below: what the official code and timm compute, the baseline of
-#   the speed target. It is chapter 05's reference GPSA with one more redundancy, item 1 above:
-#   `rel_indices` is expanded to the batch, so `pos_proj` and the positional softmax run once per *image*;
-#   and it normalises in place, as they do. It is checked equal to `GPSAReference` below (the tests also
-#   check it against timm's layer, outputs and gradients);
-# * chapter 05's **reference**, `GPSAReference`: P computed once per forward, every (B, H, L, L) tensor of
-#   item 2 still materialised;
-# * the **fast** `GPSA`.
-#
-# A plain `MHSA` layer of the same size runs beside them: DeiT's layer, four linear maps and one SDPA call,
-# the work that every GPSA built on SDPA does too — the floor the fast GPSA can approach.
+# * the **official form**, `GPSAOfficialForm` below, the baseline of the speed target: what the official code and timm
+#   compute, chapter 05's reference GPSA with item 1's redundancy (`rel_indices` expanded to the batch, so `pos_proj`
+#   and the positional softmax run once per *image*) and an in-place normalisation. It is checked equal to
+#   `GPSAReference` below (the tests also check it against timm's layer, outputs and gradients);
+# * chapter 05's **reference**, `GPSAReference`: P computed once per forward, every (B, H, L, L) tensor of item 2
+#   still materialised;
+# * the **fast** `GPSA`;
+# * a plain `MHSA` layer of the same size: DeiT's layer, four linear maps and one SDPA call, the work that every GPSA
+#   built on SDPA does too — the floor the fast GPSA can approach.
 
 # %%
 #| export
@@ -225,9 +214,8 @@ assert official.state_dict().keys() == reference.state_dict().keys()
 print("official form and reference: the same checkpoint keys, outputs equal to 1e-5")
 
 # %% [markdown]
-# `gpsa_layer_bench` times one layer at a given size: the forward alone (under `no_grad`, as in inference)
-# and forward + backward (as in training), the layers interleaved. It returns one row per layer, ready for
-# `format_table`.
+# `gpsa_layer_bench` times one layer at a given size: the forward alone (under `no_grad`, as in inference) and
+# forward+backward (as in training), the layers interleaved. It returns one row per layer, ready for `format_table`.
 
 # %%
 #| export
@@ -284,8 +272,7 @@ def gpsa_layer_bench(
 
 
 # %% [markdown]
-# First at ConViT-Ti size (D = 192, 4 heads) and ConViT-S size (D = 432, 9 heads), L = 196 patches (224 px),
-# B = 32 images (FAST mode: 2).
+# At ConViT-Ti (D = 192, 4 heads) and ConViT-S size (D = 432, 9 heads): L = 196 patches (224 px), B = 32 (FAST: 2).
 
 # %%
 layer_batch, layer_reps = (2, 2) if FAST else (32, 5)
@@ -307,30 +294,24 @@ for i in (0, 4):
           f"{ref['fwd_bwd_ms'] / mhsa['fwd_bwd_ms']:.2f}x")
 
 # %% [markdown]
-# The time is printed, not asserted: it is this machine's, and it is noisy. Three things explain why the
-# margin over the official form is modest here, and why over the reference, which already computes P once per
-# forward, it is small or none (on the CPU of the committed run the fast layer is slower than the reference
-# at Ti size):
+# The time is printed, not asserted: it is this machine's, and it is noisy. Three things explain why the margin over
+# the official form is modest here, and over the reference, which already computes P once per forward, small or none
+# (on the CPU of the committed run the fast layer is slower than the reference at Ti size):
 #
-# * **The shared work dominates.** The MHSA row — the linear maps and SDPA that every form shares — bounds
-#   what *any* GPSA built on SDPA could gain at this size on this machine (the last line of each size). The
-#   fast form does *more* matmul arithmetic than the others: three L × L products per head forward (Q Kᵀ and
-#   the two products with V) where they do two, and SDPA's fused backward recomputes Q Kᵀ; on a CPU the
-#   fused kernel saves memory traffic, not arithmetic. It wins only by skipping the passes over
-#   B × H × L × L tensors.
-# * **Part of the win is memory, and it is noisy.** The materialising forms allocate fresh (B, H, L, L)
-#   buffers of 20 MB (ConViT-Ti size, B = 32) each step; whenever the C allocator has returned such memory
-#   to the operating system, every page is faulted in and zeroed again, which costs tens of milliseconds.
-#   The fast layer's working memory is small enough for the allocator to keep and reuse. Whether a given
-#   step faults depends on the allocator's state, so the baselines' times — and the ratios — move by tens of
-#   percent from run to run on this shared 2-core CPU.
+# * **The shared work dominates.** The MHSA row (the linear maps and SDPA every form shares) bounds what *any* GPSA
+#   built on SDPA could gain here (the last line of each size). The fast form does *more* matmul arithmetic: three
+#   L × L products per head forward (Q Kᵀ and two with V) against two, and SDPA's fused backward recomputes Q Kᵀ; on a
+#   CPU, fusing saves memory traffic, not arithmetic. It wins only by skipping passes over B × H × L × L tensors.
+# * **Part of the win is memory, and it is noisy.** The materialising forms allocate fresh (B, H, L, L) buffers of
+#   20 MB (ConViT-Ti size, B = 32) each step; whenever the C allocator has returned such memory to the operating
+#   system, every page is faulted in and zeroed again, costing tens of milliseconds. The fast layer's working memory
+#   is small enough for the allocator to keep and reuse. Whether a step faults depends on the allocator's state, so
+#   the baselines' times — and the ratios — move by tens of percent from run to run on this shared 2-core CPU.
 # * **It grows with L**, as the resolution sweep below shows.
-
-# %% [markdown]
-# The memory does not depend on the machine or the mode (it is measured at 32 images, a realistic per-device
-# training batch), so it is printed and checked in every mode: the reference saves several (B, H, L, L)
-# tensors per layer (the official form one more, its per-image positional softmax), the fast layer one
-# (H, L, L) P for the whole batch plus O(B·H·L·d) activations.
+#
+# Memory does not depend on the machine or the mode (measured at 32 images, a realistic per-device batch), so it is
+# printed and checked in every mode: the reference saves several (B, H, L, L) tensors per layer (the official form one
+# more, its per-image positional softmax), the fast layer one (H, L, L) P for the batch plus O(B·H·L·d) activations.
 
 # %%
 for row in layer_rows:
@@ -344,9 +325,8 @@ print("fast GPSA saves at most half the reference's activations (and the referen
 # %% [markdown]
 # ## Cost against resolution
 #
-# The number of tokens L grows with the square of the image side: 64 tokens at 128 px, 196 at 224 px, 576
-# at 384 px. Everything in the reference that is (B, H, L, L) grows as L², while the fast layer's
-# per-image tensors grow as L (only the one P is L², shared by the batch).
+# The token count L grows as the square of the image side: 64 at 128 px, 196 at 224 px, 576 at 384 px. The reference's
+# (B, H, L, L) tensors grow as L², the fast layer's per-image ones as L (only P is L², shared by the batch).
 
 # %%
 #| export
@@ -391,8 +371,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The memory curves (here at B = 8) are deterministic; the reference's is dominated by its L² terms, so the
-# fast layer's share shrinks as L grows:
+# Memory curves (B = 8) are deterministic; L² terms dominate the reference's: the fast layer's share falls with L:
 
 # %%
 ratios = [r["mem_ratio"] for r in sweep]
@@ -402,11 +381,10 @@ print("the fast layer's activation-memory ratio falls as L grows")
 # %% [markdown]
 # ## Whole-model training throughput
 #
-# `model_throughput` times full training steps (forward, cross-entropy, backward, AdamW step) of two models at
-# the same batch and image size, interleaved, and reports images/s and the ratio to the first model's
-# partner. `precision="bf16"` runs the forward under `torch.autocast(dtype=torch.bfloat16)`. The same step
-# closure serves `measure_model`, which `convit-edu bench` calls for one model on any device: training and
-# inference images/s and peak memory.
+# `model_throughput` times full training steps (forward, cross-entropy, backward, AdamW step) of two models at the
+# same batch and image size, interleaved, and reports images/s and the ratio to the last model's. `precision="bf16"`
+# runs the forward under `torch.autocast(dtype=torch.bfloat16)`. The same step closure serves `measure_model`, which
+# `convit-edu bench` calls for one model on any device: training and inference images/s and peak memory.
 
 # %%
 #| export
@@ -503,10 +481,10 @@ print(f"ConViT-Ti trains at {throughput[0]['vs_last']:.2f}x DeiT-Ti's images/s (
 # %% [markdown]
 # ### bf16 autocast on this CPU
 #
-# On GPUs bf16 roughly doubles matmul throughput. This CPU (AVX-512, but no AVX-512 BF16 or AMX instructions)
-# has no bf16 arithmetic: every bf16 matmul is converted and run on slow fallback kernels. So the comparison is
-# kept tiny (64 px images, 16 tokens, batch 2, one timed step): its point is the ratio, not the rate. (The
-# bf16 matmul rate itself is measured beside the fp32 peak below.)
+# On GPUs bf16 roughly doubles matmul throughput. This CPU (AVX-512 but no AVX-512 BF16 or AMX) has no bf16
+# arithmetic: every bf16 matmul is converted and run on slow fallback kernels. So the comparison is kept tiny (64 px
+# images, 16 tokens, batch 2, one timed step): its point is the ratio, not the rate. (Chapter 30 measures the bf16
+# matmul rate itself, beside the fp32 peak.)
 
 # %%
 bf16_img = 32 if FAST else 64
