@@ -16,16 +16,13 @@
 # %% [markdown]
 # # A run is a config
 #
-# The ConViT is trained with DeiT's recipe, unchanged (Sec. 3 of the paper): AdamW, a learning rate scaled with
-# the batch, a warm-up and a cosine decay, stochastic depth, Mixup/CutMix with label smoothing, and optionally
-# an EMA of the weights and hard distillation from a CNN teacher (SM B, Table 4). Chapters 16-21 write the loop
-# that does it, once, for every scale: one process on a CPU, one GPU, `torchrun` on one node, or many nodes
-# under SLURM, and check the strongest property a checkpoint can have: **a run stopped anywhere and resumed
-# ends with exactly the weights of a run that never stopped.** Chapter 24 used that loop as a tool; these
-# chapters open it. This one writes the config every run is: `TrainConfig`, validated once, the paper's
-# recipes by name, and the one way a config becomes the words of a command and back — used alike by the
-# command line (chapter 31) and the experiment grids (chapters 27-28), so a run has one shape wherever it is
-# written.
+# The ConViT is trained with DeiT's recipe, unchanged (Sec. 3): AdamW, a learning rate scaled with the batch, warm-up
+# and cosine decay, stochastic depth, Mixup/CutMix with label smoothing, optionally an EMA of the weights and hard
+# distillation from a CNN teacher (SM B, Table 4). Chapters 16-21 write the loop that does it once for every scale
+# (a CPU, one GPU, `torchrun` on one node, many nodes under SLURM), and check the strongest property a checkpoint can
+# have: **a run stopped anywhere and resumed ends with exactly the weights of a run that never stopped.**
+# Chapter 24 used that loop as a tool; these chapters open it. This one writes the config every run is: `TrainConfig`,
+# validated once, the paper's recipes by name, and the one translation between a config and a command's words.
 
 # %% tags=["parameters"]
 import os
@@ -36,48 +33,33 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 #| default_exp config
 # A training run is a config: `TrainConfig`, validated once, the paper's recipes by name, and the one pair of
 # translators between a config and the command line's words.
-#
-# A little longer than most chapters: a config field and its flag are one idea, kept in one place.
 
 # %%
-
-import torch
-
 from convit_edu.checks import expect_error
 
-torch.set_printoptions(precision=4, sci_mode=False)
-_ = torch.manual_seed(0)
-
 # %% [markdown]
-# ## A run is a config
+# Everything that decides what a run computes lives in one dataclass, written into every checkpoint and into
+# `run.json` beside them, so a run can be repeated, resumed or audited from its files alone. The defaults are DeiT's
+# (Touvron et al. 2020, Table 9): base learning rate 5·10⁻⁴ for a batch of 512, AdamW with weight decay 0.05,
+# 5 warm-up epochs, cosine decay to 10⁻⁵, drop path 0.1, 300 epochs, 64 images per GPU.
 #
-# Everything that decides what a run computes lives in one dataclass. It is written into every checkpoint and
-# into `run.json` beside them, so a run can be repeated, resumed or audited from its files alone. The defaults
-# are DeiT's (Touvron et al. 2020, Table 9): base learning rate 5·10⁻⁴ for a batch of 512, AdamW with weight
-# decay 0.05, 5 warm-up epochs, cosine decay to 10⁻⁵, drop path 0.1, 300 epochs, 64 images per GPU.
+# Two sizes of batch matter. `batch_size` is what one process puts through the model at once; the **global batch**,
+# what one optimiser step averages over, is $B_\text{global} = \texttt{batch\_size} \times \texttt{accum\_steps}
+# \times \text{world size}$, and the learning rate follows it: lr = `lr` × B_global / 512. A recipe can instead fix
+# `global_batch`, and each process then takes its share: the same recipe runs on 1 GPU (with accumulation) or on 16.
 #
-# Two sizes of batch matter. `batch_size` is what one process puts through the model at once; the **global
-# batch**, what one optimiser step averages over, is
-#
-# $$B_\text{global} = \texttt{batch\_size} \times \texttt{accum\_steps} \times \text{world size},$$
-#
-# and the learning rate follows it: lr = `lr` × B_global / 512. A recipe can instead fix `global_batch`, and
-# each process then takes its share — the same recipe runs on 1 GPU (with accumulation) or on 16.
-#
-# **Every setting has one owner.** The model's architecture comes from the zoo (`model`) with `model_args`
-# overriding `ModelConfig` fields, and the augmentation from `augment.AUGMENTATIONS[aug]` with `aug_args`
-# overriding `AugConfig` fields — but four fields of those two dataclasses belong to the run, and setting them
-# in the overrides is an error that names their owner (`RUN_OWNED`): the image size (one value for the model's
-# patch grid and the augmentation's output), the number of classes (the dataset's), the distillation head (there
-# when there is a teacher) and drop path (a training hyper-parameter of DeiT's recipe). The config checks every
-# value when it is made — types, ranges, names, and that the model and augmentation it describes can be built —
-# so a wrong setting fails in the line that made it, not an hour later inside torch.
+# **Every setting has one owner.** The architecture is a zoo `model` with `model_args` overriding `ModelConfig`
+# fields, and the augmentation is `augment.AUGMENTATIONS[aug]` with `aug_args` overriding `AugConfig` fields; but four
+# of those fields belong to the run, and overriding them is an error naming their owner (`RUN_OWNED`): the image size
+# (one value for the model's patch grid and the augmentation's output), the number of classes (the dataset's), the
+# distillation head (present with a teacher) and drop path (a hyper-parameter of DeiT's recipe). Every value is
+# checked when made (types, ranges, names, and that the model and augmentation it describes can be built), so a wrong
+# setting fails in the line that made it, naming the value and what would be right, not an hour later inside torch.
 
 # %%
 #| export
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
-
 
 from convit_edu.augment import AUGMENTATION_RENAMES, AugConfig, augmentation
 from convit_edu.checks import number, one_of, positive_int
@@ -89,9 +71,8 @@ from convit_edu.models import ModelConfig
 from convit_edu.zoo import model_config
 
 PROGRESS = ("auto", "bar", "lines", "none")
-RUN_OWNED = {  # ModelConfig / AugConfig fields the run sets, and the setting (or fact) that sets them
-    "img_size": "img_size", "num_classes": "the dataset's classes", "distilled": "distill_teacher",
-    "drop_path_rate": "drop_path_rate"}
+RUN_OWNED = {"img_size": "img_size", "num_classes": "the dataset's classes", "distilled": "distill_teacher",
+             "drop_path_rate": "drop_path_rate"}  # ModelConfig / AugConfig fields the run sets, and what sets them
 
 
 def setting(default: Any, help: str) -> Any:
@@ -99,6 +80,8 @@ def setting(default: Any, help: str) -> Any:
     if isinstance(default, dict):
         return field(default_factory=dict, metadata={"help": help})
     return field(default=default, metadata={"help": help})
+
+
 # %%
 #| export
 @dataclass
@@ -153,10 +136,9 @@ class TrainConfig:
     progress: str = setting("auto", "auto (bars in notebooks and terminals, lines otherwise), bar, lines or none")
 
     def __post_init__(self) -> None:
-        for name in ("img_size", "repeats", "epochs", "eval_every", "batch_size", "accum_steps", "log_every"):
-            positive_int(name, getattr(self, name))
-        for name in ("seed", "ckpt_every"):
-            positive_int(name, getattr(self, name), minimum=0)
+        for name in ("img_size", "repeats", "epochs", "eval_every", "batch_size", "accum_steps", "log_every",
+                     "seed", "ckpt_every"):
+            positive_int(name, getattr(self, name), minimum=0 if name in ("seed", "ckpt_every") else 1)
         for name, minimum in (("classes", 1), ("global_batch", 1), ("num_workers", 0)):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name), minimum=minimum)
@@ -207,8 +189,7 @@ class TrainConfig:
         augmentation names are migrated). JSON has no tuples: the lists of `model_args` and `aug_args` (a crop's
         `scale`, a `mean`) become tuples again, so a config read back from its `run.json` equals the one written."""
         _check_names(values)
-        values = dict(values)
-        values["aug"] = AUGMENTATION_RENAMES.get(values.get("aug"), values.get("aug", "deit"))
+        values = {**values, "aug": AUGMENTATION_RENAMES.get(values.get("aug"), values.get("aug", "deit"))}
         for name in ("model_args", "aug_args"):
             values[name] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.get(name, {}).items()}
         return cls(**values)
@@ -237,8 +218,6 @@ def _check_dali(cfg: TrainConfig, aug: AugConfig | None) -> None:
                           "'torchvision')")
 
 
-
-
 def _refuse_run_owned(where: str, overrides: dict[str, Any]) -> None:
     owned = sorted(set(overrides) & set(RUN_OWNED))
     if owned:
@@ -251,44 +230,38 @@ def per_device_batch(cfg: TrainConfig, world_size: int) -> int:
         return cfg.batch_size
     share = cfg.accum_steps * world_size
     if cfg.global_batch % share:
-        raise ValueError(
-            f"global_batch {cfg.global_batch} is not divisible by accum_steps {cfg.accum_steps} × world size "
-            f"{world_size} = {share}: pick a global batch that is a multiple of {share}"
-        )
+        raise ValueError(f"global_batch {cfg.global_batch} is not divisible by accum_steps {cfg.accum_steps} × world "
+                         f"size {world_size} = {share}: pick a global batch that is a multiple of {share}")
     return cfg.global_batch // share
 
 
 # %% [markdown]
-# A global batch is split over the processes and the accumulation steps. A wrong setting fails in the line
-# that makes it, naming the value and what would be right: here a learning rate read as text, as it comes from
-# a YAML file or a shell variable. (Unknown names, values out of range, a field that another setting owns and a
-# global batch that does not divide are refused the same way; `tests/test_bad_input.py` checks each of them.)
+# A global batch is split over the processes and the accumulation steps; a learning rate read as text (as from a YAML
+# file or a shell variable) is refused. `tests/test_bad_input.py` checks the other refusals: unknown names, values out
+# of range, a field another setting owns, a global batch that does not divide.
 
 # %%
-cfg = TrainConfig(global_batch=1024)
-print("per-device batch on 8 GPUs:", per_device_batch(cfg, 8))
-print("per-device batch on 1 GPU with 4 accumulation steps:", per_device_batch(TrainConfig(global_batch=1024, accum_steps=4), 1))
+print("global batch 1024, per device:", per_device_batch(TrainConfig(global_batch=1024), 8), "on 8 GPUs,",
+      per_device_batch(TrainConfig(global_batch=1024, accum_steps=4), 1), "on 1 GPU with 4 accumulation steps")
 print(expect_error(lambda: TrainConfig(lr="1e-3"), TypeError))
 
 # %% [markdown]
 # ### Recipes: the paper's settings by name
 #
-# A recipe is a named set of config values, applied over the defaults; the command line's `--preset` takes
-# these names, and explicit settings override them. `deit` is the ImageNet recipe of DeiT and of the paper
-# (global batch 1024 with repeated augmentation ×3; 300 epochs); `imagenet` adds the data; `cifar100-224` is
-# the paper's SM C (CIFAR-100 upsampled to 224 px, every hyper-parameter unchanged); `cifar100-32` trains at
-# CIFAR's own 32 px, with 4-pixel patches and the classic pad-crop-flip augmentation, at a global batch of 128
-# whatever the number of GPUs. `sample-efficiency` is chapter 27's Table 2 at the scale of a CPU: 64-px images of
-# an ImageNet-style folder in 8 × 8-px patches, a DeiT of width 72 with 9 heads and 6 blocks, crops and flips
-# without RandAugment, mixing or erasing, batch 32 — each run of that grid is `--preset sample-efficiency` and
-# the few flags that make it that run (the fraction, its length, the seed; the ConViT is `--model convit_tiny
-# --local-up-to-layer 4`, the same model with GPSA in its first 4 blocks).
+# A recipe is a named set of config values over the defaults, `--preset` on the command line; explicit settings
+# override it. `deit` is DeiT's and the paper's ImageNet recipe (global batch 1024 with repeated augmentation ×3;
+# 300 epochs); `imagenet` adds the data; `cifar100-224` is the paper's SM C (CIFAR-100 upsampled to 224 px, every
+# hyper-parameter unchanged); `cifar100-32` trains at CIFAR's own 32 px in 4-pixel patches, with the classic
+# pad-crop-flip augmentation and a global batch of 128 on any number of GPUs. `sample-efficiency` is chapter 27's
+# Table 2 at a CPU's scale: 64-px images of an image folder in 8 × 8-px patches, a DeiT of width 72, 9 heads,
+# 6 blocks, crops and flips only (no RandAugment, mixing, erasing), batches of 32. Each run of that grid adds its own
+# flags (the fraction, its length, the seed; the ConViT is `--model convit_tiny --local-up-to-layer 4`, the same
+# model, GPSA in its first 4 blocks).
 
 # %%
 #| export
 _DEIT = dict(epochs=300, global_batch=1024, lr=5e-4, min_lr=1e-5, warmup_lr=1e-6, warmup_epochs=5.0,
-             weight_decay=0.05, drop_path_rate=0.1, img_size=224, aug="deit", repeats=3, ema_decay=None,
-             clip_grad=None)
+             weight_decay=0.05, drop_path_rate=0.1, img_size=224, aug="deit", repeats=3, ema_decay=None, clip_grad=None)
 
 RECIPES: dict[str, dict[str, Any]] = {
     "deit": _DEIT,
@@ -298,10 +271,9 @@ RECIPES: dict[str, dict[str, Any]] = {
                     "model_args": {"patch_size": 4}, "global_batch": 128, "repeats": 1},
     "sample-efficiency": {  # chapter 27's CPU-scale Table 2, over the defaults (not DeiT's batch or repeats)
         "model": "deit_tiny", "model_args": {"patch_size": 8, "embed_dim": 72, "num_heads": 9, "depth": 6},
-        "data": "imagefolder", "img_size": 64,
-        "aug": "deit", "aug_args": {"scale": (0.35, 1.0), "randaugment_magnitude": None, "erasing": 0.0,
-                                    "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "crop_ratio": 1.0, "label_smoothing": 0.1},
-        "drop_path_rate": 0.05, "global_batch": 32, "lr": 1.6e-2, "weight_decay": 0.05},
+        "data": "imagefolder", "img_size": 64, "drop_path_rate": 0.05, "global_batch": 32, "lr": 1.6e-2,
+        "weight_decay": 0.05, "aug": "deit", "aug_args": {"scale": (0.35, 1.0), "randaugment_magnitude": None,
+        "erasing": 0.0, "mixup_alpha": 0.0, "cutmix_alpha": 0.0, "crop_ratio": 1.0, "label_smoothing": 0.1}},
 }
 
 
@@ -311,29 +283,24 @@ def recipe(name: str) -> dict[str, Any]:
 
 
 # %%
-for name in RECIPES:
-    TrainConfig(**recipe(name))  # every recipe is a valid config
-print({name: TrainConfig(**recipe(name)).aug for name in RECIPES})
+print({name: TrainConfig(**recipe(name)).aug for name in RECIPES})  # every recipe is a valid config
 
 # %% [markdown]
 # ### A config as command-line words, and back
 #
-# A run's settings have one shape, a `TrainConfig`, and one way to be written as a command. Every field of
-# `TrainConfig` is a flag of the same name (`warmup_epochs` is `--warmup-epochs`); the dict fields gather the
-# flags of what they override: each field of the model's `ModelConfig` is a flag that fills `model_args`
-# (`--local-up-to-layer 4`), each field of the augmentation's `AugConfig` one that fills `aug_args`
-# (`--mixup-alpha 0`), and `--data-arg KEY=VALUE` fills `data_args`. The fields of those two dataclasses that the
-# run owns (`RUN_OWNED`) are the run's flags only: one flag per setting. Booleans are `--flag` / `--no-flag`,
-# `None` is `none`, a range is one word per number.
+# A run has one shape, a `TrainConfig`, and one way to be written as a command. Every `TrainConfig` field is a flag of
+# the same name (`warmup_epochs` is `--warmup-epochs`); the dict fields gather the flags of what they override: each
+# `ModelConfig` field is a flag filling `model_args` (`--local-up-to-layer 4`), each `AugConfig` field one filling
+# `aug_args` (`--mixup-alpha 0`), and `--data-arg KEY=VALUE` fills `data_args`; those the run owns (`RUN_OWNED`) are
+# the run's flags only. Booleans are `--flag` / `--no-flag`, `None` is `none`, a range is one word per number.
 #
-# `config_to_words` writes a config as `--preset NAME` and a flag for every setting that differs from what the
-# recipe gives; `config_from_words` reads words back: defaults < preset < flags, with the dict fields merged key
-# by key (`--local-up-to-layer 4` keeps the preset's patch size; `resolve_config` does the same for values). The
-# command line (chapter 31) builds its `train` parser from these flags (`add_config_flags`, `config_from_args`),
-# and the experiment grids (chapters 27-28) print their runs with `config_to_words`: one pair of translators, so
-# any run of a grid can be repeated by hand from the words it prints. The one setting that gives way is
-# `repeats`: the DALI loader (chapter 14) has none, so a preset's `repeats` becomes 1 under `loader` 'dali',
-# with a note (an explicit `--repeats 3` is still refused).
+# `config_to_words` writes a config as `--preset NAME` and a flag for every setting that differs from what the recipe
+# gives; `config_from_words` reads words back: defaults < preset < flags, the dict fields merged key by key
+# (`--local-up-to-layer 4` keeps the preset's patch size; `resolve_config` does the same for values). The command line
+# (chapter 31) builds its `train` parser from these flags (`add_config_flags`, `config_from_args`) and the experiment
+# grids (chapters 27-28) print their runs with `config_to_words`: one pair of translators, so any run of a grid can be
+# repeated by hand from the words it prints. One setting gives way: the DALI loader (chapter 14) has no `repeats`, so
+# a preset's `repeats` becomes 1 under `loader` 'dali', with a note (an explicit `--repeats 3` is still refused).
 
 # %%
 #| export
@@ -342,7 +309,6 @@ import ast
 import typing
 import warnings
 from collections.abc import Sequence
-from dataclasses import MISSING, Field
 
 _OVERRIDES = {  # TrainConfig field: (the dataclass it overrides, the prefix of its flags' dests, the group's title)
     "model_args": (ModelConfig, "model", "model architecture (convit_edu.models.ModelConfig; defaults shown are "
@@ -358,11 +324,9 @@ def _flag(name: str) -> str:
 
 def _parse_value(text: str) -> Any:
     """`3` -> 3, `0.5` -> 0.5, `none` -> None, `true` -> True, `(1, 2)` -> (1, 2), anything else -> the string."""
-    lowered = text.strip().lower()
-    if lowered in ("none", "null"):
-        return None
-    if lowered in ("true", "false"):
-        return lowered == "true"
+    special = {"none": None, "null": None, "true": True, "false": False}
+    if text.strip().lower() in special:
+        return special[text.strip().lower()]
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -385,10 +349,8 @@ def _kind(f: Field) -> tuple[str, list[type]]:
     a field that may be None or of several types) or "plain" (its default's type); and its non-None types."""
     default = f.default if f.default is not MISSING else f.default_factory()
     types = [t for t in typing.get_args(f.type) if t is not type(None)]
-    if isinstance(default, bool):
-        return "bool", types
-    if isinstance(default, tuple):
-        return "tuple", types
+    if isinstance(default, (bool, tuple)):
+        return ("bool" if isinstance(default, bool) else "tuple"), types
     return ("parsed" if types or default is None else "plain"), types
 
 
@@ -429,8 +391,6 @@ def parse_key_value(item: str, flag: str) -> tuple[str, Any]:
     return key, _parse_value(value)
 
 
-# %%
-#| export
 def resolve_config(preset: str | None, values: dict[str, Any]) -> tuple[TrainConfig, list[str]]:
     """The config of recipe `preset` (None: the defaults) with `values` on top — defaults < preset < values, the
     dict fields (`model_args`, `aug_args`, `data_args`) merged key by key — and notes on what the preset could
@@ -460,9 +420,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         if f.name in _OVERRIDES:
             cls, prefix, title = _OVERRIDES[f.name]
             group = parser.add_argument_group(title)
-            for g in fields(cls):
-                if g.name not in RUN_OWNED:
-                    _add_flag(group, g, f"{prefix}.{g.name}")
+            for g in [g for g in fields(cls) if g.name not in RUN_OWNED]:
+                _add_flag(group, g, f"{prefix}.{g.name}")
         elif f.name != "data_args":  # data_args has the repeatable --data-arg instead
             _add_flag(run, f, f.name)
 
@@ -472,12 +431,11 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, list[str]]:
     `resolve_config`'s notes."""
     values: dict[str, Any] = {"data_args": dict(parse_key_value(item, "--data-arg") for item in args.data_arg)}
     target = {prefix: name for name, (_, prefix, _) in _OVERRIDES.items()}
-    names = {f.name for f in fields(TrainConfig)}
     for key, value in vars(args).items():
         prefix, _, name = key.partition(".")
         if name:
             values.setdefault(target[prefix], {})[name] = tuple(value) if isinstance(value, list) else value
-        elif key in names:
+        elif key in {f.name for f in fields(TrainConfig)}:
             values[key] = value
     return resolve_config(args.preset, values)
 
@@ -524,9 +482,8 @@ def config_to_words(cfg: TrainConfig, preset: str | None = None) -> list[str]:
 
 
 # %% [markdown]
-# A run of chapter 27's grid, made from its recipe and four changes, as words and back; the same config without
-# the preset takes every setting that differs from the defaults. The config written into `run.json` reads back
-# equal too (`TrainConfig.from_dict`), tuples and all.
+# A run of chapter 27's grid (recipe, data folder, four changes) as words and back, with the preset or without (then a
+# flag for each setting off the defaults); `TrainConfig.from_dict` reads its `run.json` back equal, tuples and all.
 
 # %%
 import json
@@ -535,11 +492,9 @@ from dataclasses import asdict
 
 run, _ = resolve_config("sample-efficiency", {"model": "convit_tiny", "model_args": {"local_up_to_layer": 4},
                                                "data_root": "data/tiny", "fraction": 0.1, "epochs": 250, "seed": 1})
-words = config_to_words(run, "sample-efficiency")
-print(shlex.join(words))
-assert config_from_words(words) == run and run.model_args["patch_size"] == 8  # the preset's, kept
-plain = config_to_words(run)
-print(shlex.join(plain))
-assert config_from_words(plain) == run
+for words in (config_to_words(run, "sample-efficiency"), config_to_words(run)):
+    print(shlex.join(words))
+    assert config_from_words(words) == run
+assert run.model_args["patch_size"] == 8  # the preset's, kept
 assert TrainConfig.from_dict(json.loads(json.dumps(asdict(run)))) == run
 print(expect_error(lambda: config_from_words(["--epochs", "ten"])))
