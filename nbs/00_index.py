@@ -211,7 +211,8 @@ CORE = [
     ("25_locality", "nonlocality (Eq. 8) and the gates during training, Figs. 5-6"),
     ("26_attention_maps", "attention maps (Fig. 7) and masking at test time (Tables 5-6)"),
     ("27_experiment_design", "Tables 2 and 3 at any scale; a design a CPU can run"),
-    ("29_experiment_results", "Tables 2 and 3 in miniature: the results"),
+    ("28_tables", "records to Tables 2 and 3: a paired test over images and seeds; pre-conditions"),
+    ("30_experiment_results", "Tables 2 and 3 in miniature: the results"),
 ]
 ENGINEERING = [
     ("10_checkpoints", "official and timm weights in, training checkpoints out; hard distillation"),
@@ -228,10 +229,10 @@ ENGINEERING = [
     ("21_training", "the loop of chapter 09, hardened: `Trainer` and `train`"),
     ("22_training_checks", "exact resume, hooks, a NaN, two processes: checked"),
     ("23_benchmarks", "why GPSA is slow and how to make it fast"),
-    ("28_experiments", "one command per grid; from logs to tables and figures"),
-    ("30_benchmark_suite", "compile, the machine's peak, the data, the benchmark suite"),
-    ("31_cli", "convit-edu train / eval / bench / experiment"),
-    ("32_clusters", "launching at every scale: torchrun, many nodes, SLURM"),
+    ("29_experiments", "one command per grid: a fixed test split, per-image scores, resuming"),
+    ("31_benchmark_suite", "compile, the machine's peak, the data, the benchmark suite"),
+    ("32_cli", "convit-edu train / eval / bench / experiment"),
+    ("33_clusters", "launching at every scale: torchrun, many nodes, SLURM"),
 ]
 written = sorted(p.stem for p in Path(".").glob("[0-9][0-9]_*.py") if p.stem != "00_index")
 assert sorted(stem for stem, _ in CORE + ENGINEERING) == written, "the map and nbs/ differ"

@@ -20,7 +20,7 @@
 # One process per GPU, on one node or many: how each process learns its place (torchrun's or SLURM's
 # variables), how they sum numbers, why only rank 0 writes — and what happens when that write fails —, how a
 # SIGTERM or Ctrl-C stops them all cleanly, and the SLURM batch script that saves and requeues a job
-# (chapter 32 launches it).
+# (chapter 33 launches it).
 
 # %% tags=["parameters"]
 import os
@@ -208,7 +208,7 @@ class StopSignals:
 # ### A SLURM batch script
 #
 # Five minutes before its time limit SLURM signals the batch script, which stops the job step (every rank saves
-# `last.pt`) and requeues the job; `--resume auto` continues it. Chapter 32 walks through launching at every
+# `last.pt`) and requeues the job; `--resume auto` continues it. Chapter 33 walks through launching at every
 # scale and checks this script's commands.
 
 # %%

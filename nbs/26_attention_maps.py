@@ -156,14 +156,14 @@ plot_attention_maps({"ConViT (init)": convit0}, images[:1], layers=[0, 4])
 # %% [markdown]
 # ## Longer-trained models: the experiments' runs on all the data
 #
-# The experiments of chapters 27-29 train a wider DeiT and ConViT — width 72, **9 heads** (a 3 × 3 kernel with one head on the
+# The experiments of chapters 27-30 train a wider DeiT and ConViT — width 72, **9 heads** (a 3 × 3 kernel with one head on the
 # query patch), 6 blocks, the ConViT's first 4 GPSA — for 3 744 optimiser steps of 32 images (24 epochs of the
 # 5 000 images, f = 100 %, seed 0), and records both instruments about 20 times per run with this chapter's
 # `LocalityRecorder`, on 16 validation images (`locality.json` beside each run's logs). Figs. 5 and 6 from
 # those records:
 
 # %%
-RESULTS = Path("results/sample-efficiency")  # chapter 29's committed runs
+RESULTS = Path("results/sample-efficiency")  # chapter 30's committed runs
 RUNS = {"DeiT": "deit_f1_s0", "ConViT": "convit_f1_s0"}
 histories = {name: read_locality(RESULTS / run / "locality.json") for name, run in RUNS.items()}
 for name, records in histories.items():
@@ -299,7 +299,7 @@ assert all(layer.gate_override is None for layer in model.local_layers) and not 
 #   layers (3 and 4) climb more than the earlier ones (1 and 2), in both seeds — the paper's ordering, where
 #   the last GPSA layers escape locality most. None of it comes near the paper's swings.
 # * **Gates (Fig. 6).** In the paper σ(λ) falls in every layer, to about 0 in the last ones. Ours fell by
-#   0.01 to 0.025 from σ(1) = 0.731 (chapter 29: 0.02 to 0.06 at f = 10 %). In logit units a layer's mean
+#   0.01 to 0.025 from σ(1) = 0.731 (chapter 30: 0.02 to 0.06 at f = 10 %). In logit units a layer's mean
 #   gate moved by at most 0.12 of the 1.89 that this schedule's learning rates would let AdamW move it: the
 #   gradient on λ is small, not the room to move. The ConViT's GPSA layers are still mostly positional — mostly a fixed
 #   3 × 3 averaging. Escaping the convolutional start is slow, which is why GPSA needs its gate (App. A) and

@@ -26,8 +26,8 @@
 # name and a `TrainConfig`, printed as the `convit-edu train` words of its recipe and what differs from it —
 # writes the paper's own grid as a script, and designs a version small enough for a 2-core CPU that *can* show
 # the effect, with its pre-conditions stated before any run; that design is a recipe of its own,
-# `--preset sample-efficiency`. Chapter 28 runs grids with one command and turns their logs into tables;
-# chapter 29 reads the results.
+# `--preset sample-efficiency`. Chapter 29 runs grids with one command and turns their logs into tables;
+# chapter 30 reads the results.
 
 # %% tags=["parameters"]
 import os
@@ -59,7 +59,7 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # the recipe it was made from; a grid is a list of them. Its shell command is chapter 16's `config_to_words`:
 # `--preset NAME`, then a flag for every setting that differs from the recipe (booleans `--flag` / `--no-flag`,
 # `None` as `none`, dataset arguments as `--data-arg KEY=VALUE`), and the run writes into `RESULTS/NAME`. These
-# are the flags `convit-edu train` reads (chapter 31), with the same code, so a command of a grid's script can
+# are the flags `convit-edu train` reads (chapter 32), with the same code, so a command of a grid's script can
 # be run by hand and trains exactly that run.
 
 # %%
@@ -122,9 +122,8 @@ assert words == ["--model", "convit_small", "--no-use-local-init", "--data-arg",
                  "--ema-decay", "0.999", "--output", "out/demo"]
 
 # %% [markdown]
-# `convit-edu train` must read it back into exactly the configuration we meant. It reads its flags with
-# chapter 16's `config_from_words` code, so reading the words back checks that every flag exists and lands in
-# the right field:
+# `convit-edu train` reads its flags with chapter 16's `config_from_words`: reading the words back checks that
+# every flag exists and lands in the right field, giving exactly the configuration we meant:
 
 # %%
 from convit_edu.config import config_from_words
@@ -135,12 +134,10 @@ print("read back:", config_from_words(words).model_args, "classes", config_from_
 # %% [markdown]
 # ## The grids: Table 2 and Table 3 at any scale
 #
-# What the runs of one experiment share is a **scale**: the ConViT and the DeiT compared, the recipe and the
-# settings common to every run, and the training length at f = 1. Table 2 then varies the fraction
-# f, multiplying epochs (and the warm-up, so that the schedule has the same shape in steps) by 1/f:
-# `datasets.scaled_epochs`. Table 3 and Appendix A vary the ConViT's switches at one fraction. Each ablation has
-# a name that says what it changes (the runs' folders are named after it); the paper's row letter is kept
-# as a label:
+# What the runs of one experiment share is a **scale**: the ConViT and DeiT compared, the recipe, the settings
+# of every run and the training length at f = 1. Table 2 varies f, multiplying epochs and warm-up by 1/f
+# (`datasets.scaled_epochs`); Table 3 and Appendix A vary the ConViT's switches at one fraction. Each ablation's
+# name says what it changes (and names the runs' folders); the paper's row letter is kept as a label:
 #
 # | name | Table 3 | train gating | conv init | train GPSA | use GPSA | model and `ModelConfig` switches |
 # |---|---|---|---|---|---|---|
@@ -277,7 +274,7 @@ def unique_runs(*grids: list[RunSpec]) -> list[RunSpec]:
 #
 # At full scale the grid reproduces Table 2 (ConViT-S vs DeiT-S, 300 epochs at f = 1, DeiT's ImageNet recipe:
 # the CLI's `imagenet` preset) and Table 3 (the "+" models on 10 % of the data), one `torchrun` per run on a
-# node of 8 GPUs. The commands are what a cluster job would execute (the SLURM wrapper is in chapter 32):
+# node of 8 GPUs. The commands are what a cluster job would execute (the SLURM wrapper is in chapter 33):
 
 # %%
 PAPER_TABLE_2 = Scale(convit="convit_small", deit="deit_small", epochs=300, warmup_epochs=5, preset="imagenet")
@@ -293,7 +290,7 @@ print(len(paper_runs), "Table 2 runs,", len(paper_ablations), "Table 3 / App. A 
 assert paper_runs[0].config.epochs == 6000 and paper_runs[0].config.warmup_epochs == 100
 
 # %% [markdown]
-# A grid at the paper's scale is most useful as a script a cluster job runs line by line (chapter 32 wraps
+# A grid at the paper's scale is most useful as a script a cluster job runs line by line (chapter 33 wraps
 # one in SLURM); `commands_script` writes it:
 
 # %%
@@ -332,27 +329,26 @@ assert paper_script.count("torchrun") == 2 and "--fraction 0.05" in paper_script
 # * **budget**: every run makes the same number of optimiser steps, 120 000 images' worth in batches of 32
 #   (24 epochs at f = 1, about 80 at f = 0.3, 250 at f = 0.1): 3 744 steps, so the fraction changes the
 #   *data*, never the compute. Batch 32 gives 4 times the steps of batch 128 — which matters for the gates
-#   (pre-condition 3 below) — and did not cost this CPU more per image (the two grids' logs, read in chapter 29);
-# * **evaluation**: top-1 on the 500 validation images **and** on the training images the fraction left out
-#   (4 500 at f = 0.1, 3 500 at f = 0.3), which are as unseen as the validation images; pooled, they bring the
-#   binomial standard error of a top-1 below a point where it was 2.2 points on 500 images. Two seeds per cell,
-#   paired (the ConViT and the DeiT of a seed see the same images in the same order).
+#   (pre-condition 3 below) — and did not cost this CPU more per image (the two grids' logs, read in chapter 30);
+# * **evaluation**: top-1 on the 500 validation images **and** the training images the fraction left out (4 500
+#   at f = 0.1): pooled, a top-1's binomial standard error falls below a point (2.2 on 500 images). Two seeds
+#   per cell, paired (the ConViT and the DeiT of a seed see the same images in the same order).
 #
 # Three pre-conditions are written here, before the results: **(1)** the DeiT at f = 0.1 is at least 10
-# points below the DeiT at f = 1 (the data really is scarce), **(2)** the models fit their training data
-# (training top-1 far above the top-1 on unseen images at f = 0.1), and **(3)** the gates *can* move. AdamW
-# moves a parameter by at most about the learning rate per step, so over a run λ can move by at most the sum
-# of the schedule's learning rates; the paper's 300 epochs sum to about 190, and σ(λ) goes from its initial
-# σ(1) = 0.73 to 0.38 only if λ moves by 1.5. So the schedule's learning rates must sum to at least 1.5 —
-# checked from the schedule itself, before any run, by chapter 17's `learning_rate_sum` (chapter 29 applies it).
-# (The first version of this design, batch 128 with 936 steps, summed to 0.47: its gates stayed within 0.02 of
-# 0.73, and its f = 0.1 runs are kept in `nbs/results/sample-efficiency-b128/` as the record of why the batch
-# changed.) (1) and (2) are checked on the results (chapter 29). If one failed, the budget would change, not
-# the claim.
+# points below the DeiT at f = 1 (the data really is scarce), **(2)** the models fit their training data at
+# f = 0.1, and **(3)** the gates *can* move. AdamW moves a parameter by at most about the learning rate per
+# step, so λ can move by at most the sum of the schedule's learning rates (the paper's: about 190); σ(λ) goes
+# from σ(1) = 0.73 to 0.38 only if λ moves by 1.5, so the sum must be at least 1.5 — checked from the schedule
+# before any run by chapter 17's `learning_rate_sum`. (This design's first version, batch 128 with 936 steps,
+# summed to 0.47: its gates stayed within 0.02 of 0.73; its f = 0.1 runs are kept in
+# `nbs/results/sample-efficiency-b128/`.) (1) and (2) are checked on the results (chapter 30).
 #
-# The data, model size and recipe above are one named recipe beside the paper's, chapter 16's
-# `sample-efficiency` (its model is the DeiT; the ConViT's runs add `--model convit_tiny --local-up-to-layer 4`),
-# so every run of this grid is `--preset sample-efficiency` and the flags of its fraction, length and seed.
+# The data, model size and recipe are chapter 16's `sample-efficiency` recipe (its model is the DeiT; the ConViT
+# adds `--model convit_tiny --local-up-to-layer 4`): every run is `--preset sample-efficiency` and a few flags.
+#
+# This is the course's *first* design; chapter 30 reads what it showed (the paper's ordering, within noise) and
+# the second: pilots that look for the regime, one fixed test split for every fraction (chapter 29), a paired
+# test (chapter 28) and four pre-conditions checked by code (`tables.check_preconditions`).
 
 # %%
 #| export
@@ -431,7 +427,7 @@ plt.show()
 # Each run is its recipe and a few flags. Here is the first ConViT run of the grid as its script prints it, and
 # every run of the committed grid read back from the `run.json` it wrote: each is its run of this grid, except
 # where and how it ran (its folders, loader processes, progress display and `--resume auto`, which
-# `convit-edu experiment` sets, chapter 28). So any one of them can be run again by hand.
+# `convit-edu experiment` sets, chapter 29). So any one of them can be run again by hand.
 
 # %%
 import json

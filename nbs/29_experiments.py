@@ -16,9 +16,10 @@
 # %% [markdown]
 # # Running the experiments: one command per grid, then tables and figures
 #
-# Chapter 27 described the grids. Here `convit-edu experiment sample-efficiency|ablations` runs one, resuming
-# where it stopped; each run's logs and records become the rows of the paper's Tables 2 and 3 and the curves
-# of its Figs. 5 and 6. A tiny grid goes through the real command end to end, in FAST mode and in full.
+# Chapter 27 described the grids and chapter 28 turns records into tables. Here `convit-edu experiment
+# sample-efficiency|ablations` runs a grid, resuming where it stopped, scores every run on one fixed test set
+# image by image, and writes the records, Tables 2 and 3 and the curves of Figs. 5 and 6. A tiny grid goes
+# through the real command end to end, in FAST mode and in full.
 
 # %% tags=["parameters"]
 import os
@@ -52,6 +53,8 @@ from convit_edu.experiment_design import ABLATIONS, RunSpec
 from convit_edu.loaders import build_loader
 from convit_edu.locality import LocalityRecorder, plot_gate_history, plot_nonlocality_history, read_locality
 from convit_edu.models import VisionTransformer
+from convit_edu.optimisation import learning_rate_sum
+from convit_edu.tables import format_table_2, format_table_3, plot_table_2, table_2, table_3
 from convit_edu.training import train
 
 # %%
@@ -211,6 +214,8 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
         "hours": result.history[-1]["time_s"] / 3600,
         "gates_start": _gpsa_layer_means(recorder.records[0]["gates"]),
         "gates_end": _gpsa_layer_means(recorder.records[-1]["gates"])}
+    record.update(lr_sum=learning_rate_sum(cfg, len(sets["train"]) // (cfg.global_batch or cfg.batch_size)),
+                  val_curve=[[row["epoch"], row["val_top1"]] for row in result.history if "val_top1" in row])
     if correct is not None:
         record.update(test_top1=100 * correct.count("1") / len(correct), test_images=len(correct),
                       test_correct=correct)
@@ -338,134 +343,7 @@ def collect(results: str | Path, runs: list[RunSpec]) -> dict[str, RunResult]:
     return found
 
 
-def relative_gain(convit: float, deit: float) -> float:
-    """The paper's "Gap" (Table 2): (ConViT − DeiT) / DeiT, in %."""
-    if deit <= 0:
-        raise ValueError(f"the DeiT accuracy {deit} must be > 0 to compute a relative gain")
-    return 100 * (convit - deit) / deit
 
-
-# %% [markdown]
-# ## From records to tables
-#
-# `summary.json` is the list of the finished runs' records. Table 2 pairs the ConViT and the DeiT of each seed
-# and fraction. In a `fixed_test_split` folder both are scored on the same test images at every fraction, and
-# the uncertainty is **paired** (`paired_bootstrap`): it redraws the seeds and the test images with
-# replacement, the same images for both models, so an image both get right or both get wrong adds no noise to
-# their difference. The first design (chapter 29) had no such split: there the score is on every image neither
-# run trained on (`unseen_top1`, different images at different fractions) and the standard error adds the
-# seed-to-seed spread and the binomial noise of each model's score, as if the two were scored independently.
-
-# %%
-#| export
-def unseen_top1(record: dict) -> float:
-    """Top-1 (%) on every image the run did not train on: its validation and held-out training images."""
-    n_val, n_out = record["val_images"], record["heldout_images"]
-    return (record["val_top1"] * n_val + (record["heldout_top1"] or 0.0) * n_out) / (n_val + n_out)
-
-
-def test_top1(record: dict) -> float:
-    """Top-1 (%) on the run's test images: the fixed test split's (``fixed_test_split``) when it was scored on
-    one, else every image it did not train on (``unseen_top1``)."""
-    return record["test_top1"] if "test_top1" in record else unseen_top1(record)
-
-
-def _images(record: dict) -> int:
-    return record["val_images"] + record["heldout_images"]
-
-
-def _mean_se(values: list[float]) -> tuple[float, float]:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, float("nan")
-    return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) ** 0.5
-
-
-def paired_bootstrap(convit: list[str], deit: list[str], resamples: int = 2000, seed: int = 0) -> dict[str, float]:
-    """ConViT and DeiT test top-1, their difference (points) and the relative gain (%) from per-image correctness
-    strings of the same test images (``per_image_correct``), one ConViT and one DeiT per seed; standard errors from
-    a bootstrap that draws seeds and images with replacement, the same images for both models."""
-    if not convit or len(convit) != len(deit) or len({len(r) for r in (*convit, *deit)}) != 1:
-        raise ValueError(f"need as many ConViT as DeiT runs ({len(convit)} vs {len(deit)}), all scored on the same "
-                         f"test images (lengths {sorted({len(r) for r in (*convit, *deit)})})")
-    c, d = (torch.tensor([[ch == "1" for ch in run] for run in runs], dtype=torch.float64) for runs in (convit, deit))
-    g = torch.Generator().manual_seed(seed)
-
-    def weights(n: int) -> torch.Tensor:  # (resamples, n): how often each of n items is drawn, over n
-        draws = torch.randint(n, (resamples, n), generator=g)
-        return torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64)) / n
-
-    images, seeds = weights(c.shape[1]), weights(c.shape[0])
-    boot_c, boot_d = (100 * ((images @ runs.T) * seeds).sum(dim=1) for runs in (c, d))
-    top_c, top_d = 100 * c.mean().item(), 100 * d.mean().item()
-    return {"convit_top1": top_c, "deit_top1": top_d, "diff": top_c - top_d, "diff_se": (boot_c - boot_d).std().item(),
-            "gain": relative_gain(top_c, top_d), "gain_se": (100 * (boot_c - boot_d) / boot_d).std().item()}
-
-
-def _seed_and_binomial(pairs: list[tuple[dict, dict]]) -> dict[str, float]:
-    """The first design's uncertainty (unpaired): top-1 on each run's unseen images, seed-to-seed spread and
-    binomial noise combined."""
-    accs = [(unseen_top1(c), unseen_top1(d)) for c, d in pairs]
-    binomial = sum(p * (100 - p) / _images(r) for (c, d), pair in zip(accs, pairs)
-                   for p, r in zip((c, d), pair)) ** 0.5 / len(pairs)  # in points
-    diff, diff_se = _mean_se([c - d for c, d in accs])
-    gain, gain_se = _mean_se([relative_gain(c, d) for c, d in accs])
-    deit = sum(d for _, d in accs) / len(accs)
-    return {"convit_top1": sum(c for c, _ in accs) / len(accs), "deit_top1": deit, "diff": diff,
-            "diff_se": math.hypot(0.0 if math.isnan(diff_se) else diff_se, binomial), "gain": gain,
-            "gain_se": math.hypot(0.0 if math.isnan(gain_se) else gain_se, 100 * binomial / deit)}
-
-
-def table_2(records: list[dict]) -> list[dict]:
-    """One row per fraction with a ConViT and a DeiT of the same seed: mean test top-1 of both, the point
-    difference and the relative gain (%), with standard errors: paired over the fixed test images
-    (``paired_bootstrap``) when every run saved its per-image correctness, else ``_seed_and_binomial``."""
-    plain = {(r["model"], r["fraction"], r["seed"]): r for r in records if r["ablation"] is None}
-    rows = []
-    for f in sorted({key[1] for key in plain}):
-        pairs = [(plain[("convit", f, s)], plain[("deit", f, s)]) for s in sorted({k[2] for k in plain})
-                 if ("convit", f, s) in plain and ("deit", f, s) in plain]
-        if not pairs:
-            continue
-        paired = all("test_correct" in r for pair in pairs for r in pair)
-        stats = (paired_bootstrap([c["test_correct"] for c, _ in pairs], [d["test_correct"] for _, d in pairs])
-                 if paired else _seed_and_binomial(pairs))
-        rows.append({"fraction": f, "seeds": len(pairs), "paired_seeds": [c["seed"] for c, _ in pairs],
-                     "paired": paired, "test_images": pairs[0][0]["test_images"] if paired else _images(pairs[0][0]),
-                     **stats, "train_top1": {m: sum(p[i]["train_top1"] for p in pairs) / len(pairs)
-                                            for i, m in enumerate(("convit", "deit"))}})
-    return rows
-
-
-def format_table_2(rows: list[dict]) -> str:
-    """Table 2's layout with the standard errors: f | DeiT, ConViT (test top-1) | difference | relative gap."""
-    lines = [f"{'f':>6} {'seeds':>5} {'images':>6} | {'DeiT':>6} {'ConViT':>6} | {'ConViT - DeiT':>14} | "
-             f"{'gap (relative)':>15}"]
-    for r in rows:
-        lines.append(f"{r['fraction']:>6.0%} {r['seeds']:>5} {r['test_images']:>6} | {r['deit_top1']:>6.1f} "
-                     f"{r['convit_top1']:>6.1f} | {r['diff']:>+6.1f} ± {r['diff_se']:<4.1f}pt | "
-                     f"{r['gain']:>+6.0f} ± {r['gain_se']:<3.0f}%")
-    return "\n".join(lines)
-
-
-def table_3(records: list[dict], fraction: float) -> list[dict]:
-    """The ablations on ``fraction`` in ``ABLATIONS`` order: name, Table 3 row, seeds, mean test and val top-1."""
-    rows = []
-    for name, a in ABLATIONS.items():
-        runs = [r for r in records if r["fraction"] == fraction and r["model"] == a.model
-                and r["ablation"] == (None if name in ("convit", "deit") else name)]
-        if runs:
-            rows.append({"name": name, "table_ref": a.table_ref, "label": a.label, "seeds": len(runs),
-                         "test_top1": sum(map(test_top1, runs)) / len(runs),
-                         "val_top1": sum(r["val_top1"] for r in runs) / len(runs)})
-    return rows
-
-
-def format_table_3(rows: list[dict]) -> str:
-    lines = [f"{'row':<7}{'run':<27}{'seeds':>5}{'test top-1':>11}{'val top-1':>10}"]
-    lines += [f"{r['table_ref']:<7}{r['label']:<27}{r['seeds']:>5}{r['test_top1']:>11.1f}{r['val_top1']:>10.1f}"
-              for r in rows]
-    return "\n".join(lines)
 # %% [markdown]
 # ## The figures, in the paper's style
 #
@@ -475,33 +353,6 @@ def format_table_3(rows: list[dict]) -> str:
 
 # %%
 #| export
-def plot_table_2(records: list[dict], paper_gaps: dict[float, float] | None = None) -> Figure:
-    """Left: test top-1 against f (each seed a dot, the mean a line). Right: the relative gain of the ConViT with
-    its standard error, and the paper's (``paper_gaps``) for reference."""
-    fig = Figure(figsize=(9, 3.2), dpi=80)
-    acc, gains = fig.subplots(1, 2)
-    for model, colour, label in (("deit", "C0", "DeiT"), ("convit", "C3", "ConViT")):
-        runs = [r for r in records if r["ablation"] is None and r["model"] == model]
-        fractions = sorted({r["fraction"] for r in runs})
-        acc.plot([r["fraction"] for r in runs], [test_top1(r) for r in runs], ".", color=colour, alpha=0.5)
-        acc.plot(fractions, [sum(test_top1(r) for r in runs if r["fraction"] == f) /
-                             sum(r["fraction"] == f for r in runs) for f in fractions], "-", color=colour, label=label)
-    rows = table_2(records)
-    gains.errorbar([r["fraction"] for r in rows], [r["gain"] for r in rows], yerr=[2 * r["gain_se"] for r in rows],
-                   fmt="o-", color="C3", capsize=3, label="this grid (± 2 SE)")
-    if paper_gaps:
-        gains.plot(list(paper_gaps), list(paper_gaps.values()), "s:", color="grey", label="paper (ImageNet, S)")
-    gains.axhline(0, color="black", linewidth=0.5)
-    for ax in (acc, gains):
-        ax.set_xscale("log")
-        ax.set_xlabel("fraction of the training images f")
-        ax.legend(fontsize=7)
-    acc.set(ylabel="test top-1 (%)", title="top-1 on unseen images")
-    gains.set(ylabel="relative improvement (%)", title="ConViT over DeiT")
-    fig.tight_layout()
-    return fig
-
-
 def locality_histories(output: str | Path, fraction: float, seed: int) -> dict[str, list[dict]]:
     """The ``locality.json`` records of the DeiT and the ConViT of one Table 2 cell, by label."""
     return {label: read_locality(Path(output) / f"{name}_f{fraction:g}_s{seed}" / "locality.json")
@@ -569,7 +420,7 @@ import shutil
 import numpy as np
 from PIL import Image
 
-tiny_root, tiny_output = Path("runs/28_tiny_folder"), Path("runs/28_tiny_grid")  # nbs/runs/ is not committed
+tiny_root, tiny_output = Path("runs/29_tiny_folder"), Path("runs/29_tiny_grid")  # nbs/runs/ is not committed
 shutil.rmtree(tiny_root, ignore_errors=True)
 shutil.rmtree(tiny_output, ignore_errors=True)
 pixels = np.random.default_rng(0)

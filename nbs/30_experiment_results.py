@@ -16,7 +16,7 @@
 # %% [markdown]
 # # The paper's experiments in miniature: the results
 #
-# The grid that chapter 27 designed, run with chapter 28's command on this course's CPU: Table 2 (the ConViT's
+# The grid that chapter 27 designed, run with chapter 29's command on this course's CPU: Table 2 (the ConViT's
 # gain against the fraction of data), its pre-conditions checked on the runs, Figs. 5 and 6 from the same runs,
 # and Table 3's ablations, each beside the paper's numbers, with standard errors, and what they do and do not
 # support.
@@ -37,8 +37,8 @@ import torch
 from convit_edu.config import TrainConfig
 from convit_edu.experiment_design import ABLATIONS, sample_efficiency_grid, sample_efficiency_scale
 from convit_edu.optimisation import learning_rate_sum
-from convit_edu.experiments import (format_table_2, locality_histories, plot_table_2, relative_gain, run_config,
-                                    table_2, table_3, unseen_top1)
+from convit_edu.experiments import locality_histories, run_config
+from convit_edu.tables import format_table_2, plot_table_2, relative_gain, table_2, table_3, unseen_top1
 from convit_edu.locality import plot_gate_history, plot_nonlocality_history, read_locality
 from convit_edu.optimisation import scaled_lr
 

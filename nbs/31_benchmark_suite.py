@@ -59,6 +59,7 @@ torch.set_printoptions(precision=4, sci_mode=False)
 torch.manual_seed(0)
 torch.set_num_threads(1)  # see "Measuring honestly" below
 
+
 # %% [markdown]
 # ### `torch.compile`
 #
@@ -124,6 +125,7 @@ else:
         print(f"compiled / eager: {compiled['compiled_images_per_s'] / compiled['eager_images_per_s']:.2f}x")
     except (TimeoutError, RuntimeError) as e:
         print(f"torch.compile not measured: {e}")
+
 
 # %% [markdown]
 # ## How close to the machine's peak?
@@ -210,6 +212,7 @@ fast_bound = training_flops_per_image("deit_tiny", 224) / (training_flops_per_im
 print(f"P @ V adds {extra / 1e9:.3f} GFLOP per training image; MAC-bound ConViT-Ti/DeiT-Ti with fast GPSA: "
       f"{fast_bound:.3f}")
 assert 0.9 < fast_bound < 0.95
+
 
 # %% [markdown]
 # ## Where the rest of the time goes
@@ -327,6 +330,7 @@ torch.set_num_threads(threads)
 for key, value in pipeline.items():
     print(f"{key:<42}{value:>10.2f}")
 
+
 # %% [markdown]
 # ## `convit-edu bench` and JSON
 #
@@ -375,7 +379,7 @@ def run_benchmarks(
     sizes: BenchSizes, compile_timeout_s: float | None = None, json_path: str | Path | None = None,
     print_fn: Callable[[str], None] = print,
 ) -> dict:
-    """Every benchmark of chapters 23-30 at ``sizes``, printed as tables; ``torch.compile`` too when
+    """Every benchmark of chapters 23-31 at ``sizes``, printed as tables; ``torch.compile`` too when
     ``compile_timeout_s`` is given; written as JSON to ``json_path`` when given. Returns the results."""
     s = sizes
     results: dict = {"sizes": asdict(s)}
@@ -464,7 +468,7 @@ for label, value, target in targets:
 #   bound set by the P @ V work is 0.95×: the GPSA layers' cost relative to MHSA above is the gap. The target was
 #   met at the edge on the AMD EPYC, so it depends on the CPU, and the performance work is not done for AVX-512
 #   CPUs. ConViT-S is wider than DeiT-S (432 vs 384), so its bound is 0.80×; it measured 0.58× in chapter 23.
-# - *Data pipeline* (target: end to end ≥ 0.90× model only, for the Tiny ImageNet configuration chapter 28's
+# - *Data pipeline* (target: end to end ≥ 0.90× model only, for the Tiny ImageNet configuration chapter 29's
 #   grid trains): **met in this run**, 0.92× [AMD EPYC 0.86–1.00×] — `train` ran 220 images/s over an epoch of
 #   real 64-px JPEG batches against 240 for the model's step alone on random tensors, with one thread and one
 #   loader worker sharing the two cores with the training thread, and the steps waited for data 3 % of the

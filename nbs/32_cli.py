@@ -14,20 +14,17 @@
 # ---
 
 # %% [markdown]
-# # The command line: `convit-edu train / eval / bench`
+# # The command line: `convit-edu train / eval / bench / experiment`
 #
-# Chapters 10-21 wrote one training loop, `train(TrainConfig)`. This chapter puts a command in front of it, so
-# that the same run starts from a terminal:
+# Chapters 10-21 wrote one training loop, `train(TrainConfig)`. This chapter puts a command in front of it:
 #
-# * `convit-edu train` — every field of `TrainConfig`, of the model's `ModelConfig` and of the augmentation
-#   recipe's `AugConfig` is a flag of the same name; **presets** fill in the paper's recipes and print what
-#   they expand to;
-# * `convit-edu eval` — top-1/top-5 of a checkpoint, with the test-time masking switches of chapter 08
-#   (SM F, Tables 5-6);
-# * `convit-edu bench` — training and inference images/s and peak memory of a model on this machine, and the
-#   data loader's images/s.
+# * `convit-edu train` — every field of `TrainConfig`, `ModelConfig` and `AugConfig` is a flag of the same
+#   name; **presets** fill in the paper's recipes and print what they expand to;
+# * `convit-edu eval` — top-1/top-5 of a checkpoint, with chapter 08's test-time masking (SM F, Tables 5-6);
+# * `convit-edu bench` — training and inference images/s and peak memory of a model here, and the loader's;
+# * `convit-edu experiment` — chapter 29's grids (Tables 2 and 3 at CPU scale), built from its functions.
 #
-# Chapter 32 launches the same command on one GPU, a node, many nodes and SLURM.
+# Chapter 33 launches the same command on one GPU, a node, many nodes and SLURM.
 
 # %% tags=["parameters"]
 import os
@@ -37,8 +34,6 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # %%
 #| default_exp cli
 # The command line: `convit-edu train / eval / bench / experiment`, every config field a flag (chapter 16's).
-#
-# A little longer than most chapters: every command is shown running.
 
 # %%
 import contextlib
@@ -65,10 +60,9 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # chapter 27's grid (Table 2 at the scale of a CPU), so that any run of that grid is `--preset sample-efficiency`
 # and a few flags: the command its script prints runs here by hand.
 #
-# Explicit flags override the preset; the global batch of a preset holds on any number of GPUs, each process
-# taking its share. One setting gives way to the loader: DALI (chapter 14) has no repeated augmentation, so
-# `--preset imagenet --loader dali` trains with `repeats` 1 and says so in a printed note (an explicit
-# `--repeats 3` with `--loader dali` is still refused, naming the value).
+# Explicit flags override the preset; a preset's global batch holds on any number of GPUs. DALI (chapter 14)
+# has no repeated augmentation, so `--preset imagenet --loader dali` trains with `repeats` 1 and says so in a
+# note (an explicit `--repeats 3` with `--loader dali` is refused, naming the value).
 
 # %%
 #| export
@@ -84,13 +78,11 @@ import torch
 from convit_edu.augment import AugConfig, augmentation, build_mixup, build_transforms
 from convit_edu.benchmark_suite import BenchSizes, pipeline_bench, run_benchmarks, save_results
 from convit_edu.benchmarks import measure_model
-from convit_edu.checkpoints import read_checkpoint
-from convit_edu.checkpoints import read_state_dict
+from convit_edu.checkpoints import read_checkpoint, read_state_dict
 from convit_edu.checks import positive_int
 from convit_edu.config import TrainConfig, add_config_flags, config_from_args, parse_key_value, recipe
 from convit_edu.datasets import build_datasets
-from convit_edu.devices import PRECISIONS
-from convit_edu.devices import resolve_device, resolve_precision
+from convit_edu.devices import PRECISIONS, resolve_device, resolve_precision
 from convit_edu.evaluation import evaluate
 from convit_edu.experiment_design import ABLATIONS, ablation_grid, sample_efficiency_grid, sample_efficiency_scale
 from convit_edu.experiments import fixed_test_split, run_grid
@@ -103,18 +95,13 @@ from convit_edu.zoo import create_model, mask_at_test_time
 # %% [markdown]
 # ## One flag per field
 #
-# The flags are chapter 16's, generated from the three dataclasses (`config.add_config_flags`), so a field and
-# its flag never drift apart and there is one name per idea: `TrainConfig.warmup_epochs` is `--warmup-epochs`,
-# `ModelConfig.local_up_to_layer` is `--local-up-to-layer`, `AugConfig.mixup_alpha` is `--mixup-alpha`, and the
-# log keys and checkpoint fields are those names again. The help of a run flag is the field's own
-# (`TrainConfig`'s `setting(…, help)`). A dict field of `TrainConfig` gathers the flags of the dataclass it
-# overrides: the architecture flags fill `model_args`, the augmentation flags `aug_args`, and `--data-arg
-# KEY=VALUE` fills `data_args`. The fields of those dataclasses that the run owns (`config.RUN_OWNED`: the image
-# size, the classes, the distillation head, drop path) are the run's flags only — one flag per setting.
-#
-# The `train` command reads its flags with `config.config_from_args`, the very code behind
-# `config_from_words`: the words an experiment grid prints for a run (`config_to_words`, chapter 27) train that
-# run here, flag for flag.
+# The flags are chapter 16's, generated from the three dataclasses (`config.add_config_flags`): one name per
+# idea, for the field, its flag, its log key and its checkpoint field (`warmup_epochs` is `--warmup-epochs`,
+# `local_up_to_layer` is `--local-up-to-layer`), with the field's own help. The architecture flags fill
+# `model_args`, the augmentation flags `aug_args`, `--data-arg KEY=VALUE` fills `data_args`; what the run owns
+# (`config.RUN_OWNED`: image size, classes, distillation head, drop path) is the run's flag only. `train`
+# reads its flags with `config.config_from_args`, the code behind `config_from_words`: the words an
+# experiment grid prints for a run (`config_to_words`, chapter 27) train that run here, flag for flag.
 
 # %%
 #| exporti
@@ -134,12 +121,10 @@ def _train_parser(sub) -> argparse.ArgumentParser:
 # %% [markdown]
 # ## The four commands
 #
-# `train`, `eval` and `bench` below; `experiment` runs chapter 28's grids (Table 2 and Table 3 at CPU scale)
-# and is built there, from that chapter's functions. `main(argv)` returns an exit status: 0 when the work is done — including a training run that a SIGTERM or
-# SIGINT stopped *with a checkpoint written* (resume it with `--resume auto`) — and 1 with a one-line
-# message, no traceback, for a bad input or a non-finite loss. Any other failure is one line too, with its
-# type and a pointer to `--debug`, which shows the full traceback (before or after the command:
-# `convit-edu --debug train …` or `convit-edu train … --debug`). Under `torchrun` only rank 0 prints.
+# `main(argv)` returns 0 when the work is done — including a run that a SIGTERM or SIGINT stopped *with a
+# checkpoint written* (resume it with `--resume auto`) — and 1 with a one-line message, no traceback, for a bad
+# input or a non-finite loss. Any other failure is one line too, with its type and a pointer to `--debug`
+# (before or after the command), which shows the traceback. Under `torchrun` only rank 0 prints.
 
 # %%
 #| export
@@ -187,23 +172,22 @@ def run_eval(args: argparse.Namespace) -> int:
                            num_workers=_workers(args))
     print(json.dumps({"checkpoint": str(args.checkpoint), "weights": "ema" if args.ema else "model",
                       "data": cfg.data, "images": len(val_set), "mask_pos_embed": args.mask_pos_embed,
-                      "gate": args.gate, "gate_layers": args.gate_layers,
-                      **metrics}))
+                      "gate": args.gate, "gate_layers": args.gate_layers, **metrics}))
     return 0
 
 
 def run_bench(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(positive_int("--threads", args.threads))
-    if args.suite:  # chapters 23 and 30: GPSA layer, resolution sweep, ConViT vs DeiT throughput, peak fraction
+    if args.suite:  # chapters 23 and 31: GPSA layer, resolution sweep, ConViT vs DeiT throughput, peak fraction
         run_benchmarks(BenchSizes.fast() if args.suite == "fast" else BenchSizes.full(),
                        compile_timeout_s=args.compile_timeout if args.compile else None, json_path=args.json)
         return 0
     positive_int("--batch-size", args.batch_size)
     positive_int("--steps", args.steps)
     device = resolve_device(args.device)
-    model = create_model(args.model, img_size=args.img_size, num_classes=args.num_classes,
-                         **dict(parse_key_value(item, "--model-arg") for item in args.model_arg))
+    model_args = dict(parse_key_value(item, "--model-arg") for item in args.model_arg)
+    model = create_model(args.model, img_size=args.img_size, num_classes=args.num_classes, **model_args)
     if args.compile:
         model = torch.compile(model)
     print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, "
@@ -226,11 +210,9 @@ def run_bench(args: argparse.Namespace) -> int:
     loader = benchmark_loader(train_set, train_tf, batch_size=args.batch_size, num_workers=workers,
                               mixup=build_mixup(aug, len(classes)) if len(classes) > 1 else None)
     print(loader)
-    cfg = TrainConfig(model=args.model,
-                      model_args=dict(parse_key_value(item, "--model-arg") for item in args.model_arg),
-                      img_size=args.img_size, data=args.data, data_root=str(args.data_root), data_args=data_args,
-                      aug=args.aug, batch_size=args.batch_size, num_workers=workers,
-                      precision=args.precision, device=args.device)
+    cfg = TrainConfig(model=args.model, model_args=model_args, img_size=args.img_size, data=args.data,
+                      data_root=str(args.data_root), data_args=data_args, aug=args.aug, batch_size=args.batch_size,
+                      num_workers=workers, precision=args.precision, device=args.device)
     print(f"data pipeline against the model ({args.steps} steps of real batches through train):")
     pipeline = pipeline_bench(cfg, steps=args.steps, num_workers=max(1, workers))
     for key, value in pipeline.items():
@@ -252,7 +234,7 @@ def _workers(args: argparse.Namespace) -> int:
 # %%
 #| export
 def run_experiment(args: argparse.Namespace) -> int:
-    """`experiment sample-efficiency` (Table 2) or `experiment ablations` (Table 3, App. A): chapter 28's grid."""
+    """`experiment sample-efficiency` (Table 2) or `experiment ablations` (Table 3, App. A): chapter 29's grid."""
     common = {"num_workers": args.num_workers, "device": args.device, "progress": args.progress,
               **dict(parse_key_value(item, "--set") for item in args.set)}
     for flag, words, key in (("--model-arg", args.model_arg, "model_args"), ("--aug-arg", args.aug_arg, "aug_args")):
@@ -274,7 +256,7 @@ def run_experiment(args: argparse.Namespace) -> int:
 
 
 def _experiment_parser(sub) -> None:
-    e = sub.add_parser("experiment", help="a grid of the paper's experiments at CPU scale (chapter 28)")
+    e = sub.add_parser("experiment", help="a grid of the paper's experiments at CPU scale (chapter 29)")
     grids = e.add_subparsers(dest="grid", required=True)
     for name, what in (("sample-efficiency", "Table 2: ConViT and DeiT on fractions of the data"),
                        ("ablations", "Table 3 and App. A: the ConViT taken apart, on one fraction")):
@@ -290,11 +272,9 @@ def _experiment_parser(sub) -> None:
         g.add_argument("--num-workers", type=int, default=1, help="data loader processes per run")
         g.add_argument("--device", default="auto")
         g.add_argument("--progress", default="auto", help="auto, bar, lines or none (each run's progress)")
-        g.add_argument("--test-per-class", type=int, default=100,
-                       help="score every run on one fixed test set: this many training images of each class that "
-                            "no fraction trains on, plus its validation images (0: the first design's unseen images)")
-        g.add_argument("--dev-per-class", type=int, default=50,
-                       help="training images of each class kept out of every fraction and scored during training")
+        g.add_argument("--test-per-class", type=int, default=100, help="one test set for every run: this many "
+                       "training images per class that no fraction trains on, and the validation images (0: none)")
+        g.add_argument("--dev-per-class", type=int, default=50, help="training images per class scored in training")
         for flag, what in (("--set", "a TrainConfig field of every run"),
                            ("--model-arg", "a model_args entry of every run (patch_size=4)"),
                            ("--aug-arg", "an aug_args entry of every run"),
@@ -353,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--aug", default="deit", help="augmentation for the loader benchmark (data.AUGMENTATIONS)")
     b.add_argument("--num-workers", type=int, help="loader processes (default: this process's CPUs less one)")
     b.add_argument("--suite", choices=["fast", "full"],
-                   help="instead: chapter 30's whole suite (GPSA layer, resolution, ConViT vs DeiT throughput)")
+                   help="instead: chapter 31's whole suite (GPSA layer, resolution, ConViT vs DeiT throughput)")
     b.add_argument("--compile-timeout", type=float, default=120.0,
                    help="with --suite --compile: seconds allowed for torch.compile")
     b.add_argument("--threads", type=int, help="torch threads (1 gives steadier numbers on a shared CPU)")
@@ -389,8 +369,7 @@ if __name__ == "__main__" and Path(sys.argv[0]).name == "cli.py":  # `python -m 
 # %% [markdown]
 # ## `--help`
 #
-# The top level, then `train`'s flags: the run's own, then one per field of the model's `ModelConfig` and of
-# the augmentation recipe's `AugConfig` (their defaults are those of `--model` and `--aug`).
+# The top level, then `train`'s flags: the run's own, then `ModelConfig`'s and `AugConfig`'s (defaults of `--model`, `--aug`).
 
 # %%
 from convit_edu.config import RECIPES
@@ -420,8 +399,8 @@ print(text)
 # %% [markdown]
 # ## Presets, expanded
 #
-# A preset prints exactly what it sets before the run starts; `--print-config` prints the complete
-# `TrainConfig` the flags resolve to and exits — the way to check a command before spending GPU hours on it.
+# A preset prints what it sets before the run starts; `--print-config` prints the whole resolved `TrainConfig`
+# and exits — the way to check a command before spending GPU hours on it.
 
 # %%
 status, text, _ = captured(["train", "--preset", "cifar100-32", "--epochs", "100", "--print-config"])
@@ -439,9 +418,9 @@ for name, values in RECIPES.items():
 # %% [markdown]
 # ## A round trip: train, then evaluate
 #
-# A tiny ConViT (2 blocks, width 48) on synthetic 16 × 16 images for one epoch, then `eval` of its
-# checkpoint — which must give back the validation numbers the training logged — and `eval` with the
-# positional attention of every GPSA layer switched off (`--gate 0`, Table 6 of the paper).
+# A tiny ConViT (2 blocks, width 48) trained for two epochs on synthetic 16 × 16 images, then `eval` of its
+# checkpoint (it must give back the validation numbers the training logged) and `eval` with every GPSA layer's
+# positional attention off (`--gate 0`, Table 6).
 
 # %%
 RUNS = Path("runs")
@@ -477,8 +456,7 @@ print(f"top-1 {evaluated['top1']:.2f} % as logged; with positional attention mas
 # %% [markdown]
 # ## Bad input: one line, before any work
 #
-# Each of these fails before a single image is loaded, with the value that was wrong and what would work
-# (`tests/test_bad_input.py` holds fifty more, through the API and the command line):
+# Each fails before an image is loaded, naming the wrong value and what works (`tests/test_bad_input.py`: 50 more):
 
 # %%
 corrupt = out_dir.parent / "corrupt.pt"
@@ -495,12 +473,10 @@ for argv in (["train", "--model", "convit_huge"],
 # %% [markdown]
 # ## `bench`
 #
-# Training and inference images/s and peak memory of a model at a batch size on this machine (on a CPU, fp32
-# and bf16 side by side: is bf16 worth it here?), then the data pipeline's images/s stage by stage (chapter
-# 13's `benchmark_loader`), and the pipeline against the model (chapter 30's `pipeline_bench`: a worker's
-# images/s and bytes per image in float32 and uint8, the model's step alone and `train` end to end). Here
-# ConViT-Ti at 224 px with batch 16 on this notebook's CPU (FAST mode: 64 px); the committed output is an Intel
-# Xeon's (AVX-512, 2 cores, nothing else running). Chapters 23 and 30 go further.
+# A model's training and inference images/s and peak memory here (on a CPU, fp32 and bf16 side by side), the
+# loader's images/s stage by stage (chapter 13's `benchmark_loader`), and the pipeline against the model
+# (chapter 31's `pipeline_bench`). ConViT-Ti at 224 px, batch 16 (FAST mode: 64 px); the committed output is an
+# Intel Xeon's (AVX-512, 2 cores, nothing else running). Chapters 23 and 31 go further.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -512,10 +488,9 @@ assert status == 0, err
 print(text)
 
 # %% [markdown]
-# `convit-edu bench --suite fast|full [--threads 1] [--json FILE]` runs the measurements of chapters 23 and 30 instead:
-# one GPSA layer (reference vs fast) at ConViT-Ti and ConViT-S sizes, cost against resolution, ConViT vs DeiT
-# training throughput in fp32 and bf16, and the fraction of this machine's matmul peak; `--compile` adds a
-# `torch.compile` measurement, capped at `--compile-timeout` seconds. The FAST suite, as a smoke test:
+# `convit-edu bench --suite fast|full [--threads 1] [--json FILE]` runs chapters 23 and 31's measurements
+# instead (GPSA layer, resolution, ConViT vs DeiT throughput, the matmul peak; `--compile` adds
+# `torch.compile`, capped at `--compile-timeout` seconds). The FAST suite, as a smoke test:
 
 # %%
 # NBVAL_IGNORE_OUTPUT

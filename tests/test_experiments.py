@@ -11,8 +11,8 @@ from convit_edu.config import TrainConfig, config_from_words
 from convit_edu.experiment_design import (ABLATIONS, RunSpec, Scale, ablation_grid, commands_script,
                                           sample_efficiency_grid, sample_efficiency_scale, train_command, unique_runs)
 from convit_edu.checkpoints import write_json
-from convit_edu.experiments import (collect, expected_hours, format_table_2, format_table_3, read_run, relative_gain,
-                                    run_config, run_grid, table_2, table_3, unseen_top1)
+from convit_edu.experiments import collect, expected_hours, read_run, run_config, run_grid
+from convit_edu.tables import format_table_2, format_table_3, relative_gain, table_2, table_3, unseen_top1
 
 SCALE = Scale(convit="convit_tiny", deit="deit_tiny", epochs=10, warmup_epochs=1, convit_args={"local_up_to_layer": 4},
               common={"data": "fake", "batch_size": 32, "model_args": {"patch_size": 8, "embed_dim": 96}})

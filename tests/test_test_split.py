@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from convit_edu.datasets import ImageFolderDataset
-from convit_edu.experiments import fixed_test_split, paired_bootstrap, per_image_correct, table_2
+from convit_edu.experiments import fixed_test_split, per_image_correct
+from convit_edu.tables import check_preconditions, paired_bootstrap, table_2
 from test_experiments import jpeg_folder
 
 
@@ -84,3 +85,17 @@ def test_the_experiment_command_scores_every_run_on_the_fixed_test_split(tmp_pat
     run = json.loads((tmp_path / "out" / "convit_f1_s0" / "run.json").read_text())["config"]
     assert (run["img_size"], run["model_args"]["embed_dim"], run["model_args"]["locality_strength"]) == (32, 36, 2.0)
     assert "24" in (tmp_path / "out" / "table.txt").read_text()
+
+
+def test_preconditions_pass_fail_or_wait_for_their_runs():
+    def rec(model, f, top1, ablation=None, **more):
+        return {"model": model, "fraction": f, "ablation": ablation, "seed": 0, "val_top1": top1, "lr_sum": 0.93,
+                "gates_start": [0.73, 0.73], "gates_end": [0.72, 0.71], **more}
+
+    records = [rec("deit", 0.1, 40.0), rec("convit", 0.1, 44.0), rec("convit", 0.1, 39.0, "frozen_gpsa"),
+               rec("deit", 1.0, 49.0, val_curve=[[1, 30.0], [2, 40.0], [3, 47.0], [4, 48.0], [5, 49.0]])]
+    checks = {c["name"][0:2]: (c["passed"], c["value"]) for c in check_preconditions(records)}
+    assert checks["1 "] == (False, 9.0) and checks["2 "] == (True, 5.0)  # 9 points: not scarce enough
+    assert checks["3a"] == (False, 0.93) and checks["3b"][0] is False  # gates moved 0.02 at most
+    assert checks["4 "] == (True, 1.0)  # the last quarter (1 of 5 evaluations) gained 1 point
+    assert check_preconditions(records[:2])[1]["passed"] is None  # no frozen-GPSA run: not checked
