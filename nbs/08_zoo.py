@@ -16,10 +16,9 @@
 # %% [markdown]
 # # The model zoo: Table 1 by name, counted, at any resolution
 #
-# Chapter 07 built one `VisionTransformer` from a `ModelConfig`. This chapter names the twelve models of the
-# paper's Table 1 (ConViT-Ti/S/B and their "+" versions, DeiT-Ti/S/B), counts their parameters and
-# multiply-accumulates against its Size and Flops columns, runs them at other image sizes and aspect ratios,
-# and adds the switches the paper's ablations (Table 3, App. A) and its test-time masking (Tables 5-6) need.
+# Chapter 07 built a `VisionTransformer` from a `ModelConfig`. We name Table 1's twelve models (ConViT and DeiT,
+# Ti/S/B and "+"), check their parameters and multiply-accumulates against its Size and Flops, run them at any
+# resolution, and add switches for the ablations (Table 3, App. A) and test-time masking (Tables 5-6).
 
 # %% tags=["parameters"]
 import os
@@ -29,18 +28,22 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # %%
 #| default_exp zoo
 # The ConViT and DeiT zoo by name, parameter and multiply-accumulate counts (Table 1), ablation switches.
-#
-# A little longer than most chapters: Table 1 is checked row by row, parameters and MACs, and each ablation
-# switch on the model it changes.
 
 # %%
 #| export
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+from convit_edu.checks import one_of
 from convit_edu.models import ModelConfig, VisionTransformer, config_fields
 
 # %%
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
-from convit_edu.checks import expect_error
+from convit_edu.checks import WrongAnswer, check_answer, expect_error
+from convit_edu.conv_init import head_centres
 
 torch.set_printoptions(precision=4, sci_mode=False)
 _ = torch.manual_seed(0)
@@ -48,18 +51,13 @@ _ = torch.manual_seed(0)
 # %% [markdown]
 # ## The zoo
 #
-# Table 1 compares six sizes of each architecture. ConViT-Ti/S/B use 4, 9 and 16 heads (2×2, 3×3 and 4×4
-# "kernels") of width 48, to stay close in size to DeiT-Ti/S/B with 3, 6 and 12 heads of width 64. The "+"
-# models give both architectures the same heads, of width 64. All have 12 blocks; the ConViTs have 10 GPSA
-# layers, α = 1 and no qkv bias; the DeiTs have qkv bias and a class token from the start.
-# `create_model(name, **overrides)` returns a fresh model, any config field can be overridden.
+# Table 1 compares six sizes of each architecture. ConViT-Ti/S/B use 4, 9 and 16 heads (2×2, 3×3 and 4×4 "kernels") of
+# width 48, close in size to DeiT-Ti/S/B with 3, 6 and 12 heads of width 64. The "+" models give both the same heads,
+# of width 64. All have 12 blocks; the ConViTs have 10 GPSA layers, α = 1 and no qkv bias; the DeiTs have qkv bias and
+# a class token from the start. `create_model(name, **overrides)` returns a fresh model, any config field overridden.
 
 # %%
 #| export
-from dataclasses import replace
-
-from convit_edu.checks import one_of
-
 _CONVIT = dict(local_up_to_layer=10, locality_strength=1.0, qkv_bias=False)
 _DEIT = dict(local_up_to_layer=0, qkv_bias=True, class_token_pos_embed=True)
 
@@ -104,46 +102,29 @@ print(f"{'name':<19}{'heads':>6}{'embed_dim':>10}{'head_dim':>9}{'GPSA':>6}{'qkv
 for name in list_models():
     c = MODEL_ZOO[name]
     print(f"{name:<19}{c.num_heads:>6}{c.embed_dim:>10}{c.head_dim:>9}{c.local_up_to_layer:>6}{c.qkv_bias!s:>9}")
-    expected = 64 if name.startswith("deit") or name.endswith("plus") else 48
-    assert c.head_dim == expected and c.depth == 12
+    assert c.head_dim == (64 if name.startswith("deit") or name.endswith("plus") else 48) and c.depth == 12
 
 # %% [markdown]
-# Here is the whole ConViT-Ti: ten `GPSA` blocks, then two `MHSA` blocks (drop path is 0 here: `drop_path_rate`
-# defaults to 0, the training recipe sets 0.1).
+# Here is the whole ConViT-Ti: ten `GPSA` blocks, then two `MHSA` blocks (drop path 0: `drop_path_rate` defaults to 0,
+# the training recipe sets 0.1). On two random images, the class token skips the GPSA blocks and joins for the last
+# two. At initialization every GPSA head attends like a tap of a 2×2 convolution kernel, as in chapter 05's single
+# layer: for the centre patch (row 7, column 7), the four strongest keys of head h in block 0 are the 2×2 patches
+# around its centre query + Δ_h, Δ = (±½, ±½), and σ(λ = 1) = 0.73 of every head's attention is positional.
 
 # %%
 torch.manual_seed(0)
-convit_ti = create_model("convit_tiny")
+convit_ti = create_model("convit_tiny").eval()
 print(convit_ti)
-
-# %% [markdown]
-# A forward pass on two random images, and the class token: it is not among the tokens of the GPSA blocks, and
-# joins for the last two.
-
-# %%
 images = torch.randn(2, 3, 224, 224)
-convit_ti.eval()
 with torch.no_grad():
     logits = convit_ti(images)
     record = convit_ti.forward_features(images, return_attention=True, return_block_inputs=True)
-print("logits", tuple(logits.shape))
-print("tokens entering each block:", [t.shape[1] for t in record.block_inputs])
+print("logits", tuple(logits.shape), "| tokens entering each block:", [t.shape[1] for t in record.block_inputs])
 print("prefix tokens per block:   ", record.num_prefix_tokens)
 print("attention of block 0:", tuple(record.attentions[0].shape), "of block 11:", tuple(record.attentions[11].shape))
 assert [t.shape[1] for t in record.block_inputs] == [196] * 10 + [197] * 2
 torch.testing.assert_close(convit_ti.head(record.features[:, 0]), logits)
-
-# %% [markdown]
-# At initialization the GPSA heads of the whole model attend like the taps of a 2×2 convolution kernel, as the
-# single layer of chapter 05 did: for the centre patch (row 7, column 7), the four strongest keys of head h in
-# block 0 are the 2×2 patches around its centre query + Δ_h, Δ = (±½, ±½), and σ(λ = 1) = 0.73 of every head's
-# attention is positional.
-
-# %%
-from convit_edu.conv_init import head_centres
-
-query = 7 * 14 + 7
-maps = record.attentions[0][0, :, query].reshape(4, 14, 14)
+maps = record.attentions[0][0, :, 7 * 14 + 7].reshape(4, 14, 14)  # the centre query: row 7, column 7
 for h, (dx, dy) in enumerate(head_centres(4).tolist()):
     top4 = sorted(divmod(int(k), 14) for k in maps[h].flatten().topk(4).indices)  # (row, col) of the keys
     square = sorted((int(7 + dy + a), int(7 + dx + b)) for a in (-0.5, 0.5) for b in (-0.5, 0.5))
@@ -156,9 +137,8 @@ print(f"gates(): σ(λ) of {gates.shape[0]} GPSA layers x {gates.shape[1]} heads
 # %% [markdown]
 # ## Counting parameters
 #
-# Every parameter of these models sits in a few places, and counting them by hand is a good check that the
-# architecture is the paper's. With D = `embed_dim`, N_h heads, L patches, C input channels, p the patch size,
-# K classes and an MLP of width 4D:
+# Every parameter sits in a few places, and counting them by hand is a good check that the architecture is the
+# paper's. With D = `embed_dim`, N_h heads, L patches, C channels, p the patch size, K classes and an MLP of width 4D:
 #
 # | part | parameters |
 # |---|---|
@@ -177,8 +157,7 @@ print(f"gates(): σ(λ) of {gates.shape[0]} GPSA layers x {gates.shape[1]} heads
 def count_params(config: ModelConfig) -> int:
     """Number of parameters of the model ``config`` describes, counted analytically (trainable or not)."""
     c = config
-    d, bias = c.embed_dim, int(c.qkv_bias)
-    hidden = int(d * c.mlp_ratio)
+    d, bias, hidden = c.embed_dim, int(c.qkv_bias), int(c.embed_dim * c.mlp_ratio)
     prefix_slots = c.num_prefix_tokens if c.class_token_pos_embed else 0
     total = d * c.in_chans * c.patch_size**2 + d  # patch embedding
     total += (prefix_slots + c.num_patches) * d + c.num_prefix_tokens * d  # pos_embed, cls (+ dist) token
@@ -191,34 +170,28 @@ def count_params(config: ModelConfig) -> int:
 
 
 # %% [markdown]
-# The reference counts (1000 classes, 224 px) of the official models: ConViT-Ti/S/B and DeiT-Ti/S/B. The
-# analytic count must equal them exactly, and so must the parameters of the models we build. Building the
-# Base models takes seconds of initialization, so we build them on PyTorch's `meta` device, which allocates
-# nothing and only records shapes (without the convolutional initialization, which writes values that meta
-# tensors do not have; it changes no shape).
+# The official models' parameter counts (1000 classes, 224 px), ConViT-Ti/S/B and DeiT-Ti/S/B, must equal our analytic
+# count, and so must the models we build. Initializing the Base models takes seconds, so we build them on PyTorch's
+# `meta` device, which only records shapes (without the convolutional initialization, which only writes values).
 
 # %%
-REFERENCE_PARAMS = {
-    "convit_tiny": 5_710_512, "convit_small": 27_777_322, "convit_base": 86_540_040,
-    "deit_tiny": 5_717_416, "deit_small": 22_050_664, "deit_base": 86_567_656,
-}
+REFERENCE_PARAMS = {"convit_tiny": 5_710_512, "convit_small": 27_777_322, "convit_base": 86_540_040,
+                    "deit_tiny": 5_717_416, "deit_small": 22_050_664, "deit_base": 86_567_656}
 for name, expected in REFERENCE_PARAMS.items():
     with torch.device("meta"):
         built = sum(p.numel() for p in create_model(name, use_local_init=False).parameters())
     analytic = count_params(MODEL_ZOO[name])
     print(f"{name:<13} analytic {analytic:>11,}  built {built:>11,}  reference {expected:>11,}")
     assert analytic == built == expected, name
-
-one_gpsa = sum(p.numel() for p in convit_ti.blocks[0].attn.parameters())
-one_mhsa_no_bias = sum(p.numel() for p in convit_ti.blocks[11].attn.parameters())
+one_gpsa, one_mhsa_no_bias = (sum(p.numel() for p in convit_ti.blocks[i].attn.parameters()) for i in (0, 11))
 print(f"one GPSA layer of ConViT-Ti: {one_gpsa:,} parameters, one MHSA layer (no qkv bias): {one_mhsa_no_bias:,}")
 assert (one_gpsa, one_mhsa_no_bias) == (147_668, 147_648) and one_gpsa - one_mhsa_no_bias == 5 * 4
 
 # %% [markdown]
 # ## Counting multiply-accumulates
 #
-# Table 1's "Flops" column counts multiply-accumulates (MACs) per 224×224 image. We count them analytically,
-# layer by layer, for L tokens of width D:
+# Table 1's "Flops" column counts multiply-accumulates (MACs) per 224×224 image. We count them analytically, layer by
+# layer, for L tokens of width D (in the GPSA blocks L = 196 patches; after the class token joins, L = 197):
 #
 # * **linear layers**: the patch embedding (L·D·C·p²), per block 4·L·D² for the attention projections
 #   (`qkv` + `proj`, or `qk` + `v` + `proj`), 2·L·D·4D for the MLP, the positional scores of a GPSA layer
@@ -226,14 +199,9 @@ assert (one_gpsa, one_mhsa_no_bias) == (147_668, 147_648) and one_gpsa - one_mhs
 # * **LayerNorms**: we count 5 operations per element, the convention of the fvcore counter;
 # * **attention matmuls**: Q·Kᵀ and A·V, 2·L²·D per layer (GPSA mixes its two attention maps into one matrix
 #   before multiplying V, as the official code does; the fast path of chapter 05 spends one more L²·D on P·V).
-#
-# In the GPSA blocks L = 196 patches; after the class token joins, L = 197.
 
 # %%
 #| export
-from dataclasses import dataclass
-
-
 @dataclass(frozen=True)
 class MacCount:
     """Multiply-accumulates of one forward pass of one image: ``linear`` (patch embedding, every Linear layer,
@@ -254,8 +222,7 @@ def count_macs(config: ModelConfig, img_size: int | tuple[int, int] | None = Non
     count does not."""
     c = config if img_size is None else replace(config, img_size=img_size)
     d, hidden, patches = c.embed_dim, int(c.embed_dim * c.mlp_ratio), c.num_patches
-    linear = patches * d * c.in_chans * c.patch_size**2
-    norm = attention = 0
+    linear, norm, attention = patches * d * c.in_chans * c.patch_size**2, 0, 0  # the patch embedding's
     for i in range(c.depth):
         positional = i < c.local_up_to_layer
         length = patches if positional else patches + c.num_prefix_tokens
@@ -263,8 +230,7 @@ def count_macs(config: ModelConfig, img_size: int | tuple[int, int] | None = Non
         linear += length * length * 3 * c.num_heads if positional else 0
         attention += 2 * length * length * d
         norm += 2 * 5 * length * d
-    final_tokens = patches + c.num_prefix_tokens
-    norm += 5 * final_tokens * d
+    norm += 5 * (patches + c.num_prefix_tokens) * d  # the final norm
     linear += d * c.num_classes * (1 + int(c.distilled))
     return MacCount(linear=linear, norm=norm, attention=attention)
 
@@ -272,10 +238,9 @@ def count_macs(config: ModelConfig, img_size: int | tuple[int, int] | None = Non
 # %% [markdown]
 # ### Table 1, Size and Flops
 #
-# The paper prints "Flops" at a precision that varies ("4.3G", "17G"); we check our count against each printed
-# value at its own precision: |ours − printed| ≤ half a unit of its last digit. Its Size column is looser (the
-# released ConViT-S has 27.78 M parameters, printed "27M"; the ConViT-Ti's 5.71 M are printed "6M"), so for
-# sizes we show the relative difference; the exact counts of the released models were checked above.
+# The paper prints "Flops" at a precision that varies ("4.3G", "17G"); ours must lie within half a unit of each
+# printed value's last digit. Its Size column is looser (the released ConViT-S has 27.78 M parameters, printed "27M";
+# the ConViT-Ti's 5.71 M are printed "6M"), so sizes get their relative difference; exact counts were checked above.
 
 # %%
 TABLE_1 = [  # (name, model, heads, embed_dim, size, flops) as printed in the paper
@@ -284,8 +249,7 @@ TABLE_1 = [  # (name, model, heads, embed_dim, size, flops) as printed in the pa
     ("S", "DeiT", 6, 384, "22M", "4.3G"), ("S", "ConViT", 9, 432, "27M", "5.4G"),
     ("S+", "DeiT", 9, 576, "48M", "10G"), ("S+", "ConViT", 9, 576, "48M", "10G"),
     ("B", "DeiT", 12, 768, "86M", "17G"), ("B", "ConViT", 16, 768, "86M", "17G"),
-    ("B+", "DeiT", 16, 1024, "152M", "30G"), ("B+", "ConViT", 16, 1024, "152M", "30G"),
-]
+    ("B+", "DeiT", 16, 1024, "152M", "30G"), ("B+", "ConViT", 16, 1024, "152M", "30G")]
 SIZES = {"Ti": "tiny", "Ti+": "tiny_plus", "S": "small", "S+": "small_plus", "B": "base", "B+": "base_plus"}
 
 
@@ -296,8 +260,7 @@ def matches_printed(value: float, printed: str) -> bool:
     return abs(value - float(number)) <= half_unit + 1e-9
 
 
-print(f"{'':<4}{'model':<7}{'Nh':>3}{'D':>6} |{'params':>8}{'paper':>6}{'diff':>7} |{'GMACs':>7}{'paper':>6}"
-      f"{'+attn':>7}{'linear':>8}")
+print("    model   Nh     D |  params paper   diff |  GMACs paper  +attn  linear")
 flops_differ, size_diffs = [], []
 for size, arch, heads, dim, paper_size, paper_flops in TABLE_1:
     cfg = MODEL_ZOO[f"{arch.lower()}_{SIZES[size]}"]
@@ -308,88 +271,64 @@ for size, arch, heads, dim, paper_size, paper_flops in TABLE_1:
     flag = "" if matches_printed(gmacs, paper_flops) else "  <- differs"
     print(f"{size:<4}{arch:<7}{heads:>3}{dim:>6} |{params:>7.2f}M{paper_size:>6}{size_diffs[-1]:>+7.1%} |{gmacs:>7.2f}"
           f"{paper_flops:>6}{macs.total() / 1e9:>7.2f}{macs.linear / 1e9:>8.2f}{flag}")
-    if flag:
-        flops_differ.append((size, arch))
-print("Flops entries that differ from the paper:", flops_differ)
+    flops_differ += [(size, arch)] if flag else []
 assert flops_differ == [("S+", "ConViT")] and max(abs(d) for d in size_diffs) < 0.05
-small, deit_small = count_macs(MODEL_ZOO["convit_small"]), count_macs(MODEL_ZOO["deit_small"])
-assert round(small.total(False) / 1e9, 2) == 5.36 and round(small.total() / 1e9, 2) == 5.76
+# the numbers the prose states
+m = {name: count_macs(cfg) for name, cfg in MODEL_ZOO.items()}
+small, deit_small, tiny = m["convit_small"], m["deit_small"], m["convit_tiny"]
+assert [round(x / 1e9, 2) for x in (small.total(False), small.total(), m["convit_small_plus"].total(False),
+        m["deit_small_plus"].total(False), small.linear, deit_small.linear)] == [5.36, 5.76, 9.48, 9.51, 5.35, 4.24]
 assert not matches_printed(small.linear / 1e9, "5.4G") and not matches_printed(deit_small.linear / 1e9, "4.3G")
-# the prose's numbers: ConViT-S+ 9.48 and DeiT-S+ 9.51 GMACs, 5.35 / 4.24 G from the linear layers alone, the
-# attention matmuls about 7 % of ConViT-S's work at 224 px, and about a sixth of the rest for ConViT-Ti
-splus, deit_splus = count_macs(MODEL_ZOO["convit_small_plus"]), count_macs(MODEL_ZOO["deit_small_plus"])
-assert (round(splus.total(False) / 1e9, 2), round(deit_splus.total(False) / 1e9, 2)) == (9.48, 9.51)
-assert (round(small.linear / 1e9, 2), round(deit_small.linear / 1e9, 2)) == (5.35, 4.24)
-assert round(100 * (1 - small.total(False) / small.total())) == 7
-tiny = count_macs(MODEL_ZOO["convit_tiny"])
-assert round((tiny.linear + tiny.norm) / tiny.attention) == 6
+assert round(100 * (1 - small.total(False) / small.total())) == 7  # the attention matmuls: about 7 % of the work
+assert round((tiny.linear + tiny.norm) / tiny.attention) == 6  # ConViT-Ti's: about a sixth of the rest
 
 # %% [markdown]
-# "GMACs" is our count without the attention matmuls, "+attn" with them, "linear" without the LayerNorms.
-# Every Flops entry matches but one: the ConViT-S+ needs 9.48 GMACs, which the paper prints as "10G" — the
-# value of its DeiT-S+ partner (9.51 G), which its GPSA layers undercut a little because their 196 patch
-# tokens carry no class token. The LayerNorms matter for the rounding: the linear layers alone give 5.35 G and
-# 4.24 G for ConViT-S and DeiT-S, which would print as 5.3G and 4.2G, so the paper's counter included them.
-# With the attention matmuls ConViT-S costs 5.76 GMACs instead of 5.36: the column leaves out about 7% of the
-# work, and more at higher resolution, where attention grows with L² and everything else with L.
+# "GMACs" is our count without the attention matmuls, "+attn" with them, "linear" without the LayerNorms. Every Flops
+# entry matches but one: the ConViT-S+'s 9.48 GMACs are printed "10G", the value of its DeiT-S+ partner (9.51 G),
+# undercut a little by GPSA layers whose 196 patch tokens carry no class token. The LayerNorms matter for the
+# rounding: the linear layers alone give 5.35 G and 4.24 G for ConViT-S and DeiT-S, which would print as 5.3G and
+# 4.2G, so the paper's counter included them. With the attention matmuls ConViT-S costs 5.76 GMACs instead of 5.36:
+# the column leaves out about 7% of the work at 224 px, and more at higher resolution (exercise 2).
 #
 # ### Why not just use a FLOP counter?
 #
-# PyTorch's `FlopCounterMode` counts the matrix multiplications it sees (in FLOPs, 2 per MAC). On a DeiT-Ti it
-# counts every linear layer, but the fused `scaled_dot_product_attention` of our MHSA layers contributes
-# nothing on this CPU: the counter's blind spot. On a ConViT-Ti what it sees depends on the code path: the
-# reference GPSA materializes the attention, so the counter sees its Q·Kᵀ and A·V (2·L²·D per GPSA layer);
-# the fast GPSA hides Q·Kᵀ and A·V in SDPA and the counter sees only its P·V (L²·D). The analytic count does
-# not depend on how the attention is computed.
+# PyTorch's `FlopCounterMode` counts the matrix multiplications it sees (in FLOPs, 2 per MAC). On a DeiT-Ti it counts
+# every linear layer, but the fused `scaled_dot_product_attention` of our MHSA layers contributes nothing on this CPU:
+# the counter's blind spot. On a ConViT-Ti what it sees depends on the code path: the reference GPSA materializes the
+# attention, so the counter sees its Q·Kᵀ and A·V (2·L²·D per GPSA layer); the fast GPSA hides them in SDPA and the
+# counter sees only its P·V (L²·D). The analytic count does not depend on how the attention is computed.
 
 # %%
-from torch.utils.flop_counter import FlopCounterMode
-
-
-def counted_macs(model: torch.nn.Module, images: torch.Tensor) -> int:
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(images)
-    return counter.get_total_flops() // 2 // images.shape[0]
-
-
 torch.manual_seed(0)
-deit_ti = create_model("deit_tiny").eval()
-one_image = torch.randn(1, 3, 224, 224)
-macs = count_macs(deit_ti.config)
-counted = counted_macs(deit_ti, one_image)
-print(f"DeiT-Ti: counter {counted / 1e9:.4f} G | analytic linear {macs.linear / 1e9:.4f} G, "
-      f"attention {macs.attention / 1e9:.4f} G")
-assert counted == macs.linear  # the counter sees every linear layer and no attention at all
-
-gpsa_matmul = 196 * 196 * 192  # one L x L by L x D product of one GPSA layer of ConViT-Ti
-for path, seen in (("gpsa_reference", 2), ("gpsa", 1)):
-    model = create_model("convit_tiny", local_attention=path).eval()
-    counted, linear = counted_macs(model, one_image), count_macs(model.config).linear
-    print(f"ConViT-Ti, {path:<14}: counter {counted / 1e9:.4f} G = linear {linear / 1e9:.4f} G "
-          f"+ {(counted - linear) // gpsa_matmul} x L²·D")
-    assert counted == linear + 10 * seen * gpsa_matmul
+one_image, gpsa_matmul = torch.randn(1, 3, 224, 224), 196 * 196 * 192  # one L x L by L x D product, ConViT-Ti
+# the DeiT-Ti's counter sees every linear layer and no attention at all; a ConViT-Ti's `seen` products per GPSA layer
+for name, path, seen in (("deit_tiny", "mhsa", 0), ("convit_tiny", "gpsa_reference", 2), ("convit_tiny", "gpsa", 1)):
+    model = create_model(name, **({} if seen == 0 else {"local_attention": path})).eval()
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(one_image)
+    counted, macs = counter.get_total_flops() // 2, count_macs(model.config)  # FLOPs: 2 per MAC
+    print(f"{name:<11} {path:<14}: counter {counted / 1e9:.4f} G = linear {macs.linear / 1e9:.4f} G "
+          f"+ {(counted - macs.linear) // gpsa_matmul} x L²·D (analytic attention {macs.attention / 1e9:.4f} G)")
+    assert counted == macs.linear + 10 * seen * gpsa_matmul
 
 # %% [markdown]
 # ## Other resolutions and aspect ratios
 #
-# A model built for 224 px runs on any image whose sides are multiples of the patch size: `PatchEmbed` returns
-# the grid, GPSA layers rebuild `rel_indices` for it (H×W, not only square), and `pos_embed` is interpolated.
-# To *train* at another size, build the model for it (`img_size=160`): `pos_embed` then has a slot per patch of
-# that grid and nothing is interpolated. CIFAR-100 works either way: upsampled to 224, or at 32 px with
-# patch size 4 (an 8×8 grid).
+# A model built for 224 px runs on any image whose sides are multiples of the patch size: `PatchEmbed` returns the
+# grid, GPSA layers rebuild `rel_indices` for it (H×W, not only square), and `pos_embed` is interpolated. To *train*
+# at another size, build the model for it (`img_size=160`): `pos_embed` then has a slot per patch of that grid and
+# nothing is interpolated. CIFAR-100 works either way: upsampled to 224, or at 32 px with patch size 4 (an 8×8 grid).
 
 # %%
 torch.manual_seed(0)
-for size in [(160, 160), (288, 288), (224, 160)]:
-    with torch.no_grad():
-        out = convit_ti(torch.randn(1, 3, *size))
-    grids = {tuple(b.attn.rel_indices.shape[-3:]) for b in convit_ti.blocks[:10]}
-    print(f"image {size[0]}x{size[1]}: logits {tuple(out.shape)}, rel_indices of the GPSA layers {grids}")
-    rows, cols = size[0] // 16, size[1] // 16
-    assert out.shape == (1, 1000) and grids == {(rows * cols, rows * cols, 3)}
-
-cifar = create_model("convit_tiny", img_size=32, patch_size=4, num_classes=100).eval()
 with torch.no_grad():
+    for size in [(160, 160), (288, 288), (224, 160)]:
+        out = convit_ti(torch.randn(1, 3, *size))
+        grids = {tuple(b.attn.rel_indices.shape[-3:]) for b in convit_ti.blocks[:10]}
+        print(f"image {size[0]}x{size[1]}: logits {tuple(out.shape)}, rel_indices of the GPSA layers {grids}")
+        rows, cols = size[0] // 16, size[1] // 16
+        assert out.shape == (1, 1000) and grids == {(rows * cols, rows * cols, 3)}
+    cifar = create_model("convit_tiny", img_size=32, patch_size=4, num_classes=100).eval()
     out = cifar(torch.randn(2, 3, 32, 32))
 print("CIFAR ConViT-Ti, 32 px, patch 4:", tuple(out.shape), "pos_embed", tuple(cifar.pos_embed.shape))
 assert out.shape == (2, 100) and cifar.pos_embed.shape == (1, 64, 192)
@@ -409,37 +348,28 @@ print(expect_error(lambda: convit_ti(torch.randn(1, 3, 225, 224))))
 # | Fig. 8, Table 3 [e]: number of GPSA layers (0 = DeiT-like) | `local_up_to_layer=k` |
 # | App. A: PSA (Eq. 4) instead of GPSA | `local_attention="psa"` |
 # | Table 5: mask the absolute positional embedding at test time | `mask_at_test_time(model, mask_pos_embed=True)` |
-# | Table 6: σ(λ) forced to 1 (mask content) or 0 (mask position) in the first k layers | `mask_at_test_time(model, gate=1.0, num_layers=k)` |
+# | Table 6: σ(λ) = 1 (no content) or 0 (no position), layers 1..k | `mask_at_test_time(model, gate=g, num_layers=k)` |
 
 # %%
 #| export
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-
 @contextmanager
-def mask_at_test_time(
-    model: VisionTransformer, *, mask_pos_embed: bool = False, gate: float | None = None, num_layers: int | None = None
-) -> Iterator[VisionTransformer]:
+def mask_at_test_time(model: VisionTransformer, *, mask_pos_embed: bool = False, gate: float | None = None,
+                      num_layers: int | None = None) -> Iterator[VisionTransformer]:
     """Evaluate ``model`` with parts masked off (SM F), restoring it on exit.
 
     ``mask_pos_embed`` drops the absolute positional embedding (Table 5). ``gate`` replaces σ(λ_h) of every
     head of the first ``num_layers`` GPSA layers (all of them if None) by a constant: 1.0 masks the content
-    attention, 0.0 the positional attention (Table 6).
-    """
+    attention, 0.0 the positional attention (Table 6)."""
     layers = model.gated_layers
-    if gate is None:
-        if num_layers is not None:
-            raise ValueError(f"num_layers={num_layers} needs a gate value (1.0 masks content, 0.0 position)")
-        chosen = []
-    else:
+    if gate is None and num_layers is not None:
+        raise ValueError(f"num_layers={num_layers} needs a gate value (1.0 masks content, 0.0 position)")
+    chosen = []
+    if gate is not None:
         if not 0.0 <= gate <= 1.0:
             raise ValueError(f"gate replaces σ(λ) and must be in [0, 1], got {gate}")
         if not layers:
-            raise ValueError(
-                f"gate needs gated (GPSA) layers; this model has local_up_to_layer={model.config.local_up_to_layer}, "
-                f"local_attention={model.config.local_attention!r}"
-            )
+            raise ValueError(f"gate needs gated (GPSA) layers; this model has local_up_to_layer="
+                             f"{model.config.local_up_to_layer}, local_attention={model.config.local_attention!r}")
         count = len(layers) if num_layers is None else num_layers
         if not 1 <= count <= len(layers):
             raise ValueError(f"num_layers {count} must be in [1, {len(layers)}] (the model's GPSA layers)")
@@ -457,9 +387,11 @@ def mask_at_test_time(
 
 
 # %% [markdown]
-# Checks of every switch, on ConViT-Ti-sized models. Freezing the gates at λ = 0 leaves 10·4 fewer trainable
-# parameters; without the convolutional initialization `v` is no longer the identity; a frozen GPSA layer
-# receives no gradient; 0 GPSA layers gives MHSA everywhere and a class token from the first block.
+# Every switch, checked on ConViT-Ti: freezing the gates at λ = 0 leaves 10·4 fewer trainable parameters; without the
+# convolutional initialization `v` is no longer the identity; a frozen GPSA layer receives no gradient; 0 GPSA layers
+# gives MHSA everywhere and a class token from the first block; PSA has no gates. Forcing σ(λ) = 1 with
+# `mask_at_test_time` is the same as a gate parameter so large that σ(λ) rounds to 1; masking the positional embedding
+# is the same as a zero `pos_embed`, moves the output far beyond float noise, and the model is restored on exit.
 
 # %%
 def trainable(model: torch.nn.Module) -> int:
@@ -470,37 +402,24 @@ torch.manual_seed(0)
 frozen_gates = create_model("convit_tiny", freeze_gating=True)
 assert torch.equal(frozen_gates.gates(), torch.full((10, 4), 0.5))
 assert trainable(convit_ti) - trainable(frozen_gates) == 10 * 4
-
 no_init = create_model("convit_tiny", use_local_init=False)
 assert not torch.equal(no_init.blocks[0].attn.v.weight, torch.eye(192))
 assert torch.equal(convit_ti.blocks[0].attn.v.weight, torch.eye(192))
-
 frozen = create_model("convit_tiny", freeze_gpsa=True)
 frozen(torch.randn(1, 3, 64, 64)).sum().backward()
 assert all(p.grad is None for a in frozen.local_layers for p in a.parameters())
 assert frozen.blocks[0].mlp.fc1.weight.grad is not None and frozen.blocks[11].attn.qkv.weight.grad is not None
-
 no_gpsa = create_model("convit_tiny", local_up_to_layer=0)
 record = no_gpsa.forward_features(torch.randn(1, 3, 64, 64), return_block_inputs=True)
 assert record.num_prefix_tokens == [1] * 12 and no_gpsa.pos_embed.shape == (1, 196, 192)
-
 psa = create_model("convit_tiny", local_attention="psa")
 assert not any(hasattr(a, "gating_param") for a in psa.local_layers) and psa.gates().shape == (0, 4)
 print("trainable parameters: ConViT-Ti", f"{trainable(convit_ti):,}", "| frozen gates", f"{trainable(frozen_gates):,}",
       "| frozen GPSA", f"{trainable(frozen):,}", "| PSA", f"{trainable(psa):,}")
-
-# %% [markdown]
-# Forcing σ(λ) = 1 with `mask_at_test_time` is the same as a gate parameter so large that σ(λ) rounds to 1;
-# masking the positional embedding is the same as a model whose `pos_embed` is zero, changes the output by far
-# more than float noise, and the model is restored afterwards.
-
-# %%
-torch.manual_seed(0)
 images = torch.randn(2, 3, 96, 96)
-positional_only = create_model("convit_tiny").eval()
-positional_only.load_state_dict(convit_ti.state_dict())
-no_pos_embed = create_model("convit_tiny").eval()
-no_pos_embed.load_state_dict(convit_ti.state_dict())
+positional_only, no_pos_embed = create_model("convit_tiny").eval(), create_model("convit_tiny").eval()
+for copy in (positional_only, no_pos_embed):
+    copy.load_state_dict(convit_ti.state_dict())
 with torch.no_grad():
     for layer in positional_only.local_layers[:3]:
         layer.gating_param.fill_(100.0)  # σ(100) = 1 in float32
@@ -536,9 +455,6 @@ difference = (gpsa_layers * (3 * heads + heads + heads)  # v_pos weights and bia
 # your answer: difference = ...
 
 # %%
-from convit_edu.checks import WrongAnswer, check_answer
-
-
 def check_difference(answer: int) -> None:
     want = count_params(model_config("convit_tiny")) - count_params(model_config("deit_tiny"))
     check_answer(answer == want, f"not quite: {'too high' if answer > want else 'too low'}. Per GPSA layer: "
@@ -551,11 +467,10 @@ print(f"ConViT-Ti has {-difference:,} parameters fewer than DeiT-Ti")
 print(expect_error(lambda: check_difference(gpsa_layers * 5 * heads), WrongAnswer))
 
 # %% [markdown]
-# **2. When attention dominates.** At 224 px the attention matmuls (`count_macs(...).attention`) of ConViT-Ti
-# cost about a sixth of everything else (`linear + norm`); they grow with L², the rest with L. Estimate first,
-# from one block (2·L²·D against 12·L·D² for the projections and the MLP), then find exactly: what is the
-# smallest square image side `crossover_side` (a multiple of 16 px) at which the attention matmuls of ConViT-Ti
-# cost more than everything else together?
+# **2. When attention dominates.** At 224 px the attention matmuls (`count_macs(...).attention`) of ConViT-Ti cost
+# about a sixth of everything else (`linear + norm`); they grow with L², the rest with L. Estimate first, from one
+# block (2·L²·D against 12·L·D² for projections and MLP), then find exactly the smallest square image side
+# `crossover_side` (a multiple of 16 px) at which they cost more than all the rest.
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
 # per block, 2·L²·D > 12·L·D² when L > 6·D = 1152 tokens, a side of about 16·√1152 ≈ 543 px; the patch
@@ -576,8 +491,8 @@ def check_crossover_side(answer: int) -> None:
                  f"{answer!r} is not a side in pixels that the patch size 16 divides")
     check_answer(attention_wins(answer), f"at {answer} px the attention matmuls still cost less than the rest: go "
                  "higher (the estimate L ≈ 6·D leaves out the patch embedding, the norms and the positional scores)")
-    check_answer(not attention_wins(answer - 16), f"at {answer - 16} px the attention matmuls already cost more: go "
-                 "lower")
+    check_answer(not attention_wins(answer - 16), f"at {answer - 16} px the attention matmuls already cost more: "
+                 "go lower")
 
 
 check_crossover_side(crossover_side)
