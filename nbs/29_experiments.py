@@ -75,8 +75,9 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # after another, on any ImageNet-style folder. Each run trains with `train` (so `--resume auto` semantics:
 # a run stopped half-way continues from its `last.pt`), records σ(λ) and the nonlocality of every layer about
 # 20 times along the way (`LocalityRecorder`, for Figs. 5 and 6), then scores the final model on the
-# validation images, on the held-out training images and on the training images it saw. It writes the run's
-# `record.json` last: a folder with a record is finished and is skipped the next time, so the command
+# validation images, on the held-out training images, on the training images it saw and on the fixed test
+# images (below), image by image. The record also keeps the schedule's learning-rate sum and the validation
+# curve, for chapter 28's pre-conditions. It writes the run's `record.json` last: a folder with a record is finished and is skipped the next time, so the command
 # resumes a partly finished grid where it stopped. After every run, `OUTPUT/summary.json` (one record per
 # finished run), `OUTPUT/table.txt` and the figures are written again.
 #
@@ -100,6 +101,9 @@ def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConf
 # `dev_per_class` training images before those as `val/` (what training logs and pilots are scored on, so a
 # design is never chosen on test images), and the rest as `train/`, which the fractions subsample. The files
 # are symbolic links; `split.json` records how the folder was made, and a folder made differently is refused.
+# `convit-edu experiment` makes it in `OUTPUT/data` by default (`--test-per-class 100 --dev-per-class 50`: of
+# Tiny ImageNet's 500 training images per class, 350 to subsample, 50 dev, 100 + 50 validation to test);
+# `--test-per-class 0` keeps the first design's scoring.
 
 # %%
 #| export
