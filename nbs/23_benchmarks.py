@@ -19,7 +19,7 @@
 # The ConViT has as many parameters and almost as many multiply-accumulates as the DeiT it is built on (Table 1), yet
 # the official code and timm's port train it at about half the DeiT's speed. Here we see where that time goes, derive
 # the reformulation behind chapter 05's fast `GPSA` and measure it: one layer, growth with resolution, whole-model
-# training. Chapter 30 goes on with `torch.compile`, the machine's peak, the data pipeline and `convit-edu bench`.
+# training. Chapter 31 goes on with `torch.compile`, the machine's peak, the data pipeline and `convit-edu bench`.
 
 # %% tags=["parameters"]
 import os
@@ -80,7 +80,7 @@ torch.set_num_threads(1)  # see "Measuring honestly" below
 # thread** the same GPSA layer ran about 4× faster, with less spread. So every measurement uses
 # `torch.set_num_threads(1)`, even the peak matmul the achieved fraction is taken against, and the JSON output records
 # the thread count. The committed outputs come from an Intel Xeon (model 207, AVX-512 without AVX-512 BF16 or AMX,
-# 2 cores), one thread, nothing else running; chapter 30's findings set them beside other runs, on this CPU and on the
+# 2 cores), one thread, nothing else running; chapter 31's findings set them beside other runs, on this CPU and on the
 # AMD EPYC (Zen 3, AVX2, no AVX-512) of earlier runs.
 
 # %%
@@ -483,7 +483,7 @@ print(f"ConViT-Ti trains at {throughput[0]['vs_last']:.2f}x DeiT-Ti's images/s (
 #
 # On GPUs bf16 roughly doubles matmul throughput. This CPU (AVX-512 but no AVX-512 BF16 or AMX) has no bf16
 # arithmetic: every bf16 matmul is converted and run on slow fallback kernels. So the comparison is kept tiny (64 px
-# images, 16 tokens, batch 2, one timed step): its point is the ratio, not the rate. (Chapter 30 measures the bf16
+# images, 16 tokens, batch 2, one timed step): its point is the ratio, not the rate. (Chapter 31 measures the bf16
 # matmul rate itself, beside the fp32 peak.)
 
 # %%
