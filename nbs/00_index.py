@@ -190,7 +190,7 @@ print("top-1 gain recomputed:", {f"{f:.0%}": f"{100 * (c1 - d1) / d1:.1f}%" for 
 # itself and of earlier chapters, so the package's imports run one way. The core path is chapters 01-09, then
 # 24-27 and 29: chapter 09 writes a first training loop by hand, and from chapter 24 on the core path uses the
 # engineering track's tools — the loop of chapter 09, hardened in chapters 10-22 — as given; skip chapters
-# 10-23, 28 and 30-32 and come back when a tool's inside interests you. The cell below reads the module each
+# 10-23, 29 and 31-33 and come back when a tool's inside interests you. The cell below reads the module each
 # chapter exports from the chapter itself, and fails if a chapter is missing from the map.
 
 # %%

@@ -214,7 +214,7 @@ print(expect_error(lambda: ModelConfig(embed_dim=200, num_heads=3)))
 # one place (the official `convit.py` applies `local_init` once per GPSA layer and afterwards re-initialises only
 # the head; it is timm's port that applies Eq. 5, overwrites it with the global init, and applies it again).
 # `forward_features` can also return a `ForwardRecord` of every block's attention and input, for chapters
-# 09-10; `distilled=True` adds DeiT's distillation token and head; `mask_pos_embed` drops the absolute
+# 25-26; `distilled=True` adds DeiT's distillation token and head; `mask_pos_embed` drops the absolute
 # positional embedding at test time (SM F, Table 5).
 
 # %%
