@@ -45,7 +45,7 @@ from convit_edu.experiment_design import ABLATIONS
 
 # %%
 # %matplotlib inline
-from convit_edu.checks import expect_error
+from convit_edu.checks import WrongAnswer, check_answer, expect_error
 
 # %% [markdown]
 # ## The paper's gap
@@ -359,3 +359,66 @@ print(format_table_2(table))
 assert [(row["fraction"], row["paired"], round(row["diff"], 6)) for row in table] == [(0.1, True, 2.0), (1.0, True, 0.0)]
 plot_table_2(grid, paper_gaps={f: relative_gain(c, d) for f, (d, c) in {0.05: (34.8, 47.8), 0.1: (48.0, 59.6),
                                                                         1.0: (79.9, 81.4)}.items()})
+
+# %% [markdown]
+# ## Exercises
+#
+# **1. McNemar's test by hand.** For one seed, a paired comparison only looks at the images on which the two
+# models disagree: b images the ConViT alone gets right, c the DeiT alone. Without a real difference, each
+# disagreement is a coin flip, and McNemar's statistic (b − c)² / (b + c) follows a χ² with one degree of
+# freedom (beyond 3.84 at the 5 % level). Compute it for seed 0 of the made-up answers above (`text[0][0]`, the
+# ConViT's string of "0"/"1", and `text[1][0]`, the DeiT's) and set `mcnemar`.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+b = sum(c == "1" and d == "0" for c, d in zip(text[0][0], text[1][0]))
+c = sum(c == "0" and d == "1" for c, d in zip(text[0][0], text[1][0]))
+mcnemar = (b - c) ** 2 / (b + c)
+print(f"b = {b}, c = {c}: McNemar's statistic {mcnemar:.2f}, beyond 3.84: a difference at the 5 % level")
+
+# %%
+# your answer: mcnemar = ...
+
+# %%
+def check_mcnemar(answer: float) -> None:
+    pairs = list(zip(text[0][0], text[1][0]))
+    b, c = pairs.count(("1", "0")), pairs.count(("0", "1"))
+    check_answer(abs(answer - (b - c) ** 2 / (b + c)) < 1e-6, "count only the disagreements: b where the ConViT "
+                 "alone is right, c where the DeiT alone is; the images both get right or wrong do not enter")
+
+
+check_mcnemar(mcnemar)
+print(expect_error(lambda: check_mcnemar((75 - 45) ** 2 / 1500), WrongAnswer))
+
+# %% [markdown]
+# **2. Pre-condition 1 on real pilots.** Chapter 30's pilots are committed: `results/pilots/grid12/summary.json`
+# (f = 0.1) and `results/pilots/grid12-f1/summary.json` (f = 1), each a list of records. How many points of dev
+# top-1 (`val_top1`) does the DeiT lose from f = 1 to f = 0.1? Set `data_scarcity`; is pre-condition 1 met?
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+import json
+from pathlib import Path
+
+
+def dev_top1(folder: str, model: str) -> float:
+    (record,) = [r for r in json.loads((Path("results/pilots") / folder / "summary.json").read_text())
+                 if r["model"] == model and r["ablation"] is None]
+    return record["val_top1"]
+
+
+data_scarcity = dev_top1("grid12-f1", "deit") - dev_top1("grid12", "deit")
+print(f"the DeiT loses {data_scarcity:.1f} points of dev top-1 from f = 1 to f = 0.1 (pre-condition 1: >= 10)")
+
+# %%
+# your answer: data_scarcity = ...
+
+# %%
+def check_data_scarcity(answer: float) -> None:
+    pilot = [r for folder in ("grid12", "grid12-f1")
+             for r in json.loads((Path("results/pilots") / folder / "summary.json").read_text())]
+    (check,) = [c for c in check_preconditions(pilot) if c["name"].startswith("1 ")]
+    check_answer(abs(answer - check["value"]) < 1e-6, "the DeiT's val_top1 at f = 1 minus its val_top1 at "
+                 "f = 0.1 (the ConViT's records are not part of this pre-condition)")
+
+
+check_data_scarcity(data_scarcity)
+print(expect_error(lambda: check_data_scarcity(-data_scarcity), WrongAnswer))
