@@ -98,4 +98,6 @@ def test_preconditions_pass_fail_or_wait_for_their_runs():
     assert checks["1 "] == (False, 9.0) and checks["2 "] == (True, 5.0)  # 9 points: not scarce enough
     assert checks["3a"] == (False, 0.93) and checks["3b"][0] is False  # gates moved 0.02 at most
     assert checks["4 "] == (True, 1.0)  # the last quarter (1 of 5 evaluations) gained 1 point
+    climbing = rec("convit", 1.0, 45.0, val_curve=[[1, 30.0], [2, 35.0], [3, 40.0], [4, 42.0], [5, 45.0]])
+    assert check_preconditions(records + [climbing])[-1]["passed"] is False  # the ConViT at f = 1 still climbs
     assert check_preconditions(records[:2])[1]["passed"] is None  # no frozen-GPSA run: not checked
