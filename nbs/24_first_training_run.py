@@ -260,9 +260,8 @@ plt.show()
 # (about 110 steps, 6 % of each run) the ConViT leads by 3.4 points at f = 0.1 (27.0 % against 23.6 %) and by 3.6
 # at f = 1 (27.4 against 23.8): 14 and 15 % more, where the paper's 9 GPSA layers almost double the top-1. With
 # 3 500 images the lead is gone at step 327 and the DeiT leads at 13 of 17 evaluations; with 350 the ConViT leads
-# at 16 of 17, by 0.2 to 4.6 points. Both ConViTs end ahead on the dev images (+1.4, +1.6), but on 1 500 test
-# images the ConViT leads at f = 0.1 (47.7 % against 45.4 %) and trails at f = 1 (61.9 against 63.9). Each gap is
-# within the noise of a top-1 on 500 images (2.2 points, 3 for a difference), and successive evaluations share
+# at 16 of 17, by 0.2 to 4.6 points. Both ConViTs end ahead on the dev images (+1.4, +1.6); their test images
+# are left to the grid of chapter 30, which alone is judged on them. Each gap is within the noise of a top-1 on 500 images (2.2 points, 3 for a difference), and successive evaluations share
 # images and model. One seed per run: consistent with the paper's head start and its larger gain on less data, not
 # a test of either. The gates, flat in the short runs, now move the paper's way: every GPSA layer's mean gate
 # falls from 0.731 to 0.707-0.717 (content gains a little weight), by at most 0.024, 13 % of the 0.18 that the
@@ -271,15 +270,14 @@ plt.show()
 # %%
 gap = {f: [round(c["val_top1"] - d["val_top1"], 1) for c, d in zip(log[f, "ConViT"], log[f, "DeiT"])] for f in PILOTS}
 first = {f: (log[f, "ConViT"][0]["val_top1"], log[f, "DeiT"][0]["val_top1"]) for f in PILOTS}
-record, run = ({k: json.loads((d / f"{p}.json").read_text()) for k, d in folders.items()} for p in ("record", "run"))
+run = {k: json.loads((d / "run.json").read_text()) for k, d in folders.items()}
 assert first == {"f = 0.1": (27.0, 23.6), "f = 1": (27.4, 23.8)}
 assert [r[0]["step"] for r in log.values()] == [110, 110, 109, 109] and round(100 * 110 / 1850) == 6  # 6 % of a run
 assert [round(c / d - 1, 2) for c, d in first.values()] == [0.14, 0.15] and all(len(g) == 17 for g in gap.values())
 assert [sum(g > 0 for g in gap[f]) for f in PILOTS] == [16, 4] and all(0 not in g for g in gap.values())  # leads
 assert gap["f = 1"][2] < 0 < gap["f = 1"][1] and log["f = 1", "DeiT"][2]["step"] == 327  # the lead gone at step 327
 assert (min(g for g in gap["f = 0.1"] if g > 0), max(gap["f = 0.1"])) == (0.2, 4.6)
-test = [round(r["test_top1"], 1) for r in record.values() if r["test_images"] == 1500]  # DeiT, ConViT at each f
-assert [g[-1] for g in gap.values()] == [1.4, 1.6] and test == [45.4, 47.7, 63.9, 61.9]
+assert [g[-1] for g in gap.values()] == [1.4, 1.6]
 assert round(100 * math.sqrt(0.25 / 500), 1) == 2.2 and round(100 * math.sqrt(2 * 0.25 / 500)) == 3
 ends, pilot_run = [g for f in PILOTS for g in log[f, "ConViT"][-1]["gates"]], run["f = 0.1", "ConViT"]
 pilot_lr_sum = learning_rate_sum(TrainConfig(**pilot_run["config"]), pilot_run["steps_per_epoch"])
