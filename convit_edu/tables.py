@@ -57,7 +57,8 @@ def paired_bootstrap(convit: list[str], deit: list[str], resamples: int = 2000, 
 
     def weights(n: int) -> torch.Tensor:  # (resamples, n): how often each of n items is drawn, over n
         draws = torch.randint(n, (resamples, n), generator=g)
-        return torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64)) / n
+        counts = torch.zeros(resamples, n, dtype=torch.float64)
+        return counts.scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64)) / n
 
     images, seeds = weights(c.shape[1]), weights(c.shape[0])
     boot_c, boot_d = (100 * ((images @ runs.T) * seeds).sum(dim=1) for runs in (c, d))
@@ -167,7 +168,8 @@ def format_preconditions(checks: list[dict]) -> str:
     """One line per pre-condition: passed, FAILED or not checked, its value and what it needs."""
     verdict = {True: "passed", False: "FAILED", None: "not checked"}
     return "\n".join(f"{c['name']:<24}{verdict[c['passed']]:<12}"
-                     f"{'' if c['value'] is None else format(c['value'], '.2f'):>7}   needs {c['needs']}" for c in checks)
+                     f"{'' if c['value'] is None else format(c['value'], '.2f'):>7}   needs {c['needs']}"
+                     for c in checks)
 
 
 # %% nbs/28_tables.py 20

@@ -116,7 +116,8 @@ def paired_bootstrap(convit: list[str], deit: list[str], resamples: int = 2000, 
 
     def weights(n: int) -> torch.Tensor:  # (resamples, n): how often each of n items is drawn, over n
         draws = torch.randint(n, (resamples, n), generator=g)
-        return torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64)) / n
+        counts = torch.zeros(resamples, n, dtype=torch.float64)
+        return counts.scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64)) / n
 
     images, seeds = weights(c.shape[1]), weights(c.shape[0])
     boot_c, boot_d = (100 * ((images @ runs.T) * seeds).sum(dim=1) for runs in (c, d))
@@ -287,7 +288,8 @@ def format_preconditions(checks: list[dict]) -> str:
     """One line per pre-condition: passed, FAILED or not checked, its value and what it needs."""
     verdict = {True: "passed", False: "FAILED", None: "not checked"}
     return "\n".join(f"{c['name']:<24}{verdict[c['passed']]:<12}"
-                     f"{'' if c['value'] is None else format(c['value'], '.2f'):>7}   needs {c['needs']}" for c in checks)
+                     f"{'' if c['value'] is None else format(c['value'], '.2f'):>7}   needs {c['needs']}"
+                     for c in checks)
 
 
 # %% [markdown]
@@ -352,11 +354,13 @@ def answers_record(model: str, fraction: float, seed: int, answers: torch.Tensor
 
 
 more = both | (torch.arange(1500) < 600).long()  # f = 1: both models right on more images, and equal
-grid = [answers_record(m, 0.1, s, a[s]) for s in range(4) for m, a in (("convit", convit_answers), ("deit", deit_answers))]
+grid = [answers_record(m, 0.1, s, a[s]) for s in range(4)
+        for m, a in (("convit", convit_answers), ("deit", deit_answers))]
 grid += [answers_record(m, 1.0, s, more[s]) for s in range(4) for m in ("convit", "deit")]
 table = table_2(grid)
 print(format_table_2(table))
-assert [(row["fraction"], row["paired"], round(row["diff"], 6)) for row in table] == [(0.1, True, 2.0), (1.0, True, 0.0)]
+assert [(row["fraction"], row["paired"], round(row["diff"], 6)) for row in table] == [(0.1, True, 2.0),
+                                                                                      (1.0, True, 0.0)]
 plot_table_2(grid, paper_gaps={f: relative_gain(c, d) for f, (d, c) in {0.05: (34.8, 47.8), 0.1: (48.0, 59.6),
                                                                         1.0: (79.9, 81.4)}.items()})
 

@@ -71,15 +71,15 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # %% [markdown]
 # ## One command for the whole grid
 #
-# `convit-edu experiment sample-efficiency` (and its sibling `ablations`) runs a grid in this process, one run
-# after another, on any ImageNet-style folder. Each run trains with `train` (so `--resume auto` semantics:
-# a run stopped half-way continues from its `last.pt`), records σ(λ) and the nonlocality of every layer about
-# 20 times along the way (`LocalityRecorder`, for Figs. 5 and 6), then scores the final model on the
-# validation images, on the held-out training images, on the training images it saw and on the fixed test
-# images (below), image by image. The record also keeps the schedule's learning-rate sum and the validation
-# curve, for chapter 28's pre-conditions. It writes the run's `record.json` last: a folder with a record is finished and is skipped the next time, so the command
-# resumes a partly finished grid where it stopped. After every run, `OUTPUT/summary.json` (one record per
-# finished run), `OUTPUT/table.txt` and the figures are written again.
+# `convit-edu experiment sample-efficiency` (and its sibling `ablations`) runs a grid in this process, one run after
+# another, on any ImageNet-style folder. Each run trains with `train` (so `--resume auto` semantics: a run stopped
+# half-way continues from its `last.pt`), records σ(λ) and the nonlocality of every layer about 20 times along the way
+# (`LocalityRecorder`, for Figs. 5 and 6), then scores the final model on the validation images, on the held-out
+# training images, on the training images it saw and on the fixed test images (below), image by image. The record also
+# keeps the schedule's learning-rate sum and the validation curve, for chapter 28's pre-conditions. It writes the run's
+# `record.json` last: a folder with a record is finished and is skipped the next time, so the command resumes a partly
+# finished grid where it stopped. After every run, `OUTPUT/summary.json` (one record per finished run),
+# `OUTPUT/table.txt` and the figures are written again.
 #
 # A run of a grid already is a `TrainConfig` (chapter 27): the one its printed command trains. Here it only
 # gets its folder, and `--resume auto`.

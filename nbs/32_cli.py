@@ -369,7 +369,7 @@ if __name__ == "__main__" and Path(sys.argv[0]).name == "cli.py":  # `python -m 
 # %% [markdown]
 # ## `--help`
 #
-# The top level, then `train`'s flags: the run's own, then `ModelConfig`'s and `AugConfig`'s (defaults of `--model`, `--aug`).
+# The top level, then `train`'s flags: its own, then `ModelConfig`'s and `AugConfig`'s (as `--model`, `--aug` set).
 
 # %%
 from convit_edu.config import RECIPES
