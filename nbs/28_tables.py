@@ -114,13 +114,17 @@ def paired_bootstrap(convit: list[str], deit: list[str], resamples: int = 2000, 
     c, d = (torch.tensor([[ch == "1" for ch in run] for run in runs], dtype=torch.float64) for runs in (convit, deit))
     g = torch.Generator().manual_seed(seed)
 
-    def weights(n: int) -> torch.Tensor:  # (resamples, n): how often each of n items is drawn, over n
-        draws = torch.randint(n, (resamples, n), generator=g)
-        counts = torch.zeros(resamples, n, dtype=torch.float64)
-        return counts.scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64)) / n
+    def weights(k: int, n: int) -> torch.Tensor:  # (k, n): how often each of n items is drawn, over n
+        draws = torch.randint(n, (k, n), generator=g)
+        return torch.zeros(k, n, dtype=torch.float64).scatter_add_(1, draws, torch.ones(k, n, dtype=torch.float64)) / n
 
-    images, seeds = weights(c.shape[1]), weights(c.shape[0])
-    boot_c, boot_d = (100 * ((images @ runs.T) * seeds).sum(dim=1) for runs in (c, d))
+    boot_c, boot_d = [], []
+    for start in range(0, resamples, 100):  # 100 resamples at a time: 50 000 test images stay under 100 MB
+        k = min(100, resamples - start)
+        images, seeds = weights(k, c.shape[1]), weights(k, c.shape[0])
+        boot_c.append(100 * ((images @ c.T) * seeds).sum(dim=1))
+        boot_d.append(100 * ((images @ d.T) * seeds).sum(dim=1))
+    boot_c, boot_d = torch.cat(boot_c), torch.cat(boot_d)
     top_c, top_d = 100 * c.mean().item(), 100 * d.mean().item()
     return {"convit_top1": top_c, "deit_top1": top_d, "diff": top_c - top_d, "diff_se": (boot_c - boot_d).std().item(),
             "gain": relative_gain(top_c, top_d), "gain_se": (100 * (boot_c - boot_d) / boot_d).std().item()}

@@ -125,16 +125,20 @@ def fixed_test_split(source: str | Path, dest: str | Path, classes: int, test_pe
             raise ValueError(f"{dest} holds another split ({made}), not {recipe}: choose another folder")
         return dest
     train, val = (ImageFolderDataset(source / split, max_classes=classes) for split in ("train", "val"))
+    by_class: dict[str, dict[int, list[str]]] = {"train": {}, "val": {}}
+    for split, ds in (("train", train), ("val", val)):
+        for path, target in ds.samples:  # one pass over each listing, in its sorted order
+            by_class[split].setdefault(target, []).append(path)
     parts: dict[str, list[str]] = {"train": [], "val": [], "test": []}
     for c in range(classes):
-        files = [p for p, t in train.samples if t == c]
+        files = by_class["train"].get(c, [])
         if len(files) <= test_per_class + dev_per_class:
             raise ValueError(f"class {train.classes[c]!r} has {len(files)} training images: test_per_class "
                              f"{test_per_class} + dev_per_class {dev_per_class} would leave none to train on")
         cut = len(files) - test_per_class
         parts["train"] += files[:cut - dev_per_class]
         parts["val"] += files[cut - dev_per_class:cut]
-        parts["test"] += files[cut:] + [p for p, t in val.samples if t == c]
+        parts["test"] += files[cut:] + by_class["val"].get(c, [])
     for split, files in parts.items():
         for file in files:
             link = dest / split / Path(file).parent.name / Path(file).name
