@@ -94,7 +94,7 @@ print(f"the query's own patch: {own:.2f} of the centred head's attention (positi
 # ## Table 1 of the paper: ConViT vs DeiT trained from scratch on ImageNet-1k
 #
 # Speed is images/s on one Quadro GP100 at batch 128. The paper does not define "Flops"; counting
-# multiply-accumulates without the attention matmuls reproduces the column (chapter 08), so that is our reading
+# multiply-accumulates without the attention matmuls reproduces the column (chapter 09), so that is our reading
 # of it, inferred rather than stated. Top-5 was not reported for DeiT-Ti/S/B.
 
 # %%
@@ -123,7 +123,7 @@ for name, model, heads, dim, size, flops, speed, top1, top5 in TABLE_1:
 # heads (4, 9, 16 are perfect squares, so every head can sit on one tap of a 2×2, 3×3 or 4×4 kernel); the "+"
 # models use the same heads and width 64 per head for both architectures, so the gain is not just more heads.
 # And every ConViT beats the DeiT of its size, while being slower per image in the official implementation —
-# chapter 23 shows how much of that slowness is the implementation, not the idea. The cell below checks
+# chapter 27 shows how much of that slowness is the implementation, not the idea. The cell below checks
 # both claims on the table.
 
 # %%
@@ -187,10 +187,10 @@ print("top-1 gain recomputed:", {f"{f:.0%}": f"{100 * (c1 - d1) / d1:.1f}%" for 
 #   loop's machinery, the command line and clusters, performance.
 #
 # The numbers are the order in which the chapters build on each other: a chapter uses only the modules of
-# itself and of earlier chapters, so the package's imports run one way. The core path is chapters 01-09, then
-# 24-27 and 29: chapter 09 writes a first training loop by hand, and from chapter 24 on the core path uses the
-# engineering track's tools — the loop of chapter 09, hardened in chapters 10-22 — as given; skip chapters
-# 10-23, 29 and 31-33 and come back when a tool's inside interests you. The cell below reads the module each
+# itself and of earlier chapters, so the package's imports run one way. The core path is chapters 01-10, then
+# 24-27 and 29: chapter 10 writes a first training loop by hand, and from chapter 28 on the core path uses the
+# engineering track's tools — the loop of chapter 10, hardened in chapters 11-26 — as given; skip chapters
+# 11-27, 33 and 35-37 and come back when a tool's inside interests you. The cell below reads the module each
 # chapter exports from the chapter itself, and fails if a chapter is missing from the map.
 
 # %%
@@ -203,36 +203,36 @@ CORE = [
     ("03_convolutional_init", "Eq. 5: head centres and locality strength, Fig. 3"),
     ("04_convolution_as_attention", "k² PSA heads compute a k×k convolution; a ConViT layer at init"),
     ("05_gpsa", "Eq. 6-7: gated positional self-attention, reference and fast"),
-    ("06_layers", "patch embedding, MLP, stochastic depth, the pre-norm block"),
-    ("07_models", "the ConViT and DeiT models: configuration, class token, forward"),
-    ("08_zoo", "Table 1 by name: parameters, MACs, resolutions, ablation switches"),
-    ("09_fit", "a training loop you write: a small ConViT and DeiT on real photographs"),
-    ("24_first_training_run", "the same runs with the production loop, and what it records"),
-    ("25_locality", "nonlocality (Eq. 8) and the gates during training, Figs. 5-6"),
-    ("26_attention_maps", "attention maps (Fig. 7) and masking at test time (Tables 5-6)"),
-    ("27_experiment_design", "Tables 2 and 3 at any scale; a design a CPU can run"),
-    ("28_tables", "records to Tables 2 and 3: a paired test over images and seeds; pre-conditions"),
-    ("30_experiment_results", "Tables 2 and 3 in miniature: the results"),
+    ("07_layers", "patch embedding, MLP, stochastic depth, the pre-norm block"),
+    ("08_models", "the ConViT and DeiT models: configuration, class token, forward"),
+    ("09_zoo", "Table 1 by name: parameters, MACs, resolutions, ablation switches"),
+    ("10_fit", "a training loop you write: a small ConViT and DeiT on real photographs"),
+    ("28_first_training_run", "the same runs with the production loop, and what it records"),
+    ("29_locality", "nonlocality (Eq. 8) and the gates during training, Figs. 5-6"),
+    ("30_attention_maps", "attention maps (Fig. 7) and masking at test time (Tables 5-6)"),
+    ("31_experiment_design", "Tables 2 and 3 at any scale; a design a CPU can run"),
+    ("32_tables", "records to Tables 2 and 3: a paired test over images and seeds; pre-conditions"),
+    ("34_experiment_results", "Tables 2 and 3 in miniature: the results"),
 ]
 ENGINEERING = [
-    ("10_checkpoints", "official and timm weights in, training checkpoints out; hard distillation"),
-    ("11_datasets", "CIFAR-100, ImageNet folders, a fraction of each class, listed once"),
-    ("12_augment", "the DeiT recipe: RandAugment, erasing, MixUp / CutMix"),
-    ("13_loaders", "samplers for many processes, loaders, which stage limits"),
-    ("14_dali", "decoding with NVIDIA DALI (optional)"),
-    ("15_devices", "the device, and bf16 only where it pays"),
-    ("16_config", "a run is a config; the paper's recipes; configs as command-line words"),
-    ("17_optimisation", "the schedule, the loss and its teacher, the EMA, per-step randomness, resume"),
-    ("18_distributed", "torchrun and srun, rank 0's writes, clean stops, a SLURM script"),
-    ("19_evaluation", "exact evaluation over processes; masking at test time"),
-    ("20_callbacks", "hooks, progress, logs and curves"),
-    ("21_training", "the loop of chapter 09, hardened: `Trainer` and `train`"),
-    ("22_training_checks", "exact resume, hooks, a NaN, two processes: checked"),
-    ("23_benchmarks", "why GPSA is slow and how to make it fast"),
-    ("29_experiments", "one command per grid: a fixed test split, per-image scores, resuming"),
-    ("31_benchmark_suite", "compile, the machine's peak, the data, the benchmark suite"),
-    ("32_cli", "convit-edu train / eval / bench / experiment"),
-    ("33_clusters", "launching at every scale: torchrun, many nodes, SLURM"),
+    ("11_checkpoints", "official and timm weights in, training checkpoints out; hard distillation"),
+    ("13_datasets", "CIFAR-100, ImageNet folders, a fraction of each class, listed once"),
+    ("14_augment", "the DeiT recipe: RandAugment, erasing, MixUp / CutMix"),
+    ("16_loaders", "samplers for many processes, loaders, which stage limits"),
+    ("17_dali", "decoding with NVIDIA DALI (optional)"),
+    ("18_devices", "the device, and bf16 only where it pays"),
+    ("19_config", "a run is a config; the paper's recipes; configs as command-line words"),
+    ("20_optimisation", "the schedule, the loss and its teacher, the EMA, per-step randomness, resume"),
+    ("21_distributed", "torchrun and srun, rank 0's writes, clean stops, a SLURM script"),
+    ("22_evaluation", "exact evaluation over processes; masking at test time"),
+    ("23_callbacks", "hooks, progress, logs and curves"),
+    ("25_training", "the loop of chapter 10, hardened: `Trainer` and `train`"),
+    ("26_training_checks", "exact resume, hooks, a NaN, two processes: checked"),
+    ("27_benchmarks", "why GPSA is slow and how to make it fast"),
+    ("33_experiments", "one command per grid: a fixed test split, per-image scores, resuming"),
+    ("35_benchmark_suite", "compile, the machine's peak, the data, the benchmark suite"),
+    ("36_cli", "convit-edu train / eval / bench / experiment"),
+    ("37_clusters", "launching at every scale: torchrun, many nodes, SLURM"),
 ]
 written = sorted(p.stem for p in Path(".").glob("[0-9][0-9]_*.py") if p.stem != "00_index")
 assert sorted(stem for stem, _ in CORE + ENGINEERING) == written, "the map and nbs/ differ"

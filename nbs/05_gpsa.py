@@ -34,7 +34,7 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # Gated positional self-attention (GPSA, Eq. 6-7): a reference that materializes the attention, and the fast form.
 #
 # Longer than most chapters: the paper's central layer in two forms, the checks that they agree, a picture of
-# Eq. 7 and two exercises (its timing section moved to chapter 23).
+# Eq. 7 and two exercises (its timing section moved to chapter 27).
 
 # %%
 import matplotlib.pyplot as plt
@@ -110,7 +110,7 @@ print("row sums before normalising: 1 to within 1e-6, so the division changes on
 # handling. `qk` produces queries and keys in one matmul, `v` the values, `pos_proj` maps the 3 channels of
 # r_δ = (δx, δy, ‖δ‖²) to one score per head (its weight rows are the v_pos of Eq. 5), and `proj` mixes the
 # heads. `rel_indices` is a buffer that is *not* saved in checkpoints. A layer told its grid at construction
-# (`grid_size=(rows, cols)`, as the ConViT of chapter 07 does) builds it there, so the first forward finds it
+# (`grid_size=(rows, cols)`, as the ConViT of chapter 08 does) builds it there, so the first forward finds it
 # ready: a forward that assigns a new tensor to a buffer is one graph for `torch.compile` and the forwards
 # after it another, which costs a second compilation. A layer built without a grid builds it at its first
 # forward. Either way it is rebuilt when a forward sees another grid, and whenever the device or dtype of the
@@ -118,7 +118,7 @@ print("row sums before normalising: 1 to within 1e-6, so the division changes on
 # code caches it for one device and one size and breaks there).
 #
 # Initialisation has one home, `init_weights`, which the constructor calls: DeiT's normal(0, 0.02) for the
-# linear maps (what the whole model gives every other linear map, chapter 07), then Eq. 5 — chapter 03's
+# linear maps (what the whole model gives every other linear map, chapter 08), then Eq. 5 — chapter 03's
 # `local_init` — for `pos_proj` and `v`. A model built of these layers does not initialise them again.
 
 # %%
@@ -279,7 +279,7 @@ class _Gated(_PositionalAttention):
 # no-op, kept here to stay literally faithful to Eq. 6), attention dropout on A, then A·V. This is the
 # computation of the official code and of timm but for one thing: they expand `rel_indices` to the batch and
 # so compute the positional softmax once per *image*, where it is the same for every image; here it is
-# computed once per forward (chapter 23 measures what that saves). It is what to read, what to
+# computed once per forward (chapter 27 measures what that saves). It is what to read, what to
 # use for attention maps, and the yardstick the fast version is tested against.
 
 # %%
@@ -517,9 +517,9 @@ print("every head peaks within half a patch of query + Δ_h")
 # (σ = 0, what a ViT head would do) and its positional attention (σ = 1, a blurred tap of a convolution).
 # Below, one head of a freshly initialised layer reads the Grace Hopper photograph (patches of 16 pixels
 # embedded by a random 16 × 16 convolution and a LayerNorm, as in chapter 03's Fig. 3), with its gate forced
-# to five values (`gate_override`, the hook chapter 26's masking uses), on one logarithmic colour scale. At
+# to five values (`gate_override`, the hook chapter 30's masking uses), on one logarithmic colour scale. At
 # initialization (weights of standard deviation 0.02) the content map is nearly uniform; we scale W_qry and
-# W_key up 4 times so that it shows something, a random read-out of the picture — training (chapter 24) is
+# W_key up 4 times so that it shows something, a random read-out of the picture — training (chapter 28) is
 # what makes it useful. The ConViT starts
 # at σ(1) = 0.73, the fourth panel: mostly the positional bump, with the picture faintly behind it.
 
@@ -567,7 +567,7 @@ print("every intermediate map equals (1 - σ)·content + σ·position")
 # ## Speed and memory
 #
 # How much faster and leaner the fast layer is than the official form and the reference is measured in
-# chapter 23, "One GPSA layer: official form, reference and fast".
+# chapter 27, "One GPSA layer: official form, reference and fast".
 
 # %% [markdown]
 # ## Exercises

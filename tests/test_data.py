@@ -1,4 +1,4 @@
-"""Tests for the data chapters 11-13 (convit_edu.datasets, augment, loaders): datasets, subsampling, the DeiT
+"""Tests for the data chapters 13-16 (convit_edu.datasets, augment, loaders): datasets, subsampling, the DeiT
 recipe, samplers, loaders."""
 
 import hashlib

@@ -9,3 +9,5 @@ base=(--data-root data/tiny-imagenet-100-first10 --classes 10 --seeds 0 --num-wo
       --images-per-run 60000 --set img_size=48 --model-arg patch_size=4 --set lr=0.032)
 python -m convit_edu.cli experiment sample-efficiency "${base[@]}" --fractions 0.1 --output $out/lr2x
 python -m convit_edu.cli experiment sample-efficiency "${base[@]}" --fractions 1.0 --output $out/lr2x-f1
+# Added when pre-condition 2 failed for the base design: does the trained attention matter at this learning rate?
+python -m convit_edu.cli experiment ablations "${base[@]}" --fraction 0.1 --names frozen_gpsa --output $out/lr2x

@@ -1,0 +1,688 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Samplers and loaders: many processes, repeated augmentation, a busy accelerator
+#
+# The datasets of chapter 13 and the transforms of chapter 14 become batches here: a sampler that deals one
+# epoch to any number of processes (with DeiT's repeated augmentation, and resumable in the middle of an epoch),
+# loaders that ship uint8 and finish the recipe on the device, augmentation that does not depend on which
+# worker draws it, and a benchmark that says which stage of the pipeline limits training.
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
+
+# %%
+#| default_exp loaders
+# Samplers for one process or many (repeated augmentation, resumable), loaders, and a loader benchmark.
+#
+# A little longer than the course's other chapters: the sampler, the seeded augmentation and the loader make one
+# guarantee together (the same batches at any number of processes and workers, and after a resume).
+
+# %%
+#| export
+import math
+import os
+import random
+import signal
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+
+from convit_edu.augment import AugConfig
+from convit_edu.checks import positive_int
+
+# %%
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from matplotlib import cbook
+
+from convit_edu.augment import AUGMENTATIONS, augmentation, build_mixup, build_transforms
+from convit_edu.datasets import SyntheticImages, build_datasets, first_classes, load_rgb
+
+torch.manual_seed(0)
+torch.set_printoptions(precision=4, sci_mode=False)
+warnings.filterwarnings("ignore", message=".*os.fork.*")  # fork + threads notice from workers, not ours
+
+# %% [markdown]
+# The images of chapter 13: the first four classes of the shared Tiny ImageNet subset when it is here, synthetic
+# images otherwise (a user's machine), and one photograph from them.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (the classes depend on whether the shared Tiny ImageNet archive is present)
+TINY4 = first_classes("../../shared/data/tiny-imagenet-100.tar.gz", "../data/tiny-imagenet-100-first4", 4,
+                      num_train=2000, num_val=200, image_size=64)
+_, val_ds, names = build_datasets(TINY4["data"], TINY4["data_root"], **TINY4["data_args"])
+HAVE_TINY, TINY = TINY4["data"] == "imagefolder", Path(TINY4["data_root"])
+photo = load_rgb(TINY / "train" / "n01443537" / "n01443537_0.JPEG" if HAVE_TINY else
+                 cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))
+print(names)
+
+# %% [markdown]
+# ## Samplers: many processes, repeated augmentation, resuming mid-epoch
+#
+# With W processes (ranks), each must read a *disjoint* part of the epoch, and every rank must run the *same
+# number of batches*, or the gradient all-reduce of the last step waits forever for the rank that ran out.
+# `RepeatAugSampler` defines one **global stream** per epoch and deals it out round-robin: rank k takes
+# positions k, k+W, k+2W, ... The stream is a permutation of the N indices seeded by `seed + epoch` (the same
+# on every rank, so no communication is needed), padded by wrapping around to a multiple of W.
+#
+# **Repeated augmentation** (Hoffer et al. 2020, Berman et al. 2019; used by DeiT with ×3) repeats each index
+# r times *in a row* in that stream: [a, a, a, b, b, b, ...]. The stream keeps the length of a normal epoch
+# (⌈N/W⌉ per rank), so an epoch shows N/r distinct images, r times each, with independent augmentations. As
+# consecutive positions go to consecutive ranks, the r copies land on r different ranks when W ≥ r, in the
+# same global batch (unless they straddle the boundary between two).
+#
+# **One process.** The official DeiT sampler (`RASampler`) builds the same kind of ×3 stream, and on a single
+# process its behaviour surprises users: each image appears three times *in one batch*, and an epoch covers a
+# third of the data (the epoch is also rounded down to a multiple of 256 images). What we do: the same global
+# stream, on purpose, at every world size. Because rank k takes every W-th position, the *global* batch of step
+# s (the union over ranks) is always the contiguous slice s·B·W … (s+1)·B·W−1 of the stream. So one process
+# with batch B·W sees exactly the same global batches as W ranks with batch B each: in both, the r copies share
+# a global batch and an epoch covers N/r images — which is also what the official code does on 8 GPUs. Only
+# where the copies sit differs (one process: side by side in its batch; W ≥ r: one per rank). Repeated
+# augmentation is never on by surprise: `repeats` defaults to 1 (plain shuffling), and `unique_per_epoch`
+# says how many distinct images an epoch shows.
+#
+# **Resuming.** `set_epoch(epoch, start)` sets the epoch (hence the permutation) and skips the first `start`
+# samples of this rank's share, so a run stopped after b batches of batch size B resumes with
+# `set_epoch(epoch, b·B)` on exactly the samples it would have seen next.
+
+# %%
+#| export
+class RepeatAugSampler(Sampler[int]):
+    """Distributed sampler with repeated augmentation; resumable within an epoch.
+
+    The epoch's global stream is a permutation of ``range(num_samples)`` (seeded by ``seed + epoch``), each
+    index repeated ``repeats`` times in a row, cut (or wrapped) to ``num_replicas · ⌈num_samples /
+    num_replicas⌉`` positions; rank k takes positions k, k + num_replicas, ... ``len()`` is the same on every
+    rank: ⌈num_samples / num_replicas⌉.
+    """
+
+    def __init__(self, num_samples: int, num_replicas: int = 1, rank: int = 0, repeats: int = 1,
+                 shuffle: bool = True, seed: int = 0):
+        positive_int("num_samples", num_samples)
+        positive_int("num_replicas (the world size)", num_replicas)
+        if not 0 <= positive_int("rank", rank, minimum=0) < num_replicas:
+            raise ValueError(f"rank {rank!r} must lie in 0..{num_replicas - 1} for num_replicas {num_replicas}")
+        positive_int("repeats (DeiT: 3; 1 turns it off)", repeats)
+        self.num_samples, self.num_replicas, self.rank = num_samples, num_replicas, rank
+        self.repeats, self.shuffle, self.seed = repeats, shuffle, seed
+        self.epoch, self.start = 0, 0
+
+    def __len__(self) -> int:
+        return math.ceil(self.num_samples / self.num_replicas)
+
+    @property
+    def remaining(self) -> int:
+        """Samples this rank still yields this epoch (``len(self) - start``)."""
+        return len(self) - self.start
+
+    @property
+    def unique_per_epoch(self) -> int:
+        """How many distinct samples one epoch shows over all ranks (about ``num_samples / repeats``)."""
+        return len(set(self.global_stream(self.epoch).tolist()))
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Use the permutation of ``epoch`` and skip this rank's first ``start`` samples (mid-epoch resume).
+
+        Call it before every epoch. ``len()`` stays the full epoch (so a loader's ``len`` does too);
+        ``remaining`` is what this rank still yields.
+        """
+        if not positive_int("start", start, minimum=0) <= len(self):
+            raise ValueError(f"start {start!r} must lie in 0..{len(self)} (samples of this rank already consumed "
+                             "this epoch)")
+        self.epoch, self.start = epoch, start
+
+    def global_stream(self, epoch: int) -> torch.Tensor:
+        """All ranks' indices of ``epoch`` in stream order (rank k owns positions k, k + W, ...)."""
+        if self.shuffle:
+            order = torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(self.seed + epoch))
+        else:
+            order = torch.arange(self.num_samples)
+        stream = order.repeat_interleave(self.repeats)
+        total = len(self) * self.num_replicas
+        if len(stream) < total:  # only without repeats: wrap around, as DistributedSampler pads
+            stream = stream.repeat(math.ceil(total / len(stream)))
+        return stream[:total]
+
+    def __iter__(self) -> Iterator[int]:
+        mine = self.global_stream(self.epoch)[self.rank :: self.num_replicas]
+        return iter(mine[self.start :].tolist())
+
+# %% [markdown]
+# Twelve images, one to three ranks, without and with repeated augmentation (epoch 0, seed 0). Every rank gets
+# the same number of samples; with ×3 each of 4 images appears three times, on three different ranks when there
+# are three of them:
+
+# %%
+for repeats in (1, 3):
+    for world in (1, 2, 3):
+        ranks = [RepeatAugSampler(12, world, r, repeats=repeats) for r in range(world)]
+        print(f"repeats {repeats}, world {world}: " + " | ".join(" ".join(f"{i:2d}" for i in s) for s in ranks))
+    print(f"  distinct images per epoch: {ranks[0].unique_per_epoch} of 12")
+
+# %% [markdown]
+# The claims of the design, checked: ranks partition the stream; the global batch of each step is the same for
+# every world size at equal global batch; a new epoch reshuffles; `set_epoch(epoch, start)` resumes exactly.
+
+# %%
+N, GLOBAL_BATCH = 96, 24
+single = RepeatAugSampler(N, repeats=3)
+single.set_epoch(4)
+stream = list(single)
+for world in (2, 3, 4):
+    ranks = [RepeatAugSampler(N, world, r, repeats=3) for r in range(world)]
+    for s in ranks:
+        s.set_epoch(4)
+    per_rank = [list(s) for s in ranks]
+    assert {len(p) for p in per_rank} == {N // world}
+    b = GLOBAL_BATCH // world
+    for step in range(N // GLOBAL_BATCH):
+        step_batch = sorted(i for p in per_rank for i in p[step * b : (step + 1) * b])
+        assert step_batch == sorted(stream[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH])
+single.set_epoch(5)
+assert list(single) != stream
+resumed = RepeatAugSampler(N, repeats=3)
+resumed.set_epoch(4, start=40)
+assert list(resumed) == stream[40:] and resumed.remaining == N - 40 and len(resumed) == N
+print("global batches independent of the world size; reshuffled per epoch; exact mid-epoch resume")
+
+# %% [markdown]
+# On ImageNet-1k, what an epoch is under each sampler. The official `RASampler` gives each rank
+# ⌊⌊N/256⌋·256 / W⌋ samples (so a few images are dropped each epoch) drawn from the ×3 stream; ours gives each
+# rank ⌈N/W⌉. Both cover about a third of the images per epoch, three times each, at *every* world size — that
+# is what repeated augmentation with an unchanged epoch length means, not a single-process accident. The only
+# single-process difference is where the copies sit: with one rank, in the same batch.
+
+# %%
+def official_ra_share(n: int, world: int, rank: int, epoch: int = 0) -> list[int]:
+    """What DeiT's RASampler gives one rank (described, not its code): each index of a seeded permutation
+    three times in a row, padded to a multiple of the world size, every world-th position from rank on,
+    cut to ⌊⌊n/256⌋·256 / world⌋ samples."""
+    stream = torch.randperm(n, generator=torch.Generator().manual_seed(epoch)).repeat_interleave(3).tolist()
+    per_rank = math.ceil(3 * n / world)
+    stream += stream[: per_rank * world - len(stream)]
+    return stream[rank : per_rank * world : world][: (n // 256 * 256) // world]
+
+
+n = 5120
+for world in (1, 8):
+    shares = [official_ra_share(n, world, r) for r in range(world)]
+    seen = [i for share in shares for i in share]
+    assert len(set(seen)) == math.ceil(n / 3)  # a third of the data, at any world size
+    print(f"official, world {world}: {len(seen)} samples per epoch, {len(set(seen))} distinct of {n}")
+one = official_ra_share(n, 1, 0)
+assert one[:3] == [one[0]] * 3  # one process: the three copies side by side, in the same batch
+
+# %%
+N_IMAGENET = 1_281_167
+print(f"{'world':>5} {'official/rank':>14} {'ours/rank':>10} {'distinct images per epoch (ours)':>34}")
+for world in (1, 8, 64):
+    official = (N_IMAGENET // 256 * 256) // world
+    ours = RepeatAugSampler(N_IMAGENET, world, repeats=3)
+    print(f"{world:>5} {official:>14,} {len(ours):>10,} {ours.unique_per_epoch:>34,}")
+assert RepeatAugSampler(N_IMAGENET, repeats=3).unique_per_epoch == math.ceil(N_IMAGENET / 3)
+
+# %% [markdown]
+# ## Loaders that keep the accelerator busy
+#
+# `build_loader` sets what matters at scale: `num_workers` processes decode and augment in parallel,
+# `persistent_workers` keeps them (and their open files) alive across epochs instead of re-forking every
+# epoch, `prefetch_factor` keeps 4 batches per worker in flight, `pin_memory` (default: on when CUDA is
+# present) makes host-to-GPU copies asynchronous, and a **seeded generator** fixes the base seed of the
+# workers' random augmentations (worker w gets `base_seed + w`), so a run is reproducible. With
+# `num_workers=0` the augmentations draw from the main process's global torch RNG instead, which a checkpoint
+# saves and restores like any other RNG state. Workers also ignore SIGTERM and SIGINT: SLURM signals every
+# process of a job, and a worker killed by the signal would crash the main process in the middle of the step
+# it must finish before saving (chapter 25).
+
+# %%
+#| export
+def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, num_workers: int, seed: int,
+                 drop_last: bool, pin_memory: bool | None = None) -> DataLoader:
+    """A DataLoader over ``sampler`` (None: dataset order) with workers, pinning, prefetch and a seeded generator."""
+    positive_int("batch_size", batch_size)
+    positive_int("num_workers (0: load in this process)", num_workers, minimum=0)
+    if drop_last and sampler is not None and len(sampler) < batch_size:
+        raise ValueError(f"batch_size {batch_size} with drop_last=True leaves no batch: this rank's epoch holds "
+                         f"only {len(sampler)} samples")
+    return DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=drop_last,
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        generator=torch.Generator().manual_seed(seed), persistent_workers=num_workers > 0,
+        prefetch_factor=4 if num_workers > 0 else None, worker_init_fn=_ignore_stop_signals if num_workers else None,
+    )
+
+
+def _ignore_stop_signals(worker_id: int) -> None:
+    """SLURM and a terminal send SIGTERM / SIGINT to every process of a job, loader workers included; a worker that
+    died of it would crash the main process mid-step. Workers ignore both: the main process stops them itself
+    after it has saved its checkpoint."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+# %% [markdown]
+# ### How many workers?
+#
+# One worker per CPU the process may use, less one for the process itself (it runs the step and feeds the
+# device). "May use" is the process's CPU affinity, not the machine's core count: SLURM, `taskset` and container
+# limits bind a job to some of the cores, and `os.cpu_count()` would still report all of them. Several
+# processes on one node (`torchrun --nproc_per_node=8` sets `LOCAL_WORLD_SIZE=8` in each) share those CPUs, so
+# each takes its share. `default_num_workers` says what that comes to; the training loop uses it when
+# `--num-workers` is not given. Here on a few imagined machines (a 2-core laptop, a 64-core node with 8 GPUs,
+# an 8-core node with 8 GPUs):
+
+# %%
+#| export
+def default_num_workers(env: Mapping[str, str] = os.environ) -> int:
+    """Loader workers per process when none are asked for: the CPUs this process may run on
+    (``os.sched_getaffinity``, which SLURM, ``taskset`` and containers restrict; ``os.cpu_count`` where the OS
+    has no affinity, e.g. macOS) divided among this node's processes (``LOCAL_WORLD_SIZE``, set by torchrun;
+    1 without it), less one CPU for the process itself, which runs the training step; never below 0 (then
+    the process loads its batches itself)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = env.get("LOCAL_WORLD_SIZE", "1")
+    if not local.isdigit() or int(local) < 1:
+        raise ValueError(f"LOCAL_WORLD_SIZE {local!r} must be a positive integer (torchrun sets it to the number "
+                         "of processes on this node)")
+    return max(cpus // int(local) - 1, 0)
+
+# %%
+from unittest import mock
+
+for cpus, processes in ((2, 1), (64, 8), (8, 8)):
+    with mock.patch.object(os, "sched_getaffinity", lambda pid: set(range(cpus)), create=True):
+        workers = default_num_workers({"LOCAL_WORLD_SIZE": str(processes)})
+    assert workers == max(cpus // processes - 1, 0)
+    print(f"{cpus:>2} CPUs, {processes} process(es) on the node: {workers} worker(s) each")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (this machine's CPUs)
+print(f"this process, alone on this machine: {default_num_workers({})} worker(s)")
+
+# %% [markdown]
+# ### Ship uint8, finish on the device
+#
+# A worker that normalises ships float32: 4 bytes per channel and pixel, 602 KB per 224-px image, where the
+# same image as uint8 is 150 KB. Every byte crosses shared memory from the worker, then (pinned) the PCIe bus.
+# So the training loop asks `build_transforms(cfg, on_device=True)` for transforms that stop at the uint8
+# crop (decode, crop, flip, RandAugment: the per-image work that needs PIL or runs best on one image) and
+# finishes each batch where the model runs: `DeviceTransforms` converts to float, normalises, and applies
+# RandomErasing to the whole batch at once — each image with probability `erasing`, a box of 2–33 % of the
+# area and aspect 0.3–3.3 (torchvision's and timm's ranges, 10 tries to fit) filled with N(0, 1) noise in
+# normalised space (DeiT's "pixel" mode). MixUp/CutMix already ran batched on the device (above).
+#
+# Its random draws come from the process's global generators, which the training loop seeds from
+# (seed, rank, epoch, step) before every step (chapter 20): a resumed run draws the same boxes.
+#
+# **No waiting for the device.** A CUDA device runs behind the CPU: the CPU queues kernels and goes on to the
+# next step while the device works. Anything that needs a value *on the host* (`.item()`, printing a tensor, a
+# blocking copy from pageable host memory) makes the CPU wait until the device has caught up, and the queue
+# runs dry at every micro-batch. So `DeviceTransforms` makes its constants (255·mean and 255·std) on the
+# device once, the first time it sees a batch there, by filling them in place (no copy at all), and
+# `erasing_boxes` draws only the few numbers a box needs (per try: the area share and the log aspect ratio; per
+# image: top, left, erase or not) with `torch.rand(..., device=...)`, then draws the (B, H, W) mask with
+# comparisons against `arange` on the same device. Nothing is read back, nothing is copied over: the whole
+# finish is a handful of kernels queued behind the step before.
+
+# %%
+#| export
+class DeviceTransforms:
+    """The end of a recipe, on uint8 batches (B, 3, S, S) on the training device: ``eval`` converts and
+    normalises, ``train`` also erases a random box of each image with probability ``cfg.erasing``. Neither
+    synchronises the host with the device (the constants are made on each device once, see ``constants``)."""
+
+    def __init__(self, cfg: AugConfig):
+        self.mean, self.std, self.erasing = tuple(cfg.mean), tuple(cfg.std), cfg.erasing
+        self._constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """255·mean and 255·std as (3, 1, 1) float tensors on ``device``: made the first time ``device`` is asked
+        for and kept. Each channel is filled in place on the device, so even that first call copies nothing from
+        the host and does not wait for the device."""
+        if device not in self._constants:
+            self._constants[device] = tuple(
+                torch.stack([torch.full((1, 1), 255 * v, device=device) for v in values])
+                for values in (self.mean, self.std))
+        return self._constants[device]
+
+    def eval(self, images: torch.Tensor) -> torch.Tensor:
+        if images.dtype != torch.uint8 or images.ndim != 4:
+            raise ValueError(f"DeviceTransforms expects uint8 batches (B, 3, H, W), got {images.dtype} "
+                             f"{tuple(images.shape)}: build the dataset with build_transforms(cfg, on_device=True)")
+        mean, std = self.constants(images.device)
+        return (images.float() - mean) / std
+
+    def train(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.eval(images)
+        if self.erasing == 0:
+            return x
+        mask = erasing_boxes(x.shape[0], x.shape[-2:], self.erasing, device=x.device)
+        return torch.where(mask[:, None], torch.randn_like(x), x)
+
+
+def erasing_boxes(batch: int, size: tuple[int, int], p: float, scale: tuple[float, float] = (0.02, 1 / 3),
+                  ratio: tuple[float, float] = (0.3, 3.3), tries: int = 10,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+    """RandomErasing's boxes for a batch, as a (B, H, W) bool mask made on ``device`` (default: the CPU) from
+    torch's global generator of that device, with tensor ops only (no Python loop, no read back to the host):
+    each image with probability ``p``, a box of ``scale`` of the area with aspect ratio h/w in ``ratio``
+    (log-uniform), the first of ``tries`` draws that fits inside the image (no box when none does), at a uniform
+    position: torchvision's ``RandomErasing`` (Zhong et al. 2020), for a whole batch at once."""
+    h_img, w_img = size
+    share = scale[0] + (scale[1] - scale[0]) * torch.rand(batch, tries, device=device)
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(log_lo + (log_hi - log_lo) * torch.rand(batch, tries, device=device))
+    area = h_img * w_img * share
+    h, w = (area * aspect).sqrt().round().long(), (area / aspect).sqrt().round().long()
+    fits = (h < h_img) & (w < w_img)
+    first = fits.float().argmax(1, keepdim=True)  # the first try that fits (try 0 when none does: not erased)
+    h, w = h.gather(1, first)[:, 0], w.gather(1, first)[:, 0]
+    u_top, u_left, u_erase = torch.rand(3, batch, device=device)
+    top, left = (u_top * (h_img - h + 1)).long(), (u_left * (w_img - w + 1)).long()
+    erase = (u_erase < p) & fits.any(1)
+    ys, xs = torch.arange(h_img, device=device)[None, :, None], torch.arange(w_img, device=device)[None, None, :]
+    inside = ((ys >= top[:, None, None]) & (ys < (top + h)[:, None, None]) &
+              (xs >= left[:, None, None]) & (xs < (left + w)[:, None, None]))
+    return inside & erase[:, None, None]
+
+
+# %% [markdown]
+# The same recipe both ways on one batch: the uint8 batch is a quarter of the bytes, and normalising it on the
+# device gives the worker's float tensors (to float32 rounding), with constants made once per device; erased
+# boxes cover about `erasing` × 17.5 % of the pixels on average (the mean box area is (2 % + 33 %)/2, when a
+# box fits).
+
+# %%
+cfg = augmentation("deit", 64)
+float_tf, float_val = build_transforms(cfg)
+uint8_tf, uint8_val = build_transforms(cfg, on_device=True)
+batch = torch.stack([uint8_val(photo) for _ in range(4)])
+print("bytes per image:", float_val(photo).nbytes, "as float32,", batch[0].nbytes, "as uint8")
+assert float_val(photo).nbytes == 4 * batch[0].nbytes
+finish = DeviceTransforms(cfg)
+assert torch.allclose(finish.eval(batch)[0], float_val(photo), atol=1e-5)
+assert finish.constants(batch.device) is finish.constants(batch.device)  # made at the first batch, then kept
+torch.manual_seed(0)
+mask = erasing_boxes(20_000, (64, 64), p=cfg.erasing)
+print(f"share of pixels erased: {mask.float().mean():.3f} (erasing {cfg.erasing}: about {cfg.erasing * 0.175:.3f})")
+assert abs(mask.float().mean() - cfg.erasing * 0.175) < 0.01
+assert finish.train(batch).shape == (4, 3, 64, 64)
+
+# %% [markdown]
+# ### Augmentation that does not depend on the worker
+#
+# A loader worker draws its augmentation from its own generator, so which crop an image gets depends on which
+# worker read it, and on everything that worker read before. That breaks two promises of the training loop
+# (chapters 19-25): the same run at any number of workers, and a resumed run identical to an uninterrupted one.
+# The fix is to seed every sample by *where it stands in the run*: the sampler yields keys (epoch, position in
+# the epoch's global stream, index) — rank k of W reads positions k, k + W, … of the one stream
+# `RepeatAugSampler` deals — and the dataset wrapper reads `dataset[index]` with torch's and Python's generators
+# seeded from (seed, epoch, position): a pure function of the run's coordinates, whatever worker and however many
+# processes read it.
+
+# %%
+#| export
+def seed_from(*keys: int) -> int:
+    """A well-mixed 32-bit seed from a tuple of non-negative integers (numpy's SeedSequence)."""
+    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])
+
+
+class KeyedSampler(Sampler):
+    """Wraps a ``RepeatAugSampler`` so that it yields (epoch, global position, index) keys for ``SeededSamples``."""
+
+    def __init__(self, sampler: RepeatAugSampler):
+        self.sampler, self.epoch, self.start = sampler, 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """As ``RepeatAugSampler.set_epoch``: the permutation of ``epoch``, skipping this rank's first ``start``."""
+        self.sampler.set_epoch(epoch, start)
+        self.epoch, self.start = epoch, start
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        rank, world = self.sampler.rank, self.sampler.num_replicas
+        for i, index in enumerate(self.sampler):
+            yield self.epoch, rank + world * (self.start + i), int(index)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class SeededSamples(Dataset):
+    """Reads ``dataset[index]`` with torch's and Python's generators seeded from the sample's key."""
+
+    def __init__(self, dataset: Dataset, seed: int):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int, int]):
+        epoch, position, index = key
+        s = seed_from(self.seed, epoch, position)
+        python_state = random.getstate()
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(s)  # CPU only: fork_rng restores the CPU generator
+            random.seed(s)
+            try:
+                return self.dataset[index]
+            finally:
+                random.setstate(python_state)
+
+# %% [markdown]
+# ### From datasets to loaders in one call
+#
+# `build_loaders` strings the chapter together: a `RepeatAugSampler` for this rank behind a `KeyedSampler`,
+# the seeded training samples, and loaders with workers; the validation loader keeps dataset order. It is the
+# call chapter 25's `train` makes, and the one to make for a loop of your own: call `sampler.set_epoch(epoch)`
+# before each epoch (with `start` to resume mid-epoch).
+
+# %%
+#| export
+@dataclass
+class DataLoaders:
+    """What ``build_loaders`` makes: the two loaders and the train sampler (call its ``set_epoch``)."""
+
+    train: DataLoader
+    val: DataLoader
+    sampler: KeyedSampler
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The train batches of ``epoch``, from this rank's sample ``start`` on (``sampler.set_epoch``, then the
+        loader)."""
+        self.sampler.set_epoch(epoch, start)
+        return iter(self.train)
+
+
+def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_workers: int = 4,
+                  repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> DataLoaders:
+    """Loaders for rank ``rank`` of ``num_replicas``: ``batch_size`` images per rank, the train loader seeded per
+    sample and dropping the last incomplete batch, the val loader in dataset order keeping it (with several
+    ranks, val pads to equal lengths)."""
+    if len(train_set) < num_replicas:
+        raise ValueError(f"{num_replicas} processes but the training set has only {len(train_set)} samples: "
+                         f"use at most {len(train_set)} processes")
+    sampler = KeyedSampler(RepeatAugSampler(len(train_set), num_replicas, rank, repeats=repeats, seed=seed))
+    val_sampler = RepeatAugSampler(len(val_set), num_replicas, rank, shuffle=False)
+    return DataLoaders(
+        train=build_loader(SeededSamples(train_set, seed), batch_size, sampler, num_workers=num_workers, seed=seed,
+                           drop_last=True),
+        val=build_loader(val_set, batch_size, val_sampler, num_workers=num_workers, seed=seed, drop_last=False),
+        sampler=sampler)
+
+# %% [markdown]
+# The Tiny ImageNet classes with the DeiT augmentation and repeated augmentation ×3 (`build_datasets("cifar100")`
+# downloads CIFAR-100 into `data/` instead), one batch, mixed:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (the numbers depend on whether the shared Tiny ImageNet archive is present)
+aug = AUGMENTATIONS["deit"]
+train_tf, val_tf = build_transforms(aug)
+train_ds, val_ds, classes = build_datasets(
+    "imagefolder" if HAVE_TINY else "fake", TINY if HAVE_TINY else "data", train_transform=train_tf,
+    val_transform=val_tf, **({} if HAVE_TINY else dict(num_train=2000, num_val=200, num_classes=4, image_size=64)))
+data = build_loaders(train_ds, val_ds, batch_size=32, num_workers=2, repeats=3)
+data.sampler.set_epoch(0)
+images, labels = next(iter(data.train))
+mixed, targets = build_mixup(aug, len(classes))(images, labels)
+print(f"classes {classes}; train {len(data.train)} batches/epoch, val {len(data.val)} batches")
+print(f"batch {tuple(mixed.shape)} {mixed.dtype}, soft targets {tuple(targets.shape)}")
+assert mixed.shape == (32, 3, 224, 224) and torch.allclose(targets.sum(1), torch.ones(32))
+
+# %% [markdown]
+# Every sample's augmentation is a function of its place in the run: the first batch of an epoch is the same
+# with no worker and with two, and reading it again gives it again.
+
+# %%
+small_ds = SyntheticImages(64, 4, 48, transform=build_transforms(replace(aug, img_size=32))[0])
+first = [next(iter(build_loaders(small_ds, small_ds, batch_size=8, num_workers=w, seed=3).train))[0]
+         for w in (0, 2, 0)]
+assert torch.equal(first[0], first[1]) and torch.equal(first[0], first[2])
+print("the first batch is identical with 0 and 2 workers, and when read again")
+
+# %% [markdown]
+# ## Which stage limits the pipeline?
+#
+# `benchmark_loader` times each stage of the input pipeline separately, on the same images: **decode** (read
+# and decode the files, RGB), **augment** (the train transform on decoded images), **collate** (stack into a
+# batch, plus MixUp/CutMix when given) — each in one process — and the **loader** end to end with its worker
+# processes. The slowest single-process stage divided by the number of workers is the pipeline's limit; compare
+# the loader's images/s with the model's training throughput (chapter 35, `convit-edu bench`) to see whether
+# data or model limits a run.
+
+# %%
+#| export
+from matplotlib.figure import Figure
+
+
+@dataclass
+class LoaderBenchmark:
+    """Images per second of each pipeline stage, measured by ``benchmark_loader``."""
+
+    decode: float
+    augment: float
+    collate: float
+    loader: float
+    num_workers: int
+    batch_size: int
+
+    def __str__(self) -> str:
+        stages = {"decode": self.decode, "augment": self.augment, "collate": self.collate}
+        slowest = min(stages, key=stages.get)
+        rows = [f"{k:<10}{v:>10.0f} img/s  (1 process)" for k, v in stages.items()]
+        rows.append(f"{'loader':<10}{self.loader:>10.0f} img/s  ({self.num_workers} workers, batch {self.batch_size})")
+        rows.append(f"slowest stage: {slowest}")
+        return "\n".join(rows)
+
+
+def benchmark_loader(dataset: Dataset, transform: Callable, batch_size: int = 64, num_batches: int = 4,
+                     num_workers: int = 0, mixup: Callable | None = None) -> LoaderBenchmark:
+    """Images/s of decode, augment and collate (one process, one thread, like a loader worker) and of the whole
+    loader with ``num_workers`` (after its first batch, so without worker start-up) over the first
+    ``batch_size · num_batches`` images. The dataset's ``transform`` attribute is replaced by ``transform`` for
+    the loader run and restored afterwards."""
+    n = min(batch_size * num_batches, len(dataset))
+    if n < batch_size:
+        raise ValueError(f"dataset of {len(dataset)} images is smaller than batch_size {batch_size}")
+    saved, threads = dataset.transform, torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # as in a loader worker; intra-op threads only fight over small images
+        dataset.transform = None
+        t0 = time.perf_counter()
+        raw = [dataset[i] for i in range(n)]
+        t1 = time.perf_counter()
+        augmented = [(transform(img), y) for img, y in raw]
+        t2 = time.perf_counter()
+        for b in range(0, n - batch_size + 1, batch_size):
+            images, labels = default_collate(augmented[b : b + batch_size])
+            if mixup is not None:
+                mixup(images, labels)
+        t3 = time.perf_counter()
+        dataset.transform = transform
+        loader = build_loader(dataset, batch_size, None, num_workers=num_workers, seed=0, drop_last=True,
+                              pin_memory=False)
+        it = iter(loader)
+        next(it)  # worker start-up is a one-off cost (persistent workers): not counted
+        t4, count = time.perf_counter(), 0
+        for images, _ in it:
+            count += len(images)
+        t5 = time.perf_counter()
+    finally:
+        dataset.transform = saved
+        torch.set_num_threads(threads)
+    collated = (n // batch_size) * batch_size
+    return LoaderBenchmark(decode=n / (t1 - t0), augment=n / (t2 - t1), collate=collated / (t3 - t2),
+                           loader=count / (t5 - t4) if count else float("nan"), num_workers=num_workers,
+                           batch_size=batch_size)
+
+
+def plot_loader_benchmarks(results: dict[str, LoaderBenchmark]) -> Figure:
+    """The pipeline's stages as one stacked bar per benchmark (milliseconds of one process per image: decode,
+    augment, collate), beside the end-to-end loader's time per image with its workers."""
+    fig = Figure(figsize=(8, 0.9 + 0.6 * len(results)), dpi=80)
+    ax = fig.subplots()
+    names = list(results)
+    left = [0.0] * len(names)
+    for stage, colour in (("decode", "C0"), ("augment", "C1"), ("collate", "C2")):
+        ms = [1000 / getattr(results[n], stage) for n in names]
+        ax.barh(names, ms, left=left, color=colour, label=f"{stage} (1 process)")
+        left = [a + b for a, b in zip(left, ms)]
+    for i, n in enumerate(names):
+        loader_ms = 1000 / results[n].loader
+        ax.plot([loader_ms, loader_ms], [i - 0.4, i + 0.4], color="black", linewidth=2,
+                label="loader end to end" if i == 0 else None)
+    ax.set(xlabel="milliseconds per image", title="where an image's time goes")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    return fig
+
+# %% [markdown]
+# The benchmark on this machine (its numbers change from run to run, and with the CPU; the committed ones come
+# from an Intel Xeon (model 207, AVX-512 without AVX-512 BF16 or AMX, 2 cores), with nothing else running). Decoding a 64×64 JPEG
+# is cheap; the augmentations at 224 px dominate — RandomResizedCrop's bicubic upsampling and RandAugment —
+# so `num_workers` should be as large as the CPU cores allow (DeiT used 10 per GPU). At 32 px the same
+# pipeline is an order of magnitude faster.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+n_batches = 2 if FAST else 8
+benchmarks = {}
+for name, dataset in (("deit", train_ds), ("pad-crop-flip", SyntheticImages(4096, 100, 32))):
+    tf, _ = build_transforms(AUGMENTATIONS[name])
+    benchmarks[name] = benchmark_loader(dataset, tf, batch_size=64, num_batches=n_batches, num_workers=2,
+                                        mixup=build_mixup(AUGMENTATIONS[name], 100))
+    print(f"--- augmentation {name}\n{benchmarks[name]}")
+
+# %% [markdown]
+# The same as a picture: each bar is one process's time per image, stage by stage; the black tick is the whole
+# loader's time per image with its 2 workers (below the bar's end when the workers overlap the work).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+plot_loader_benchmarks(benchmarks)

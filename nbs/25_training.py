@@ -1,0 +1,616 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The training loop, hardened: `Trainer` and `train`
+#
+# The first training loop anyone writes is a dozen lines — chapter 10's `fit`, in short:
+#
+# ```python
+# for epoch in range(epochs):
+#     model.train()
+#     for images, labels in train_loader:
+#         loss = F.cross_entropy(model(images), labels)
+#         loss.backward()
+#         optimizer.step()
+#         optimizer.zero_grad()
+#         scheduler.step()
+#     print(epoch, evaluate(model, val_set))
+# ```
+#
+# This chapter is that loop, hardened with the pieces of chapters 11-23 for runs of days on many GPUs. Its
+# shape stays; each line grows:
+#
+# * `for images, labels in train_loader` — this process's share of a sampler that can start mid-epoch, uint8
+#   batches finished on the device, Mixup/CutMix, and a clock on how long the step waited for its data;
+# * `loss = …` — under autocast, with a teacher's answer for distillation, over `accum_steps` micro-batches
+#   whose gradients DDP synchronises once;
+# * `backward`, `step` — through the fp16 loss scaler and the gradient clipping, then the EMA of the weights;
+# * `print(loss)` — the loss stays on the device and is read back once per `log_every` steps, with every
+#   process's stop signals in the same all-reduce;
+# * the end of an epoch — a checkpoint before the evaluation, `best.pt` and `last.pt` in an order that a kill
+#   cannot break, the logs;
+# * and around it all: an exact resume, a clean stop on SIGTERM, non-finite numbers named, rank 0 the only writer.
+#
+# The run's state is one object, `Trainer` (in the spirit of miniai's `Learner`): built from a `TrainConfig`, it
+# holds the data, the models, the optimisation and the position as `self`; its `step` and its `fit` each read
+# top to bottom in one place. `train(cfg)` builds one and fits it.
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
+
+# %%
+#| default_exp training
+# The training loop: a `Trainer` built from a config, and `train`, which builds one and fits it — from a laptop CPU
+# to many GPUs.
+
+# %%
+#| export
+import contextlib
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+import torchvision
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel
+
+import convit_edu
+from convit_edu.augment import AUGMENTATIONS, AugConfig, build_mixup, build_transforms
+from convit_edu.callbacks import Callback, Progress, TrainResult, TrainState, plot_history, write_logs
+from convit_edu.gpsa import gate_means
+from convit_edu.checkpoints import CHECKPOINT_FORMAT, read_checkpoint, rng_states, save_checkpoint, set_rng_states
+from convit_edu.config import TrainConfig, per_device_batch
+from convit_edu.dali import DaliLoaders
+from convit_edu.datasets import build_datasets
+from convit_edu.devices import autocast, resolve_precision
+from convit_edu.distributed import StopSignals, World, all_reduce, init_world, run_on_main
+from convit_edu.evaluation import evaluate, finish_batch
+from convit_edu.loaders import DeviceTransforms, build_loaders
+from convit_edu.models import VisionTransformer
+from convit_edu.optimisation import (build_optimizer, build_teacher, check_resume, scaled_lr, seed_step, train_loss,
+                                     update_ema)
+
+# %%
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+torch.set_printoptions(precision=4, sci_mode=False)
+_ = torch.manual_seed(0)
+
+# %% [markdown]
+# ## What a run is made of
+#
+# A run is built in the order that lets every bad input fail before any training work — the config was
+# checked when it was made; then the output folder (writable?), the data (more processes than samples? a batch
+# larger than a process's share?), the model and the resume checkpoint (the same model? the same global
+# batch?), the optimisation — and only then trained. `Trainer.__init__` (below) is that order; the helpers
+# here are the pieces that need no trainer.
+#
+# **The data.** The datasets (the config's, or the caller's), the per-process batch and the global batch it
+# implies, chapter 16's `build_loaders` for this process's share with `cfg.loader_workers()` workers (by default
+# what this process's share of the node's CPUs allows), and the batch mixing of the augmentation. The config's
+# own datasets ship uint8 crops from the workers, and `finish_batch` normalises and erases each batch on the
+# device with chapter 16's `DeviceTransforms`; a caller's datasets that give float tensors pass through
+# unchanged. With `loader="dali"` chapter 17's `DaliLoaders` replaces `build_loaders`: the same uint8 batches,
+# decoded on the GPU; its exact resume is the pipelines' own state, one per process, saved in the checkpoint
+# under `dali` (so it resumes on as many processes as it ran).
+#
+# **Rank 0 writes, and builds the datasets first.** Every write of rank 0 goes through chapter 21's
+# `run_on_main`, so that a full disk there stops every process at once; rank 0 also builds the config's datasets
+# first, so that an ImageNet folder's 1.28 M file names are listed once, by rank 0, which caches the list
+# (chapter 13), and read from that cache by the others.
+
+# %%
+#| exporti
+def _config_datasets(cfg: TrainConfig, world: World, aug: AugConfig | None) -> tuple:
+    """The config's datasets, built by rank 0 first (an image folder's file list is then cached, chapter 13) and
+    by the other processes after it, from that cache."""
+    if aug is None:
+        raise ValueError("aug None (no augmentation) needs datasets passed to train(); the config's own "
+                         f"datasets need an augmentation ({', '.join(AUGMENTATIONS)})")
+    train_tf, val_tf = build_transforms(aug, on_device=True) if cfg.loader == "torchvision" else (None, None)
+    build = partial(build_datasets, cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
+                    fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
+    datasets = run_on_main(world, f"read the dataset in {cfg.data_root}", build)
+    return datasets if world.main else build()
+
+
+# %% [markdown]
+# **The model, the teacher, the resume checkpoint.** The initial weights are a function of the seed alone, the
+# same on every process. A teacher (hard distillation, SM B; chapter 20's `build_teacher`) is frozen, and the
+# student gets a distillation head. A checkpoint to resume from must hold the same run (chapter 20's
+# `check_resume`); it may come from another number of processes, even mid-epoch: the sampler's position is a
+# place in the epoch's one global stream, and each sample's augmentation is seeded by that place (chapter 16).
+# Every process must see the checkpoint, or none: `--resume auto` is decided together (an all-reduce of "I see
+# `last.pt`"), because processes that disagreed would wait forever for each other at the first collective.
+# The settings a resume mends are printed and recorded in `invocations.jsonl` (`"changed": {"lr": [old, new]}`),
+# and the new schedule holds from the first step after the resume.
+#
+# **The optimisation** is chapter 20's: `build_optimizer` (AdamW and the DeiT schedule), the fp16 loss scaler (a
+# no-op in other precisions) and the EMA of the weights, updated by `update_ema` without reading the device
+# back. Then the wrappers: DDP for several processes and `torch.compile` when asked.
+#
+# **What a run writes.** `run.json` (the config, the world, the batch sizes, the learning rate, the versions,
+# the command line) when it starts, and a line in `invocations.jsonl` every time it is started or resumed (a run
+# extended with more epochs, or resumed on another number of GPUs, keeps the record of each start);
+# checkpoints — `last.pt` at every epoch end and every `ckpt_every` steps, `best.pt` when the top-1 improved;
+# the logs, `log.jsonl` and `log.csv`, rewritten from the history at each evaluated epoch. No checkpoint ever
+# holds non-finite weights: a step can turn the weights to NaN while its loss was still finite, and saving them
+# would make the "last good checkpoint" a bad one, so `checkpoint` refuses them on every process and names the
+# last good one (if any).
+
+# %%
+#| exporti
+def _check_output(output: Path) -> None:
+    """The run folder exists and is writable; temporary files that a killed run left behind are removed."""
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        probe = output / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+        for stale in output.glob("*.tmp"):  # a checkpoint or log write that was killed before its rename
+            stale.unlink()
+    except OSError as e:
+        raise ValueError(f"output directory {output} is not writable ({e.strerror}): choose another --output") from None
+
+
+def _versions() -> dict[str, str]:
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "torchvision": torchvision.__version__, "convit_edu": convit_edu.__version__}
+
+
+# %% [markdown]
+# ## The trainer
+#
+# `Trainer(cfg, world)` builds a run in the order above and, given a checkpoint, restores it: the weights are
+# loaded before the optimiser and the EMA are made (the EMA starts as a copy of the model), then everything
+# else — optimiser, schedule, scaler, EMA, position, log, best score and every generator's state. What the
+# hooks see of it is `trainer.state`, chapter 23's `TrainState`: the bare model (not wrapped in DDP or
+# compiled), the optimiser, and the position (epoch, step, global step). Its methods are the loop:
+#
+# **`step`**, one optimiser step: `accum_steps` micro-batches, each finished on the device, mixed
+# (MixUp/CutMix) and run under autocast beside the teacher; DDP synchronises the gradients on the last one only.
+# Then the scaler, the clipping, the optimiser, the schedule and the EMA. Every random draw in it is seeded
+# from (seed, rank, epoch, step) first (chapter 20), so a resumed run draws the same.
+#
+# **`read_back`**: the step's loss and whether it was finite stay **on the device**. Reading a number back
+# (`.item()`, `.tolist()`) makes the CPU wait for the GPU to finish everything queued, and a GPU that waits
+# for the CPU to queue the next step idles. So the loop reads back once per logging interval (`log_every`
+# steps, the end of an epoch, a checkpoint or a stop): one all-reduce carries, for every process at once, the
+# losses of the steps since the last read-back, whether each was finite, and whether a stop signal arrived, so
+# that every process takes the same decision at the same step. The price: a non-finite loss is noticed up to
+# `log_every` steps late, after the optimiser has used it — which is why checkpoints refuse non-finite weights
+# and the error names the last good checkpoint.
+#
+# **`train_epoch`** starts the sampler at the trainer's position (mid-epoch after a resume) and takes steps
+# until the epoch is done or a stop is asked for (a signal on any process, or a hook's `state.stop`), reading
+# back at each interval with the time its steps waited for data, and writing `last.pt` every `ckpt_every`
+# steps.
+#
+# **`end_epoch`** first checkpoints — so that a signal during a long evaluation (an ImageNet pass takes
+# minutes) loses nothing: the checkpoint keeps the epoch's training numbers as `pending`, and a run resumed from
+# it evaluates that epoch first. **`evaluate_epoch`** then scores the model (and the EMA), appends the row to
+# the log, rewrites the log files, and checkpoints again: `best.pt` first when the top-1 improved, then
+# `last.pt`, which records the best score. In that order a kill at any moment leaves a `last.pt` and a
+# `best.pt` that agree: killed while `best.pt` is written, the resumed run re-evaluates the epoch and writes it
+# again.
+#
+# **`fit`**, the algorithm of a run: epoch after epoch, train the epoch; if it was stopped before its last
+# step, checkpoint where it is and return; otherwise end the epoch, and return there if a stop was asked for
+# meanwhile. Then the hooks' last call, the curves, and what happened.
+
+# %%
+#| export
+class Trainer:
+    """A training run as one object: built from `cfg` on this process's `world` (`init_world`), restored from
+    its checkpoint when `cfg.resume` says so, trained by `fit`. `model`, `datasets` = (train, val, class names),
+    `teacher` and `callbacks` are as for `train`. The state is `self`; the hooks see `self.state`."""
+
+    def __init__(self, cfg: TrainConfig, world: World, *, model: nn.Module | None = None,
+                 datasets: tuple | None = None, teacher: nn.Module | None = None, callbacks: Sequence[Callback] = ()):
+        self.cfg, self.world, self.callbacks = cfg, world, list(callbacks)
+        self.output, self.precision = Path(cfg.output), resolve_precision(cfg.precision, world.device)
+        run_on_main(world, f"write in the run folder {self.output}", lambda: _check_output(self.output))
+        self._build_data(datasets)
+        self.model, self.teacher = self._build_models(model, teacher)  # the bare model: hooks and checkpoints see it
+        ckpt, path = self._resume_checkpoint()
+        changes = check_resume(ckpt, path, cfg, self.model, self.global_batch) if ckpt is not None else {}
+        if ckpt is not None:
+            self.model.load_state_dict(ckpt["model"])
+        self.optimizer, self.scheduler = build_optimizer(cfg, self.model, self.global_batch, self.steps_per_epoch,
+                                                         world.device)
+        self.scaler = torch.amp.GradScaler(world.device.type, enabled=self.precision == "fp16")
+        self.ema = AveragedModel(self.model, use_buffers=True) if cfg.ema_decay else None  # see `update_ema`
+        self.ddp = (DistributedDataParallel(self.model, device_ids=[world.device] if world.device.type == "cuda"
+                                            else None) if world.world_size > 1 else self.model)
+        self.forward = torch.compile(self.ddp) if cfg.compile else self.ddp  # what the step calls
+        self.state = TrainState(cfg, self.model, self.optimizer, world.rank, world.world_size, self.steps_per_epoch)
+        self.best_top1, self.data_wait = -1.0, 0.0  # data_wait: seconds this epoch's steps waited for the loader
+        self.unread: list[torch.Tensor] = []  # (loss, non-finite) of each step not read back yet, on the device
+        self.progress = Progress(cfg.progress if world.main else "none", cfg.epochs, cfg.log_every)
+        self.signals = StopSignals()
+        if ckpt is not None:
+            self._restore(ckpt, path, changes)
+        run_on_main(world, f"write the run's records in {self.output}", lambda: self._write_run_info(path, changes))
+
+    def _build_data(self, datasets: tuple | None) -> None:
+        cfg, world, aug = self.cfg, self.world, self.cfg.aug_config()
+        if datasets is None:
+            datasets = _config_datasets(cfg, world, aug)
+        elif cfg.loader == "dali":
+            raise ValueError("loader 'dali' reads the config's own image folder (data_root): datasets passed to "
+                             "train() need loader 'torchvision'")
+        train_set, val_set, classes = datasets
+        if len(classes) < 2:
+            raise ValueError(f"the dataset has {len(classes)} class(es) ({', '.join(map(str, classes))}): a "
+                             "classifier needs at least two (check --data-root, --classes)")
+        self.batch_size = per_device_batch(cfg, world.world_size)  # per process and micro-batch
+        self.global_batch = self.batch_size * cfg.accum_steps * world.world_size  # per optimiser step
+        share = math.ceil(len(train_set) / world.world_size)  # samples per process and epoch (RepeatAugSampler)
+        self.steps_per_epoch = share // self.batch_size // cfg.accum_steps
+        if self.steps_per_epoch == 0 and len(train_set) >= world.world_size:  # (else build_loaders says so)
+            raise ValueError(f"each of the {world.world_size} processes gets {share} samples per epoch, fewer than "
+                             f"one optimiser step of batch {self.batch_size} × accum_steps {cfg.accum_steps}: lower "
+                             "the batch")
+        self.num_workers = cfg.loader_workers()  # loader processes (DALI: threads) of this process
+        if cfg.loader == "dali":
+            self.loaders = DaliLoaders(train_set, val_set, aug, batch_size=self.batch_size,
+                                       num_threads=max(1, self.num_workers), num_replicas=world.world_size,
+                                       rank=world.rank, seed=cfg.seed,
+                                       device_id=world.device.index if world.device.type == "cuda" else None)
+            val_set = self.loaders.val  # this process's validation batches
+        else:
+            self.loaders = build_loaders(train_set, val_set, batch_size=self.batch_size, num_workers=self.num_workers,
+                                         repeats=cfg.repeats, num_replicas=world.world_size, rank=world.rank,
+                                         seed=cfg.seed)
+        self.val_set, self.num_classes = val_set, len(classes)
+        self.mixup = build_mixup(aug, len(classes)) if aug else None
+        self.finish = DeviceTransforms(aug) if aug else None  # normalises and erases the uint8 batches on the device
+        self.smoothing = aug.label_smoothing if aug else 0.0
+
+    def _build_models(self, model: nn.Module | None, teacher: nn.Module | None) -> tuple[nn.Module, nn.Module | None]:
+        cfg, device = self.cfg, self.world.device
+        torch.manual_seed(cfg.seed)  # the initial weights are a function of the seed, identical on every rank
+        if teacher is None and cfg.distill_teacher:
+            teacher = build_teacher(cfg.distill_teacher, cfg.teacher_checkpoint, self.num_classes, cfg.img_size)
+        if model is None:
+            model = VisionTransformer(cfg.model_config(self.num_classes, distilled=teacher is not None))
+        return model.to(device), teacher.to(device).eval() if teacher is not None else None
+
+    def _resume_checkpoint(self) -> tuple[dict | None, Path | None]:
+        cfg, world = self.cfg, self.world
+        if cfg.resume is None:
+            return None, None
+        path = self.output / "last.pt" if cfg.resume == "auto" else Path(cfg.resume)
+        seen = int(all_reduce(torch.tensor(float(path.exists()), device=world.device)).item())
+        if 0 < seen < world.world_size:  # every process must take the same decision, or the first collective hangs
+            raise ValueError(f"{seen} of {world.world_size} processes see {path}: put --output (and the checkpoint) "
+                             "on a file system that every node shares")
+        if cfg.resume == "auto" and not seen:
+            if world.main:
+                print(f"resume auto: no {path} yet, starting from scratch", flush=True)
+            return None, None
+        return read_checkpoint(path), path
+
+    def _restore(self, ckpt: dict, path: Path, changes: dict[str, list]) -> None:
+        s, world = self.state, self.world
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        for group, base, lr_at in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
+            group["lr"] = base * lr_at(self.scheduler.last_epoch)  # this run's schedule (a resume may change lr)
+        if ckpt["scaler"]:  # an fp16 run's scaler (empty when saved disabled: a resume may change the precision)
+            self.scaler.load_state_dict(ckpt["scaler"])
+        if self.ema is not None and ckpt["ema"] is not None:
+            self.ema.load_state_dict(ckpt["ema"])
+        s.epoch, s.step, s.global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
+        s.epoch_losses, s.history, self.best_top1 = ckpt["epoch_losses"], ckpt["history"], ckpt["best_top1"]
+        s.pending, s.seconds = ckpt.get("pending"), ckpt.get("seconds", 0.0)  # (earlier versions have neither)
+        set_rng_states(ckpt["rng"])
+        if isinstance(self.loaders, DaliLoaders):
+            if len(ckpt["dali"]) != world.world_size:
+                raise ValueError(f"checkpoint {path} holds the DALI pipelines of {len(ckpt['dali'])} process(es): "
+                                 f"loader 'dali' resumes with as many processes (each reads its own shard), not "
+                                 f"{world.world_size}")
+            self.loaders.restore(ckpt["dali"][world.rank])
+        if world.main:
+            changed = "".join(f"; {k} {old!r} -> {new!r}" for k, (old, new) in changes.items())
+            print(f"resumed from {path}: epoch {s.epoch + 1}, step {s.step}/{self.steps_per_epoch}{changed}",
+                  flush=True)
+
+    def _write_run_info(self, resumed_from: Path | None, changes: dict[str, list]) -> None:
+        """`run.json` when the run starts (a resumed run keeps it), and one line per start in `invocations.jsonl`,
+        with the settings a resume changed ({setting: [old, new]})."""
+        cfg = self.cfg
+        info = {"config": asdict(cfg), "world_size": self.world.world_size, "batch_size": self.batch_size,
+                "global_batch": self.global_batch, "scaled_lr": scaled_lr(cfg.lr, self.global_batch),
+                "steps_per_epoch": self.steps_per_epoch, "num_workers": self.num_workers,
+                "device": str(self.world.device), "precision": self.precision, "seed": cfg.seed,
+                "versions": _versions(), "command": sys.argv}
+        if resumed_from is None:
+            (self.output / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+        line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from": resumed_from, "changed": changes, **info}
+        with open(self.output / "invocations.jsonl", "a") as f:
+            f.write(json.dumps(line, default=str) + "\n")
+
+    def step(self, batches: Iterator) -> None:
+        """One optimiser step over the next `accum_steps` micro-batches of `batches`; its loss stays on the device
+        (in `self.unread`) until `read_back`."""
+        cfg, s, device = self.cfg, self.state, self.world.device
+        seed_step(cfg.seed, self.world.rank, s.epoch, s.step)  # Mixup/CutMix and drop path: a function of the place
+        losses = []
+        for micro in range(cfg.accum_steps):
+            t0 = time.perf_counter()
+            images, labels = next(batches)
+            self.data_wait += time.perf_counter() - t0  # the host blocked on the loader: a starving device
+            images, targets = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            images = finish_batch(images, self.finish, train=True)
+            if self.mixup is not None:
+                images, targets = self.mixup(images, targets)
+            sync = micro == cfg.accum_steps - 1 or self.ddp is self.model  # DDP: all-reduce the last one's gradients
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                with autocast(device, self.precision):
+                    with torch.no_grad():
+                        teacher_logits = self.teacher(images) if self.teacher is not None else None
+                    loss = train_loss(self.forward(images), targets, teacher_logits, self.smoothing)
+                self.scaler.scale(loss / cfg.accum_steps).backward()
+            losses.append(loss.detach().float())
+        loss = torch.stack(losses).mean()
+        self.unread.append(torch.stack([loss, (~torch.isfinite(loss)).float()]))
+        if cfg.clip_grad:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        if self.ema is not None:
+            update_ema(self.ema, self.model, cfg.ema_decay, first=s.global_step == 0)
+        s.step, s.global_step = s.step + 1, s.global_step + 1
+
+    def read_back(self) -> bool:
+        """The one host sync of a logging interval: the losses of the steps since the last one, summed over the
+        processes with the stop signals they received; raises on a non-finite loss. Returns whether any process
+        received a signal."""
+        s, world = self.state, self.world
+        received = torch.tensor([[float(self.signals.received is not None), 0.0]], device=world.device)
+        *steps, (signalled, _) = all_reduce(torch.cat([*[t[None] for t in self.unread], received])).tolist()
+        self.unread.clear()
+        for i, (loss_sum, bad_ranks) in enumerate(steps):
+            if bad_ranks:
+                raise FloatingPointError(
+                    f"non-finite loss ({loss_sum / world.world_size}) at epoch {s.epoch + 1}, step "
+                    f"{s.step - len(steps) + i + 1} (global step {s.global_step - len(steps) + i + 1}) on "
+                    f"{bad_ranks:.0f} of {world.world_size} process(es), read back {len(steps) - i - 1} step(s) later "
+                    f"(losses are read every log_every steps); the weights were not saved; {self._last_good()}: "
+                    "lower --lr, set --clip-grad, or use bf16/fp32 instead of fp16")
+        s.epoch_losses += [loss_sum / world.world_size for loss_sum, _ in steps]
+        s.loss = s.epoch_losses[-1] if steps else s.loss
+        return bool(signalled)
+
+    def train_epoch(self) -> tuple[str | None, int, float]:
+        """Optimiser steps from the trainer's position until the epoch ends or a stop is asked for: (why it
+        stopped or None, images trained on, seconds)."""
+        cfg, s = self.cfg, self.state
+        batches = self.loaders.epoch(s.epoch, start=s.step * cfg.accum_steps * self.batch_size)
+        self.model.train()
+        t0, images, self.data_wait = time.perf_counter(), 0, 0.0
+        last = (t0, 0.0)  # time and data wait at the last read-back
+        for _ in self.progress.steps_of(range(s.step, self.steps_per_epoch)):
+            self.step(batches)
+            images += self.global_batch
+            self._callback("on_step_end")
+            checkpoint = bool(cfg.ckpt_every) and s.global_step % cfg.ckpt_every == 0
+            if not (s.step % cfg.log_every == 0 or s.step == self.steps_per_epoch or s.stop or checkpoint):
+                continue  # no host sync: the device runs ahead
+            signalled = self.read_back()
+            now = time.perf_counter()
+            self.progress.step(s, self.optimizer.param_groups[0]["lr"], images / (now - t0),
+                               data_wait=self.data_wait - last[1], interval=now - last[0])
+            last = (now, self.data_wait)
+            if signalled or s.stop:
+                return self._why(signalled), images, time.perf_counter() - t0
+            if checkpoint:
+                self.checkpoint()
+        return None, images, time.perf_counter() - t0
+
+    def end_epoch(self, images: int, seconds: float) -> None:
+        """Close the finished epoch: checkpoint it and, when it is evaluated (every `eval_every` epochs and the
+        last), checkpoint it before its (possibly long) evaluation, then evaluate it."""
+        s = self.state
+        row = {"epoch": s.epoch + 1, "step": s.global_step,
+               "train_loss": sum(s.epoch_losses) / max(1, len(s.epoch_losses)),
+               "lr": self.optimizer.param_groups[0]["lr"], "images_per_s": images / seconds, "epoch_time_s": seconds,
+               "data_wait_s": self.data_wait, "data_wait_share": self.data_wait / seconds}
+        s.epoch, s.step, s.epoch_losses, s.seconds = s.epoch + 1, 0, [], s.seconds + seconds
+        if s.epoch % self.cfg.eval_every and s.epoch < self.cfg.epochs:  # not evaluated: no row
+            self.checkpoint()
+            self._callback("on_epoch_end")
+            return
+        s.pending = row
+        self.checkpoint()
+        self.evaluate_epoch()
+
+    def evaluate_epoch(self) -> None:
+        """Score the pending epoch and log it; save `best.pt` first when the top-1 improved, then `last.pt` — so
+        that a stop or a kill at any moment leaves a `last.pt` whose best score is the one `best.pt` holds."""
+        s, t0 = self.state, time.perf_counter()
+        row = {**s.pending, **self._scores()}
+        s.seconds += time.perf_counter() - t0
+        row["time_s"] = s.seconds
+        s.history.append(row)
+        s.pending = None
+        self.progress.epoch_end(row)
+        if row["val_top1"] > self.best_top1:
+            self.best_top1 = row["val_top1"]
+            self.checkpoint("best.pt")
+        run_on_main(self.world, f"write the logs in {self.output}", lambda: write_logs(s.history, self.output))
+        self.checkpoint()
+        self._callback("on_epoch_end")
+
+    def _scores(self) -> dict:
+        """Validation loss, top-1 and top-5 of the model (and of its EMA), and the mean gate σ(λ) of each layer."""
+        world = self.world
+        models = {"val": self.model, **({"ema": self.ema.module} if self.ema is not None else {})}
+        # inference keeps no activations for a backward pass: twice the training batch fits, with the run's workers
+        result = evaluate(models, self.val_set, batch_size=2 * self.batch_size, device=world.device,
+                          precision=self.precision, num_workers=self.num_workers, rank=world.rank,
+                          world_size=world.world_size, finish=self.finish)
+        scores = {f"{name}_{key}": value for name, metrics in result.items() for key, value in metrics.items()}
+        return {**scores, "gates": gate_means(self.model)}
+
+    def checkpoint(self, name: str = "last.pt") -> None:
+        """Save everything the run needs to continue as `output/name` (rank 0, atomically); non-finite weights are
+        refused on every process, with the last good checkpoint named."""
+        s = self.state
+        weights = self.model.state_dict()
+        floats = {k: t for k, t in weights.items() if t.is_floating_point()}
+        if not bool(torch.stack([torch.isfinite(t).all() for t in floats.values()]).all()):  # one wait for the device
+            bad = [k for k, t in floats.items() if not bool(torch.isfinite(t).all())]
+            raise FloatingPointError(  # every process holds the same weights, so every process stops here
+                f"the weights became non-finite ({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}) by "
+                f"optimiser step {s.global_step} and were not saved; {self._last_good()}: lower --lr, set "
+                "--clip-grad, or use bf16/fp32 instead of fp16")
+        dali = self._dali_states()
+        run_on_main(self.world, f"write the checkpoint {self.output / name}", lambda: save_checkpoint({
+            "format": CHECKPOINT_FORMAT, "config": asdict(self.cfg), "model": weights,
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
+            "epoch": s.epoch, "step": s.step, "global_step": s.global_step,
+            "sampler": {"epoch": s.epoch, "start": s.step * self.cfg.accum_steps * self.batch_size},
+            "dali": dali, "world_size": self.world.world_size, "global_batch": self.global_batch, "rng": rng_states(),
+            "epoch_losses": s.epoch_losses, "history": s.history, "pending": s.pending, "best_top1": self.best_top1,
+            "seconds": s.seconds, "num_classes": self.num_classes,
+        }, self.output / name))
+
+    def _dali_states(self) -> list[bytes] | None:
+        """Every process's DALI pipeline state (rank order), gathered to all: each process reads its own shard."""
+        if not isinstance(self.loaders, DaliLoaders):
+            return None
+        states = [self.loaders.state()] * self.world.world_size
+        if self.world.world_size > 1:
+            dist.all_gather_object(states, states[0])
+        return states
+
+    def _last_good(self) -> str:
+        path = self.output / "last.pt"
+        return f"{path} is the last good checkpoint" if path.exists() else "no checkpoint was written yet"
+
+    def _why(self, signalled: bool) -> str:
+        return (self.signals.received or "a signal to another process") if signalled else "callback"
+
+    def _callback(self, hook: str) -> None:
+        for cb in self.callbacks:
+            getattr(cb, hook)(self.state)
+
+    def fit(self) -> TrainResult:
+        """Train from the trainer's position to the last epoch, or until a stop (SIGTERM/SIGINT on any process, a
+        hook's `state.stop`), which writes `last.pt` first; the curves, and what happened."""
+        cfg, s = self.cfg, self.state
+        self._callback("on_train_begin")
+        stopped = None
+        with self.signals:
+            if s.pending is not None:  # resumed from a checkpoint written before its epoch was evaluated
+                self.evaluate_epoch()
+            for _ in self.progress.epochs_of(range(s.epoch, cfg.epochs)):  # each epoch_end moves s.epoch on
+                stopped, images, seconds = self.train_epoch()
+                if stopped and s.step < self.steps_per_epoch:
+                    self.checkpoint()
+                    break
+                self.end_epoch(images, seconds)
+                signalled = all_reduce(torch.tensor(float(self.signals.received is not None),
+                                                    device=self.world.device)).item()
+                if stopped or signalled or s.stop:
+                    stopped = stopped or self._why(bool(signalled))
+                    break
+        self._callback("on_train_end")
+        if self.world.main:
+            if s.history:
+                plot_history(s.history).savefig(self.output / "curves.png")
+            if stopped:
+                print(f"stopped by {stopped} at epoch {s.epoch + 1}, step {s.step}: checkpoint "
+                      f"{self.output / 'last.pt'}; continue with --resume auto", flush=True)
+        return TrainResult(self.model, self.ema.module if self.ema is not None else None, s.history, self.output,
+                           stopped)
+
+
+# %% [markdown]
+# And the one entry point, for notebooks and the command line alike: this process's world, a trainer, `fit`.
+
+# %%
+#| export
+def train(cfg: TrainConfig, *, model: nn.Module | None = None, datasets: tuple | None = None,
+          teacher: nn.Module | None = None, callbacks: Sequence[Callback] = ()) -> TrainResult:
+    """Train as `cfg` says, on one process or under `torchrun`; the single entry point of notebook and CLI.
+
+    By default the model is `cfg.model` with `cfg.model_args` and the data `build_datasets(cfg.data)` with the
+    augmentation `cfg.aug`; pass `model`, `datasets` = (train, val, class names) or `teacher` to use your own.
+    Returns when the last epoch is done, or early (with a checkpoint) on SIGTERM/SIGINT or `state.stop`.
+    """
+    world = init_world(cfg.device)
+    try:
+        return Trainer(cfg, world, model=model, datasets=datasets, teacher=teacher, callbacks=callbacks).fit()
+    finally:
+        if world.owns_group:
+            dist.destroy_process_group()
+
+
+# %% [markdown]
+# ## Driving the trainer by hand
+#
+# The trainer's state is its position, so it can be driven a piece at a time. A small ConViT (2 blocks, the
+# first one GPSA) on 64 synthetic 16 × 16 images, 8 steps per epoch: three `step`s leave three losses on the
+# device, unread; one `read_back` brings them home together.
+
+# %%
+tmp = Path(tempfile.mkdtemp())
+tiny = TrainConfig(model="convit_tiny", img_size=16, model_args={"patch_size": 4, "embed_dim": 48, "depth": 2,
+                   "local_up_to_layer": 1}, data="fake", data_args={"num_train": 64, "num_val": 16, "image_size": 16},
+                   epochs=1, batch_size=8, ema_decay=0.9, precision="fp32", num_workers=0, progress="none")
+trainer = Trainer(replace(tiny, output=str(tmp / "by-hand")), init_world("cpu"))
+batches = trainer.loaders.epoch(0, start=0)
+for _ in range(3):
+    trainer.step(batches)
+assert len(trainer.unread) == 3 and trainer.state.step == 3 and trainer.state.epoch_losses == []
+trainer.read_back()
+assert trainer.unread == [] and len(trainer.state.epoch_losses) == 3
+print(f"{trainer.state.step} of {trainer.steps_per_epoch} steps; after one read-back "
+      f"{len(trainer.state.epoch_losses)} losses on the host, none left on the device")
+
+# %% [markdown]
+# `fit` goes on from where the trainer stands — step 3 of epoch 1 — and the run ends with exactly the weights of
+# an uninterrupted `train` of the same config: where each batch comes from and what each step draws are functions
+# of the position alone.
+
+# %%
+result = trainer.fit()
+straight = train(replace(tiny, output=str(tmp / "straight")))
+assert [row["step"] for row in result.history] == [row["step"] for row in straight.history] == [8]
+assert all(torch.equal(p, q) for p, q in zip(result.model.state_dict().values(), straight.model.state_dict().values()))
+print("3 steps by hand, then fit: bit for bit the weights of an uninterrupted train")
