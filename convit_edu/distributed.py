@@ -85,7 +85,7 @@ def all_reduce(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-# %% nbs/21_distributed.py 12
+# %% nbs/21_distributed.py 14
 def run_on_main(world: World, what: str, write: Callable[[], Any]) -> Any:
     """`write()` on rank 0 only, then every process hears whether it failed, in one all-reduce: a full disk or a
     permission error on rank 0 stops every process at once with that error, instead of leaving the others
@@ -104,7 +104,7 @@ def run_on_main(world: World, what: str, write: Callable[[], Any]) -> Any:
     return result
 
 
-# %% nbs/21_distributed.py 15
+# %% nbs/21_distributed.py 17
 class StopSignals:
     """Turn SIGTERM and SIGINT into a flag for the duration of a run (main thread only), then restore."""
 
@@ -126,7 +126,7 @@ class StopSignals:
             signal.signal(s, handler)
 
 
-# %% nbs/21_distributed.py 17
+# %% nbs/21_distributed.py 21
 SBATCH_SCRIPT = r"""#!/bin/bash
 #SBATCH --job-name=convit_small
 #SBATCH --nodes=4

@@ -137,6 +137,20 @@ assert all_reduce(torch.tensor([2.0])).item() == 2.0
 print("one process: rank 0 of 1, main; RANK=3 WORLD_SIZE=8 LOCAL_RANK=3 is rank 3 of 8")
 
 # %% [markdown]
+# Each task of an `srun` job step gets SLURM's own variables instead; a launch that is missing one, or whose
+# numbers cannot be a world, stops before any process group waits for it:
+
+# %%
+from convit_edu.checks import expect_error
+
+srun = {"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1", "MASTER_ADDR": "node1",
+        "MASTER_PORT": "29500"}
+assert _world_from_env(srun) == (5, 8, 1, "srun")
+print(expect_error(lambda: _world_from_env({k: v for k, v in srun.items() if not k.startswith("MASTER")})))
+print(expect_error(lambda: _world_from_env({"RANK": "8", "WORLD_SIZE": "8", "LOCAL_RANK": "0"})))
+print(expect_error(lambda: _world_from_env({"RANK": "0", "WORLD_SIZE": "two", "LOCAL_RANK": "0"})))
+
+# %% [markdown]
 # ### Rank 0 writes
 #
 # Only rank 0 writes checkpoints and logs. A write that fails there — a full disk, a lost permission — must
@@ -165,8 +179,6 @@ def run_on_main(world: World, what: str, write: Callable[[], Any]) -> Any:
     return result
 
 # %%
-from convit_edu.checks import expect_error
-
 assert run_on_main(World(0, 1, torch.device("cpu"), False), "add", lambda: 2 + 3) == 5
 message = expect_error(lambda: run_on_main(World(0, 1, torch.device("cpu"), False), "write", lambda: open("/", "w")), OSError)
 assert "Is a directory" in message
@@ -203,6 +215,21 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+
+# %% [markdown]
+# The flag, by experiment: a SIGTERM sent to this very process (what SLURM sends) inside a run is recorded and
+# nothing else happens; after the run, the handlers that were there before are back.
+
+# %%
+before = signal.getsignal(signal.SIGTERM)
+with StopSignals() as stop:
+    os.kill(os.getpid(), signal.SIGTERM)  # without StopSignals, the default handler would end this process
+    for _ in range(100):  # Python runs a signal's handler between bytecodes of the main thread
+        if stop.received:
+            break
+assert stop.received == "SIGTERM", stop.received
+assert signal.getsignal(signal.SIGTERM) is before
+print(f"received {stop.received} as a flag; the previous SIGTERM handler is restored")
 
 # %% [markdown]
 # ### A SLURM batch script
@@ -250,3 +277,15 @@ if [ "$requeue" = 1 ]; then
 fi
 exit "$status"
 """
+
+# %% [markdown]
+# The two delays have to nest: torchrun's grace for the workers to write `last.pt` must end before the job's
+# time limit, which is five minutes after SLURM's warning.
+
+# %%
+import re
+
+warning = int(re.search(r"--signal=B:USR1@(\d+)", SBATCH_SCRIPT).group(1))
+grace = int(re.search(r"TORCH_ELASTIC_SHUTDOWN_TIMEOUT=(\d+)", SBATCH_SCRIPT).group(1))
+assert warning == 5 * 60 and grace < warning, (warning, grace)
+print(f"SLURM warns {warning} s before the limit; the workers get {grace} s to write last.pt")
