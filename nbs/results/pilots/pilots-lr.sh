@@ -11,3 +11,6 @@ python -m convit_edu.cli experiment sample-efficiency "${base[@]}" --fractions 0
 python -m convit_edu.cli experiment sample-efficiency "${base[@]}" --fractions 1.0 --output $out/lr2x-f1
 # Added when pre-condition 2 failed for the base design: does the trained attention matter at this learning rate?
 python -m convit_edu.cli experiment ablations "${base[@]}" --fraction 0.1 --names frozen_gpsa --output $out/lr2x
+# ... and at 90 000 images (pilots-more.sh's design)
+python -m convit_edu.cli experiment ablations "${base[@]/60000/90000}" --fraction 0.1 --names frozen_gpsa \
+  --output $out/lr2x-90k
