@@ -17,13 +17,13 @@
 # # Datasets: CIFAR-100 to ImageNet, and the paper's data settings
 #
 # The ConViT paper trains every model with the recipe of DeiT (Touvron et al., 2020) and changes only the
-# architecture; its data experiments change only *how much* data the model sees. This chapter is the first of
-# four on the data side of training (15 datasets, 16 augmentation, 17 samplers and loaders, 18 DALI):
+# architecture; its data experiments change only *how much* data the model sees. Chapter 12 reads the image
+# files (always RGB, an unreadable one skipped) and lists a folder once; this chapter builds the datasets on
+# them, before augmentation (14), samplers and loaders (15, 16) and DALI (17):
 #
-# 1. **reading images** that are always RGB and never crash an epoch;
-# 2. **the paper's data settings**: a fraction *f* of the images of each class (Table 2, with 1/f times more
+# 1. **the paper's data settings**: a fraction *f* of the images of each class (Table 2, with 1/f times more
 #    epochs) and the first *K* classes (the ImageNet-100 ablations of Section 4);
-# 3. **datasets by name**: CIFAR-100, any ImageNet-style folder (ImageNet-1k, ImageNet-100, Tiny ImageNet) and
+# 2. **datasets by name**: CIFAR-100, any ImageNet-style folder (ImageNet-1k, ImageNet-100, Tiny ImageNet) and
 #    synthetic images, one call returning `(train, val, class_names)`.
 
 # %% tags=["parameters"]
@@ -33,8 +33,8 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp datasets
-# Datasets by name (CIFAR-100, ImageNet-style folders, synthetic), robust image reading, and the paper's data
-# settings: a fraction of each class and the first K classes.
+# Datasets by name (CIFAR-100, ImageNet-style folders, synthetic) and the paper's data settings: a fraction of
+# each class and the first K classes.
 
 # %%
 import warnings
@@ -42,66 +42,29 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
+from PIL import Image
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=4, sci_mode=False)
 warnings.filterwarnings("ignore", message=".*os.fork.*")  # fork + threads notice from workers, not ours
 
-# %% [markdown]
-# ## Reading images: always RGB, never a crashed epoch
-#
-# ImageNet holds a few greyscale and CMYK JPEGs (and one PNG disguised as a JPEG); Tiny ImageNet holds
-# greyscale ones. A model expects three channels, so every image is converted to RGB when it is read.
-# A long run over a million files also meets the odd truncated or unreadable file (a copy interrupted, a disk
-# error). Crashing the epoch, possibly hours in and on every rank at once, is the worst answer; the loader
-# below warns naming the file and returns the next readable image of the dataset instead.
-
 # %%
 #| export
-import hashlib
 import math
 import os
 import tarfile
-import time
-import warnings
 from pathlib import Path
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from convit_edu.checkpoints import atomic_write
 from convit_edu.checks import positive_int
-
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-_MAX_CONSECUTIVE_BAD = 32  # more unreadable files in a row than this means a broken dataset, not a bad file
-
-# %%
-#| export
-def load_rgb(path: str | Path) -> Image.Image:
-    """Read an image file as a 3-channel RGB PIL image (greyscale, CMYK and palette images are converted)."""
-    with open(path, "rb") as f:
-        image = Image.open(f)
-        return image.convert("RGB")  # convert() also forces the decode while the file is open
-
-# %%
-#| exporti
-def _first_readable(load: Callable[[int], tuple], index: int, size: int, describe: Callable[[int], str]):
-    """``load(index)``, or, when that file cannot be decoded, the next readable sample (with a warning)."""
-    for step in range(_MAX_CONSECUTIVE_BAD):
-        i = (index + step) % size
-        try:
-            return load(i)
-        except (OSError, SyntaxError) as e:  # PIL raises OSError (truncated, unidentified) or SyntaxError
-            warnings.warn(f"skipping unreadable image {describe(i)} ({type(e).__name__}: {e}); "
-                          "using the next image of the dataset instead", stacklevel=3)
-    raise RuntimeError(f"{_MAX_CONSECUTIVE_BAD} unreadable images in a row from {describe(index)}: "
-                       "the dataset looks corrupt; check the files (e.g. with PIL.Image.open(path).verify())")
+from convit_edu.image_files import IMAGEFOLDER_HINT, IMG_EXTENSIONS, cached_listing, first_readable, load_rgb
 
 # %% [markdown]
 # ## The paper's data settings: a fraction of each class, the first K classes
@@ -176,17 +139,17 @@ class ImageFolderDataset(datasets.ImageFolder):
     Classes and files are sorted (torchvision's ``ImageFolder``); ``max_classes`` keeps the first K classes
     (Section 4's ImageNet-100) and ``fraction`` the first ⌊f·n_c⌋ files of each class (Table 2).
     An unreadable file is skipped with a warning naming it (the next image is returned instead).
-    The folder is listed once and its file list cached (``file_list_cache``): a later dataset on the same,
-    unchanged folder only stats its folders.
+    The folder is listed once and its file list cached (``cached_listing``, chapter 12): a later dataset on the
+    same, unchanged folder only stats its folders.
     """
 
     def __init__(self, root: str | Path, transform: Callable | None = None, *, max_classes: int | None = None,
                  fraction: float = 1.0):
         root = Path(root)
         if not root.is_dir():
-            raise FileNotFoundError(f"no folder {root}: expected {root}/<class>/<image> " + _IMAGEFOLDER_HINT)
+            raise FileNotFoundError(f"no folder {root}: expected {root}/<class>/<image> " + IMAGEFOLDER_HINT)
         self.max_classes = max_classes
-        self._listing = _cached_listing(root)
+        self._listing = cached_listing(root)
         super().__init__(str(root), transform=transform, loader=load_rgb, allow_empty=True)
         del self._listing  # only find_classes and make_dataset (called just above) read it: no second copy kept
         counts = [0] * len(self.classes)
@@ -226,170 +189,7 @@ class ImageFolderDataset(datasets.ImageFolder):
             image = self.loader(path)
             return (self.transform(image) if self.transform else image), target
 
-        return _first_readable(load, index, len(self.samples), lambda i: self.samples[i][0])
-
-
-_IMAGEFOLDER_HINT = (
-    "(the ImageNet layout: ROOT/train/<class>/*.JPEG and ROOT/val/<class>/*.JPEG, one folder per class in both "
-    "splits). ImageNet-1k: download ILSVRC2012 from image-net.org and sort val/ into class folders; "
-    "Tiny ImageNet: see data/README.md"
-)
-
-# %% [markdown]
-# ### Listing a million files once
-#
-# `ImageFolder` lists its folder when it is made: ImageNet's training split is 1,000 folders and 1.28 M files,
-# which takes from seconds on a local SSD to minutes on a network file system, and a run makes it again in
-# every process (8 per node), at every start and every requeue after a pre-emption. So `ImageFolderDataset`
-# keeps the listing in one compact file per split folder under `$XDG_CACHE_HOME/convit-edu/file-lists/`
-# (`~/.cache/...` by default; `file_list_cache` names it): the class names, the files as one string of
-# relative paths and the labels as an int32 tensor, with the modification time of every folder listed. Adding
-# or removing a file changes the mtime of its folder, adding or removing a class that of the split folder, so
-# a later start compares these times (one `stat` per folder, 1,001 on ImageNet) and lists nothing when they
-# are unchanged; when one differs it lists the folder again and rewrites the file. The file is written to a
-# temporary name and renamed into place, so a process reading it never sees half of one; a cache folder that
-# cannot be written (a read-only home) only means that every start lists the folder, as before. One catch: many
-# file systems keep times in coarse ticks (a second on some NFS servers), and a file added in the same tick as
-# the listing would leave its folder's time unchanged. So a folder changed in the last 5 seconds is listed but
-# not cached; the next start caches it.
-#
-# The training loop makes rank 0 build its datasets first, and the other ranks after a barrier: they find rank
-# 0's file (the cache folder is usually in a home shared by the nodes) and list nothing.
-
-# %%
-#| export
-def file_list_cache(root: str | Path) -> Path:
-    """The file caching the listing of image folder ``root`` (see ``ImageFolderDataset``):
-    ``$XDG_CACHE_HOME/convit-edu/file-lists/<hash of root's absolute path>.pt``, ``XDG_CACHE_HOME`` defaulting
-    to ``~/.cache``.
-
-    Rank 0 of a run builds its datasets (and so writes this file) before the other ranks, which then read it
-    instead of listing the folder again: one listing per run and folder, not one per process and start."""
-    cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    digest = hashlib.sha256(os.path.abspath(root).encode()).hexdigest()[:32]
-    return Path(cache_home) / "convit-edu" / "file-lists" / f"{digest}.pt"
-
-# %%
-#| exporti
-class _Listing(NamedTuple):
-    """An image folder's class folders, its image files (relative paths, in ``ImageFolder``'s order) and their
-    labels."""
-
-    classes: list[str]
-    files: list[str]
-    targets: list[int]
-
-
-_LISTING_FORMAT = 1  # raise it when what the cache holds or how a folder is listed changes
-_SETTLED_NS = 5 * 10**9  # a folder changed more recently may change again within one tick of its (often coarse) clock
-
-
-def _list_folder(root: str) -> tuple[_Listing, dict[str, int]]:
-    """List ``root/<class>/...`` as torchvision's ``ImageFolder`` does (sorted class folders; in each, the sorted
-    ``os.walk`` and sorted names, image extensions only), with the mtime (ns) of every folder. The split's and
-    each class's are taken before they are listed, so a change during the listing leaves the cache stale, not
-    wrong (a class's sub-folders, rare, are stat'ed as ``os.walk`` reaches them)."""
-    mtimes = {".": os.stat(root).st_mtime_ns}
-    try:
-        classes, _ = datasets.folder.find_classes(root)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no class folders in {root}: expected {root}/<class>/<image> "
-                                + _IMAGEFOLDER_HINT) from None
-    files, targets = [], []
-    for label, c in enumerate(classes):
-        mtimes[c] = os.stat(os.path.join(root, c)).st_mtime_ns
-        for folder, _, names in sorted(os.walk(os.path.join(root, c), followlinks=True)):
-            rel = os.path.relpath(folder, root)
-            mtimes.setdefault(rel, os.stat(folder).st_mtime_ns)  # sub-folders of a class, if any
-            images = [os.path.join(rel, n) for n in sorted(names) if n.lower().endswith(IMG_EXTENSIONS)]
-            files += images
-            targets += [label] * len(images)
-    return _Listing(classes, files, targets), mtimes
-
-
-def _cached_listing(root: Path) -> _Listing:
-    """``root``'s listing from its cache file when every folder recorded there keeps its mtime, else listed
-    again and the cache rewritten (``file_list_cache``). A folder changed in the last seconds is not cached: on
-    a file system whose clock ticks coarsely (NFS, older kernels), a file added within the same tick would not
-    change the folder's mtime and the cache would miss it."""
-    path, where = file_list_cache(root), os.path.abspath(root)
-    try:
-        cached = torch.load(path, weights_only=True)
-        folders = cached["folders"].split("\n")
-        if (cached["format"], cached["root"]) == (_LISTING_FORMAT, where) and cached["mtimes"].tolist() == [
-                os.stat(os.path.join(where, f)).st_mtime_ns for f in folders]:
-            return _Listing(cached["classes"].split("\n"), cached["files"].split("\n") if cached["files"] else [],
-                            cached["targets"].tolist())
-    except Exception:  # no cache yet, or one that cannot be read (truncated, older, unreadable): list again
-        pass
-    listing, mtimes = _list_folder(str(root))
-    settled = time.time_ns() - max(mtimes.values()) > _SETTLED_NS
-    if settled and not any("\n" in n for n in (*listing.classes, *listing.files, *mtimes)):  # "\n" joins them
-        _save_quietly({"format": _LISTING_FORMAT, "root": where, "classes": "\n".join(listing.classes),
-                       "files": "\n".join(listing.files), "targets": torch.tensor(listing.targets, dtype=torch.int32),
-                       "folders": "\n".join(mtimes), "mtimes": torch.tensor(list(mtimes.values()))}, path)
-    return listing
-
-
-def _save_quietly(obj: dict, path: Path) -> None:
-    """``torch.save`` to a temporary file beside ``path``, renamed over it (a reader sees the old file or the new
-    one, never half of one); nothing at all when the folder cannot be written (a read-only home)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda f: torch.save(obj, f))
-    except OSError:
-        pass
-
-# %% [markdown]
-# Checked on a small generated folder (its folders' times set a minute back, as if made earlier), with the
-# cache in a fresh folder: the first dataset lists the split folder and its class folders, a second one on the
-# unchanged folder lists nothing and gives the same samples, and a file added to a class is found by the next.
-
-# %%
-import contextlib
-import tempfile
-import time
-from unittest import mock
-
-
-@contextlib.contextmanager
-def count_listings(counts: list):
-    """Append every directory listing (os.scandir, os.listdir, os.walk) made inside the block to ``counts``."""
-    originals = {name: getattr(os, name) for name in ("scandir", "listdir", "walk")}
-
-    def counting(name):
-        def call(*args, **kwargs):
-            counts.append((name, args[0] if args else "."))
-            return originals[name](*args, **kwargs)
-        return call
-
-    with contextlib.ExitStack() as stack:
-        for name in originals:
-            stack.enter_context(mock.patch.object(os, name, counting(name)))
-        yield counts
-
-
-with tempfile.TemporaryDirectory() as folder, mock.patch.dict(os.environ, {"XDG_CACHE_HOME": f"{folder}/cache"}):
-    split = Path(folder) / "train"
-    for c in ("cat", "dog", "emu"):
-        (split / c).mkdir(parents=True)
-        for i in range(4):
-            Image.new("RGB", (8, 8), (60 * i, 0, 0)).save(split / c / f"{i}.png")
-    a_minute_ago = time.time_ns() - 60 * 10**9
-    for d in (split, *split.iterdir()):
-        os.utime(d, ns=(a_minute_ago, a_minute_ago))
-    with count_listings([]) as first_start:
-        first = ImageFolderDataset(split)
-    with count_listings([]) as second_start:
-        second = ImageFolderDataset(split)
-    listed = {path for _, path in first_start}
-    assert listed == {str(split), *(str(split / c) for c in ("cat", "dog", "emu"))}
-    assert second.samples == first.samples and second.classes == first.classes and len(second_start) == 0
-    Image.new("RGB", (8, 8)).save(split / "dog" / "new.png")
-    third = ImageFolderDataset(split)
-    assert str(split / "dog" / "new.png") in [p for p, _ in third.samples] and len(third) == len(first) + 1
-    print(f"first start: lists {len(listed)} folders (the split and its classes); second start: "
-          f"{len(second_start)} listings, same samples; a file added to a class: {len(third)} images, not {len(first)}")
+        return first_readable(load, index, len(self.samples), lambda i: self.samples[i][0])
 
 # %%
 #| export
@@ -505,7 +305,7 @@ def build_datasets(name: str, root: str | Path = "data", *, train_transform: Cal
             found = sorted(p.name for p in root.iterdir())[:8] if root.is_dir() else None
             raise FileNotFoundError(
                 f"{root} has no train/ and val/ folders ({'folder missing' if found is None else f'found {found}'}): "
-                "expected " + _IMAGEFOLDER_HINT)
+                "expected " + IMAGEFOLDER_HINT)
         train = ImageFolderDataset(root / "train", train_transform, max_classes=max_classes, fraction=fraction)
         val = ImageFolderDataset(root / "val", val_transform, max_classes=max_classes)
         if val.classes != train.classes:

@@ -49,7 +49,8 @@ import torch
 from PIL import Image
 
 from convit_edu.checks import expect_error
-from convit_edu.datasets import build_datasets, first_classes, load_rgb
+from convit_edu.datasets import build_datasets, first_classes
+from convit_edu.image_files import load_rgb
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -459,13 +460,13 @@ print(f"share of the batches mixed by CutMix: {cutmix:.1f}")
 # %% [markdown]
 # ## MixUp partners that are not copies
 #
-# Repeated augmentation (chapter 16's `RepeatAugSampler`, DeiT's ×3) puts the r copies of an image side by side in the
+# Repeated augmentation (chapter 15's `RepeatAugSampler`, DeiT's ×3) puts the r copies of an image side by side in the
 # global stream, and rank k of W takes positions k, k+W, … So in a process's batch the copies sit within ⌈r/W⌉ − 1
 # positions of each other: side by side on one process, one per rank once W ≥ r. torchvision's `MixUp`/`CutMix` pair
 # image i with i−1: on one process 2 partners in 3 are then a copy, with the same label, so the target is not mixed at
 # all. Reversal pairs j with B−1−j, |B−1−2j| positions away: far apart except at the middle of the batch, so at most
 # one pair in an even batch is a copy for r ≤ 3 (about r/4 for a larger r), at any world size, and without knowing the
-# sampler. Measured through the real mixers on the stream that chapter 16's sampler deals — a permutation, each index
+# sampler. Measured through the real mixers on the stream that chapter 15's sampler deals — a permutation, each index
 # repeated r times in a row, rank k taking every W-th position (tests/test_mixing.py measures the same through the
 # sampler itself) — with each image's index in the dataset as its label, no smoothing, MixUp only: a row of soft
 # targets with one non-zero entry is an image mixed with its copy.
@@ -494,5 +495,5 @@ for world, before_expected in ((1, 2 / 3), (2, 1 / 3), (4, 0), (8, 0)):
 # %% [markdown]
 # DeiT's `main.py` switches its one-process `RandomSampler` off (`if True:  # args.distributed:`), so its
 # `RASampler` serves one process too, the copies side by side as here; its mixing (timm's `Mixup`, batch mode)
-# pairs the batch reversed, as ours does. We make repeated augmentation explicit (`repeats`, chapter 16, the same
+# pairs the batch reversed, as ours does. We make repeated augmentation explicit (`repeats`, chapter 15, the same
 # stream at every world size) and pair by reversal, so the copies stay apart on one process as on eight.

@@ -157,7 +157,7 @@ print(expect_error(lambda: _world_from_env({"RANK": "0", "WORLD_SIZE": "two", "L
 # stop the others too: `run_on_main` runs the write on rank 0, then tells every process in one all-reduce
 # whether it failed; without it the others would wait at their next collective for the process group's
 # 30-minute timeout. The same pattern lets rank 0 build a run's datasets first: an ImageNet folder's 1.28 M
-# file names are then listed once, by rank 0, which caches the list (chapter 13), and the others read the cache.
+# file names are then listed once, by rank 0, which caches the list (chapter 12), and the others read the cache.
 
 # %%
 #| export

@@ -17,5 +17,5 @@ def one_thread():
 @pytest.fixture(autouse=True)
 def own_file_list_cache(tmp_path_factory, monkeypatch):
     """Every test gets its own cache folder (``XDG_CACHE_HOME``), so no test reads an image folder's file list
-    cached by another test or by the user (``convit_edu.datasets.file_list_cache``)."""
+    cached by another test or by the user (``convit_edu.image_files.file_list_cache``)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))

@@ -1,5 +1,5 @@
-"""Tests for the data chapters 13-16 (convit_edu.datasets, augment, loaders): datasets, subsampling, the DeiT
-recipe, samplers, loaders."""
+"""Tests for the data chapters 12-16 (convit_edu.image_files, datasets, augment, samplers, loaders): datasets,
+subsampling, the DeiT recipe, samplers, loaders."""
 
 import hashlib
 import math
@@ -16,8 +16,8 @@ from torchvision import datasets
 
 from convit_edu.augment import AUGMENTATIONS, AugConfig, MixupCutmix, build_mixup, build_transforms
 from convit_edu.datasets import build_datasets, extract_subset, first_classes, scaled_epochs, subsample_per_class
-from convit_edu.loaders import (KeyedSampler, LoaderBenchmark, RepeatAugSampler, benchmark_loader, build_loader,
-                                build_loaders, plot_loader_benchmarks)
+from convit_edu.loaders import LoaderBenchmark, benchmark_loader, build_loader, build_loaders, plot_loader_benchmarks
+from convit_edu.samplers import KeyedSampler, RepeatAugSampler
 
 TINY_IMAGENET = Path(__file__).resolve().parents[2] / "shared" / "data" / "tiny-imagenet-100.tar.gz"
 CLASSES = ["cat", "dog", "eel"]
@@ -507,7 +507,8 @@ def test_plot_loader_benchmarks_stacks_each_stage_per_image():
     ax = plot_loader_benchmarks({"fast": fast, "slow": slow}).axes[0]
     bars = [(round(p.get_x(), 6), round(p.get_width(), 6)) for p in ax.patches]  # decode, augment, collate
     assert bars == [(0, 1), (0, 4), (1, 2), (4, 10), (3, 0.5), (14, 1)]  # milliseconds, stacked
-    assert [round(line.get_xdata()[0], 6) for line in ax.lines] == [round(1000 / 900, 6), 5]  # the loader's time per image
+    # the loader's time per image
+    assert [round(line.get_xdata()[0], 6) for line in ax.lines] == [round(1000 / 900, 6), 5]
 
 
 def test_build_loaders_goes_from_datasets_to_batches_for_each_rank(folder):
@@ -606,7 +607,7 @@ def test_sample_keys_are_places_in_the_global_stream_whatever_the_number_of_proc
 
 def test_on_device_transforms_ship_uint8_and_finish_to_the_float_pipelines_values(folder):
     from convit_edu.augment import augmentation
-    from convit_edu.datasets import load_rgb
+    from convit_edu.image_files import load_rgb
     from convit_edu.loaders import DeviceTransforms
 
     cfg = augmentation("deit", 32)

@@ -10,7 +10,8 @@ import torch
 from PIL import Image
 from torchvision import datasets
 
-from convit_edu.datasets import ImageFolderDataset, build_datasets, file_list_cache
+from convit_edu.datasets import ImageFolderDataset, build_datasets
+from convit_edu.image_files import file_list_cache
 
 CLASSES = ["cat", "dog", "emu"]
 
