@@ -13,7 +13,7 @@ import torch
 
 from convit_edu.augment import RANDAUGMENT_MAX_MAGNITUDE, AugConfig
 from convit_edu.datasets import ImageFolderDataset
-from convit_edu.loaders import seed_from
+from convit_edu.samplers import seed_from
 
 __all__ = ['LOADERS', 'DALI_INSTALL', 'dali_available', 'dali_train_pipeline', 'dali_eval_pipeline', 'DaliLoaders', 'DaliEvalBatches']
 

@@ -18,7 +18,7 @@ from torch.optim.swa_utils import AveragedModel
 from convit_edu.checkpoints import load_weights, read_state_dict
 from convit_edu.config import TrainConfig
 from convit_edu.fit import deit_lr, param_groups
-from convit_edu.loaders import seed_from
+from convit_edu.samplers import seed_from
 from convit_edu.zoo import create_model, list_models
 
 __all__ = ['scaled_lr', 'build_optimizer', 'learning_rate_sum', 'train_loss', 'build_teacher', 'update_ema', 'seed_step', 'check_resume']

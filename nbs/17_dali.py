@@ -40,7 +40,7 @@ import torch
 
 from convit_edu.augment import AugConfig, RANDAUGMENT_MAX_MAGNITUDE
 from convit_edu.datasets import ImageFolderDataset
-from convit_edu.loaders import seed_from
+from convit_edu.samplers import seed_from
 
 # %%
 import time
@@ -52,7 +52,8 @@ import torch
 from matplotlib import cbook
 
 from convit_edu.augment import AugConfig, augmentation, build_transforms
-from convit_edu.datasets import build_datasets, first_classes, load_rgb
+from convit_edu.datasets import build_datasets, first_classes
+from convit_edu.image_files import load_rgb
 from convit_edu.loaders import DeviceTransforms, build_loaders
 
 torch.manual_seed(0)

@@ -47,7 +47,7 @@ from torch.optim.swa_utils import AveragedModel
 from convit_edu.checkpoints import load_weights, read_state_dict
 from convit_edu.config import TrainConfig
 from convit_edu.fit import deit_lr, param_groups
-from convit_edu.loaders import seed_from
+from convit_edu.samplers import seed_from
 from convit_edu.zoo import create_model, list_models
 
 # %%
@@ -258,10 +258,11 @@ print(f"3 updates: update_ema's {len(floats)} float tensors equal AveragedModel'
 # this loop makes every random draw a function of *where* it happens, not of *what ran before*:
 #
 # * the sampler's permutation is a function of (seed, epoch) — `RepeatAugSampler.set_epoch(epoch, start)`
-#   of chapter 16 skips the `start` samples this process already consumed;
+#   of chapter 15 skips the `start` samples this process already consumed;
 # * each sample's augmentation runs under generators seeded from (seed, epoch, position in the epoch's stream),
 #   inside `torch.random.fork_rng` so the caller's generators are left untouched — the same in the main
-#   process and in loader workers (chapter 16's `build_loaders`, through `KeyedSampler` and `SeededSamples`);
+#   process and in loader workers (chapter 16's `build_loaders`, through chapter 15's `KeyedSampler` and
+#   `SeededSamples`);
 # * at the start of every optimiser step the torch, numpy and python generators are seeded from
 #   (seed, rank, epoch, step), which fixes Mixup/CutMix and drop path;
 # * the initial weights come from `torch.manual_seed(seed)` just before the model is built.

@@ -15,7 +15,8 @@ from convit_edu.augment import AugConfig
 from convit_edu.checkpoints import read_checkpoint
 from convit_edu.config import TrainConfig, per_device_batch, recipe
 from convit_edu.datasets import build_datasets
-from convit_edu.loaders import RepeatAugSampler, build_loaders
+from convit_edu.loaders import build_loaders
+from convit_edu.samplers import RepeatAugSampler
 
 TINY = dict(model="deit_tiny", model_args={"patch_size": 4, "depth": 1}, img_size=8)
 

@@ -7,7 +7,7 @@ import torch
 from torchvision.transforms import v2
 
 from convit_edu.augment import MixupCutmix
-from convit_edu.loaders import RepeatAugSampler
+from convit_edu.samplers import RepeatAugSampler
 
 NUM_SAMPLES, BATCH = 3072, 64
 
