@@ -18,7 +18,8 @@ from torch import Tensor, nn
 from convit_edu.attention import MHSA
 from convit_edu.checks import one_of, positive_int
 from convit_edu.devices import autocast, resolve_precision
-from convit_edu.gpsa import GPSA, GPSAReference
+from convit_edu.gpsa import GPSA
+from convit_edu.gpsa_reference import GPSAReference
 from convit_edu.zoo import create_model
 
 __all__ = ['interleaved_times', 'median', 'spread', 'saved_activation_bytes', 'GPSAOfficialForm', 'format_table', 'gpsa_layer_bench', 'resolution_sweep', 'train_step', 'measure_model', 'model_throughput']

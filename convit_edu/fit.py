@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from convit_edu.checks import positive_int
-from convit_edu.gpsa import gate_means
+from convit_edu.gpsa_reference import gate_means
 from convit_edu.models import VisionTransformer
 
 __all__ = ['param_groups', 'deit_lr', 'evaluate', 'fit']

@@ -11,7 +11,8 @@ from torch import Tensor, nn
 
 from convit_edu.attention import MHSA
 from convit_edu.checks import one_of
-from convit_edu.gpsa import GPSA, PSA, GPSAReference
+from convit_edu.gpsa import GPSA, PSA
+from convit_edu.gpsa_reference import GPSAReference
 
 __all__ = ['PatchEmbed', 'Mlp', 'DropPath', 'Block', 'resize_pos_embed']
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from convit_edu.callbacks import Callback, TrainState
 from convit_edu.checkpoints import read_state_dict
 from convit_edu.checks import one_of, positive_int
-from convit_edu.gpsa import gate_values
+from convit_edu.gpsa_reference import gate_values
 from convit_edu.models import VisionTransformer
 from convit_edu.positional import rel_indices
 

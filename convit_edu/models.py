@@ -10,7 +10,8 @@ from torch import Tensor, nn
 
 from convit_edu.checks import one_of, positive_int
 from convit_edu.conv_init import check_locality_strength
-from convit_edu.gpsa import GPSA, GPSAReference
+from convit_edu.gpsa import GPSA
+from convit_edu.gpsa_reference import GPSAReference
 from convit_edu.layers import Block, PatchEmbed, resize_pos_embed
 
 __all__ = ['LOCAL_ATTENTIONS', 'ModelConfig', 'config_fields', 'ForwardRecord', 'VisionTransformer']

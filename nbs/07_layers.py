@@ -16,7 +16,7 @@
 # %% [markdown]
 # # The layers of a vision transformer: patches, MLP, stochastic depth, the block
 #
-# Chapters 01-05 built the attention layers: DeiT's `MHSA` and the ConViT's `GPSA`. This chapter builds the
+# Chapters 01-06 built the attention layers: DeiT's `MHSA` and the ConViT's `GPSA`. This chapter builds the
 # other layers a vision transformer is made of — the patch embedding, the MLP, stochastic depth, the pre-norm
 # block that holds any of those attentions — and resizes a positional embedding to another image size.
 # Chapter 08 assembles them into the ConViT and DeiT of Fig. 4.
@@ -169,7 +169,7 @@ assert abs(kept - 0.75) < 0.03 and abs(y.mean().item() - 1) < 0.04
 # ## The block
 #
 # Pre-norm, as in ViT and DeiT: x ← x + DropPath(Attn(LN(x))), then x ← x + DropPath(MLP(LN(x))), LayerNorm
-# with ε = 10⁻⁶. The attention is `MHSA` (chapter 01) or one of the positional attentions of chapter 05:
+# with ε = 10⁻⁶. The attention is `MHSA` (chapter 01) or one of the positional attentions of chapters 05-06:
 # the fast `GPSA`, the `GPSAReference` that materializes the attention matrix (same weights, same keys), or
 # the ungated `PSA` of Eq. 4 for the App. A ablation. Positional layers need the patch grid (H, W) to build
 # `rel_indices`; the block hands them the grid the model is built for (`grid_size`, so that they build it at
@@ -182,7 +182,8 @@ from torch import Tensor, nn
 
 from convit_edu.attention import MHSA
 from convit_edu.checks import one_of
-from convit_edu.gpsa import GPSA, GPSAReference, PSA
+from convit_edu.gpsa import GPSA, PSA
+from convit_edu.gpsa_reference import GPSAReference
 
 
 class Block(nn.Module):

@@ -224,7 +224,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from convit_edu.gpsa import GPSA, GPSAReference
+from convit_edu.gpsa import GPSA
+from convit_edu.gpsa_reference import GPSAReference
 from convit_edu.layers import Block, PatchEmbed, resize_pos_embed
 
 

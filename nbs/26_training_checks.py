@@ -99,7 +99,7 @@ print("resumed weights identical to the uninterrupted run:", identical, "| EMA t
 # epoch). Here on the tiny ConViT of the previous section:
 
 # %%
-from convit_edu.gpsa import gate_means
+from convit_edu.gpsa_reference import gate_means
 
 
 class RecordGates(Callback):

@@ -18,7 +18,7 @@
 #
 # The ConViT has as many parameters and almost as many multiply-accumulates as the DeiT it is built on (Table 1), yet
 # the official code and timm's port train it at about half the DeiT's speed. Here we see where that time goes, derive
-# the reformulation behind chapter 05's fast `GPSA` and measure it: one layer, growth with resolution, whole-model
+# the reformulation behind chapter 06's fast `GPSA` and measure it: one layer, growth with resolution, whole-model
 # training. Chapter 35 goes on with `torch.compile`, the machine's peak, the data pipeline and `convit-edu bench`.
 
 # %% tags=["parameters"]
@@ -66,7 +66,7 @@ torch.set_num_threads(1)  # see "Measuring honestly" below
 # Eq. 6's renormalisation is a no-op: both softmaxes sum to one, so does their convex mix. The first term is exactly
 # what a fused kernel computes; the second's P, independent of the image, is computed once per forward, (H, L, L), and
 # applied to the whole batch as one (H, L, L) @ (H, L, B·d) product. `torch.lerp(content, position, σ)` mixes the two.
-# That is `convit_edu.gpsa.GPSA` (chapter 05 checks it equals `GPSAReference` in fp32, to a relative 1e-5).
+# That is `convit_edu.gpsa.GPSA` (chapter 06 checks it equals `GPSAReference` in fp32, to a relative 1e-5).
 #
 # ## Measuring honestly on a shared machine
 #
@@ -98,7 +98,8 @@ from torch import Tensor, nn
 from convit_edu.attention import MHSA
 from convit_edu.checks import one_of, positive_int
 from convit_edu.devices import autocast, resolve_precision
-from convit_edu.gpsa import GPSA, GPSAReference
+from convit_edu.gpsa import GPSA
+from convit_edu.gpsa_reference import GPSAReference
 from convit_edu.zoo import create_model
 
 
@@ -179,7 +180,7 @@ def saved_activation_bytes(fn: Callable[[], object], exclude: Iterable[Tensor] =
 from einops import rearrange
 from torch import Tensor
 
-from convit_edu.gpsa import GPSAReference
+from convit_edu.gpsa_reference import GPSAReference
 
 
 class GPSAOfficialForm(GPSAReference):

@@ -141,7 +141,7 @@ from torch import nn
 
 from convit_edu.checkpoints import read_state_dict
 from convit_edu.checks import one_of
-from convit_edu.gpsa import gate_values
+from convit_edu.gpsa_reference import gate_values
 from convit_edu.models import VisionTransformer
 
 NONLOCALITY_INPUTS = ("block", "embeddings")

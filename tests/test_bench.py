@@ -15,7 +15,8 @@ from convit_edu.benchmark_suite import (BenchSizes, H100_BF16_DENSE_FLOPS, compi
                                         peak_matmul_flops, run_benchmarks, training_flops_per_image)
 from convit_edu.benchmarks import (GPSAOfficialForm, format_table, gpsa_layer_bench, interleaved_times, median,
                                    model_throughput, resolution_sweep, saved_activation_bytes, spread)
-from convit_edu.gpsa import GPSA, GPSAReference
+from convit_edu.gpsa import GPSA
+from convit_edu.gpsa_reference import GPSAReference
 from convit_edu.zoo import count_macs, model_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")

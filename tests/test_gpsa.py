@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from gpsa_checks import grads, perturb, rel_err
 
 from convit_edu.conv_init import head_centres
-from convit_edu.gpsa import GPSA, GPSAReference, PSA
+from convit_edu.gpsa import GPSA, PSA
+from convit_edu.gpsa_reference import GPSAReference
 from convit_edu.positional import positional_self_attention, rel_indices
 
 

@@ -14,15 +14,15 @@
 # ---
 
 # %% [markdown]
-# # Gated positional self-attention (GPSA), reference and fast
+# # Gated positional self-attention (GPSA): the reference
 #
 # Chapter 02 built positional self-attention (PSA, Eq. 4), where content and position scores are *summed*
 # before one softmax; chapter 03 initialised the positional part like a convolution (Eq. 5). This chapter
-# builds the ConViT's layer, **gated** positional self-attention (Eq. 6–7), twice: a *reference* version that
-# writes the attention matrix down exactly as the paper does, and a *fast* version that gives the same
-# numbers without ever building a batch × heads × L × L tensor. Both export to `convit_edu/gpsa.py`, with
-# the parameter names of the official checkpoints (`qk`, `v`, `proj`, `pos_proj`, `gating_param`), together
-# with a PSA module for the paper's App. A ablation.
+# builds the ConViT's layer, **gated** positional self-attention (Eq. 6–7), as a *reference* that writes the
+# attention matrix down exactly as the paper does, and looks at it: at initialisation, and as its gate moves.
+# It exports `convit_edu/gpsa_reference.py`: the parts every positional layer shares, with the parameter names
+# of the official checkpoints (`qk`, `v`, `proj`, `pos_proj`, `gating_param`), the gate, and `GPSAReference`.
+# Chapter 06 builds the fast GPSA that the models train with, and PSA as a module, on the same parts.
 
 # %% tags=["parameters"]
 import os
@@ -30,16 +30,15 @@ import os
 FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
 
 # %%
-#| default_exp gpsa
-# Gated positional self-attention (GPSA, Eq. 6-7): a reference that materializes the attention, and the fast form.
-#
-# Longer than most chapters: the paper's central layer in two forms, the checks that they agree, a picture of
-# Eq. 7 and two exercises (its timing section moved to chapter 27).
+#| default_exp gpsa_reference
+# Gated positional self-attention (GPSA, Eq. 6-7): the parts positional layers share, and a literal reference.
 
 # %%
 import matplotlib.pyplot as plt
 import torch
-import torch.nn.functional as F
+
+from convit_edu.checks import WrongAnswer, check_answer, expect_error
+from convit_edu.conv_init import head_centres
 
 torch.set_printoptions(precision=4, sci_mode=False)
 _ = torch.manual_seed(0)
@@ -50,8 +49,10 @@ _ = torch.manual_seed(0)
 # In PSA a head whose positional scores are large simply drowns its content scores: both live in one softmax,
 # and their balance depends on their scales. GPSA separates them. For head h,
 #
-# $$\mathbf{A}^h_{ij} = \big(1-\sigma(\lambda_h)\big)\,\operatorname{softmax}_j\!\Big(\frac{\mathbf{Q}^h_i\mathbf{K}^{h\top}_j}{\sqrt{D_h}}\Big)
-#   + \sigma(\lambda_h)\,\operatorname{softmax}_j\!\big(\mathbf{v}^{h\top}_{pos}\mathbf{r}_{ij}\big) \qquad\text{(Eq. 7)}$$
+# $$\mathbf{A}^h_{ij} = \big(1-\sigma(\lambda_h)\big)\,
+#   \operatorname{softmax}_j\!\Big(\frac{\mathbf{Q}^h_i\mathbf{K}^{h\top}_j}{\sqrt{D_h}}\Big)
+#   + \sigma(\lambda_h)\,\operatorname{softmax}_j\!\big(\mathbf{v}^{h\top}_{pos}\mathbf{r}_{ij}\big)
+#   \qquad\text{(Eq. 7)}$$
 #
 # (the paper writes Eq. 7 without the 1/√D_h; the official code, and ours, scale the content scores as Eq. 1
 # does, as chapter 02 noted for Eq. 4),
@@ -81,7 +82,7 @@ print("gated attention A:\n", A)
 # one. So every row of A is a convex combination of two probability vectors and sums to one already:
 # $\sum_j A_{ij} = (1-\sigma) \cdot 1 + \sigma \cdot 1 = 1$. Dividing by the row sum divides by one. The
 # official code performs the division anyway; it changes nothing but rounding, and the fast implementation
-# below leaves it out. Checked on the example and on random scores and gates:
+# of chapter 06 leaves it out. Checked on the example and on random scores and gates:
 
 # %%
 torch.testing.assert_close(A.sum(-1), torch.ones(3))
@@ -102,20 +103,20 @@ print("row sums before normalising: 1 to within 1e-6, so the division changes on
 # summarising the whole image.) The ConViT's answer (Fig. 4 of the paper) is to keep the class token out of
 # the GPSA layers altogether and **concatenate it to the patches after the last GPSA block**; the remaining
 # blocks are plain MHSA (chapter 01), which needs no positions. Our GPSA layers therefore accept exactly
-# H·W tokens and say so when handed one more, as the cells after the implementation check.
+# H·W tokens and say so when handed one more, as the cell after the implementation checks.
 #
 # ## The shared parts
 #
-# Both implementations, and PSA, have the same projections, the same positional scores and the same grid
-# handling. `qk` produces queries and keys in one matmul, `v` the values, `pos_proj` maps the 3 channels of
-# r_δ = (δx, δy, ‖δ‖²) to one score per head (its weight rows are the v_pos of Eq. 5), and `proj` mixes the
+# Both GPSAs (this chapter's reference, chapter 06's fast one) and PSA have the same projections, the same positional
+# scores and the same grid handling. `qk` produces queries and keys in one matmul, `v` the values, `pos_proj` maps the 3
+# channels of r_δ = (δx, δy, ‖δ‖²) to one score per head (its weight rows are the v_pos of Eq. 5), and `proj` mixes the
 # heads. `rel_indices` is a buffer that is *not* saved in checkpoints. A layer told its grid at construction
-# (`grid_size=(rows, cols)`, as the ConViT of chapter 08 does) builds it there, so the first forward finds it
-# ready: a forward that assigns a new tensor to a buffer is one graph for `torch.compile` and the forwards
-# after it another, which costs a second compilation. A layer built without a grid builds it at its first
-# forward. Either way it is rebuilt when a forward sees another grid, and whenever the device or dtype of the
-# layer changes, so a model moved to another device or dtype after a forward pass keeps working (the official
-# code caches it for one device and one size and breaks there).
+# (`grid_size=(rows, cols)`, as the ConViT of chapter 08 does) builds it there, so the first forward finds it ready: a
+# forward that assigns a new tensor to a buffer is one graph for `torch.compile` and the forwards after it another,
+# which costs a second compilation. A layer built without a grid builds it at its first forward. Either way it is
+# rebuilt when a forward sees another grid, and whenever the device or dtype of the layer changes, so a model moved to
+# another device or dtype after a forward pass keeps working (the official code caches it for one device and one size
+# and breaks there).
 #
 # Initialisation has one home, `init_weights`, which the constructor calls: DeiT's normal(0, 0.02) for the
 # linear maps (what the whole model gives every other linear map, chapter 08), then Eq. 5 — chapter 03's
@@ -126,7 +127,6 @@ print("row sums before normalising: 1 to within 1e-6, so the division changes on
 import math
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
@@ -154,8 +154,13 @@ def _grid(length: int, grid_size: tuple[int, int] | None) -> tuple[int, int]:
     return rows, cols
 
 
-class _PositionalAttention(nn.Module):
-    """What GPSA (Eq. 6-7) and PSA (Eq. 4) share: projections, relative positions, positional scores."""
+class PositionalAttention(nn.Module):
+    """What GPSA (Eq. 6-7) and PSA (Eq. 4) share: projections, relative positions, positional scores.
+
+    The base of ``GPSAReference`` and of chapter 06's ``GPSA`` and ``PSA``: the maps ``qk``, ``v``, ``proj`` and
+    ``pos_proj`` (v_pos of Eq. 5), the ``rel_indices`` buffer of the patch grid (built for ``grid_size`` at
+    construction when given, else at the first forward) and ``init_weights``; a subclass writes ``forward``.
+    """
 
     def __init__(
         self,
@@ -253,8 +258,10 @@ def gate_means(model: nn.Module) -> list[float]:
             for m in model.modules() if isinstance(getattr(m, "gating_param", None), torch.Tensor)]
 
 
-class _Gated(_PositionalAttention):
-    """Adds the gate of Eq. 7: ``gating_param`` λ (one per head, initialised to 1) and a test-time override."""
+class GatedAttention(PositionalAttention):
+    """``PositionalAttention`` with the gate of Eq. 7: ``gating_param`` λ (one per head, initialised to 1), a
+    test-time ``gate_override`` and Eq. 7's mixed attention matrix; the base of ``GPSAReference`` and of chapter
+    06's fast ``GPSA``."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -280,11 +287,11 @@ class _Gated(_PositionalAttention):
 # computation of the official code and of timm but for one thing: they expand `rel_indices` to the batch and
 # so compute the positional softmax once per *image*, where it is the same for every image; here it is
 # computed once per forward (chapter 27 measures what that saves). It is what to read, what to
-# use for attention maps, and the yardstick the fast version is tested against.
+# use for attention maps, and the yardstick chapter 06's fast version is tested against.
 
 # %%
 #| export
-class GPSAReference(_Gated):
+class GPSAReference(GatedAttention):
     """Gated positional self-attention, Eq. 6-7, computed literally: the attention matrix is materialised.
 
     ``forward(x, grid_size=None, return_attention=False)``: ``x`` holds the patch tokens (B, L = rows·cols, D)
@@ -306,169 +313,9 @@ class GPSAReference(_Gated):
         return (y, attn) if return_attention else y
 
 
-# %% [markdown]
-# ## The fast GPSA
-#
-# Write A·V with Eq. 7 and distribute the product over the sum:
-#
-# $$\mathbf{A}^h\mathbf{V}^h = \big(1-\sigma_h\big)\,\underbrace{\operatorname{softmax}\!\big(\mathbf{Q}^h\mathbf{K}^{h\top}/\sqrt{d}\big)\mathbf{V}^h}_{\text{scaled dot-product attention}}
-#   + \sigma_h\,\underbrace{\operatorname{softmax}\!\big(\mathbf{v}^{h\top}_{pos}\mathbf{r}\big)}_{\mathbf{P}^h\text{: no batch index}}\,\mathbf{V}^h .$$
-#
-# * The first term is ordinary attention: `F.scaled_dot_product_attention` computes it with a fused kernel
-#   (flash attention on GPUs and on CPUs) that never stores the L × L matrix and saves only the output and
-#   one number per row for the backward pass.
-# * The second term's attention P does not depend on the image: it is one (heads, L, L) tensor for the whole
-#   batch, computed **once per forward**. It is applied to all images at once by folding the batch into the
-#   columns of V: (heads, L, L) @ (heads, L, B·d). (Writing `P @ V` with broadcasting over the batch looks
-#   the same but makes torch expand P into one copy per image — and keep that copy for the backward pass.)
-# * The gate mixes the two *outputs* (B, heads, L, head_dim), never two (B, heads, L, L) matrices; the
-#   normalisation is dropped (it is the identity, shown above).
-#
-# Attention dropout on A cannot be split this way (one mask on the mixed matrix is not two masks on its
-# parts), so in training with `attn_drop > 0` the fast class computes the reference form; the ConViT/DeiT
-# recipe uses no attention dropout, so the fast path is what trains. Asking for the attention matrix
-# (`return_attention=True`) also computes it explicitly — only then.
-
 # %%
-#| export
-class GPSA(_Gated):
-    """Gated positional self-attention, Eq. 6-7, fast: ``(1 − σ)·SDPA(Q, K, V) + σ·(P @ V)``.
-
-    Same constructor, parameters, checkpoint keys and outputs as ``GPSAReference``; P = softmax of the
-    positional scores is computed once per forward for the whole batch, and no (B, heads, L, L) tensor is built
-    unless ``return_attention=True`` (or attention dropout is active in training).
-    """
-
-    def forward(
-        self, x: Tensor, grid_size: tuple[int, int] | None = None, return_attention: bool = False
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        grid = self._check_input(x, grid_size)
-        q, k, v = self._projections(x)
-        if return_attention or (self.training and self.attn_drop.p > 0):
-            attn = self._mixed_attention(q, k, grid)
-            y = self._output(self.attn_drop(attn) @ v)
-            return (y, attn) if return_attention else y
-        content = F.scaled_dot_product_attention(q, k, v)
-        pos_attn = self.positional_softmax(grid).to(v.dtype)  # P: (heads, L, L)
-        # P @ V for the whole batch as one (heads, L, L) @ (heads, L, B·d) product: a broadcast
-        # (heads, L, L) @ (B, heads, L, d) would expand P to one copy per image (and save it for backward)
-        values = rearrange(v, "b h l d -> h l (b d)")
-        position = rearrange(pos_attn @ values, "h l (b d) -> b h l d", b=v.shape[0])
-        sigma = self.gate().to(v.dtype).view(-1, 1, 1)
-        return self._output(torch.lerp(content, position, sigma))
-
-
-# %% [markdown]
-# `torch.lerp(content, position, σ)` is (1 − σ)·content + σ·position in one fused operation.
-#
-# ## PSA as a module (App. A ablation)
-#
-# The paper's App. A compares GPSA with plain positional self-attention (Eq. 4, chapter 02): content and
-# positional scores summed inside *one* softmax, no gate. Its fast form is also one SDPA call: the positional
-# scores (heads, L, L) are an additive float `attn_mask`, broadcast over the batch.
-
-# %%
-#| export
-class PSA(_PositionalAttention):
-    """Positional self-attention, Eq. 4: ``softmax(Q Kᵀ/√d + v_posᵀ r) V`` per head, with the Eq. 5 init.
-
-    Same constructor, forward signature and checkpoint keys as ``GPSA`` minus ``gating_param``; computed with
-    SDPA and the positional scores as an additive mask unless the attention matrix is asked for (or attention
-    dropout is active in training).
-    """
-
-    def forward(
-        self, x: Tensor, grid_size: tuple[int, int] | None = None, return_attention: bool = False
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        grid = self._check_input(x, grid_size)
-        q, k, v = self._projections(x)
-        scores = self.positional_scores(grid).to(q.dtype)
-        if return_attention or (self.training and self.attn_drop.p > 0):
-            attn = (q @ k.transpose(-2, -1) * self.head_dim**-0.5 + scores).softmax(dim=-1)
-            y = self._output(self.attn_drop(attn) @ v)
-            return (y, attn) if return_attention else y
-        return self._output(F.scaled_dot_product_attention(q, k, v, attn_mask=scores))
-
-
-# %% [markdown]
-# ## Checks: one interface, the same numbers
-#
-# A layer of ConViT-Ti's size: D = 192, 4 heads (head_dim 48), a 14 × 14 grid. Copying the reference's
-# weights into the fast layer works because the checkpoint keys are the same — and `rel_indices` is not among
-# them. The parameter count, term by term: W_qry and W_key (2·D², no bias), W_val (D², no bias), the output
-# projection (D² + D), v_pos (3·N_h weights + N_h biases) and λ (N_h).
-
-# %%
-from convit_edu.gpsa import GPSA, GPSAReference, PSA
-
-torch.manual_seed(0)
-ref = GPSAReference(192, 4)
-fast = GPSA(192, 4)
-fast.load_state_dict(ref.state_dict())
-print(sorted(ref.state_dict()))
-print("parameters:", sum(p.numel() for p in ref.parameters()))
-D, N_h = 192, 4
-assert sum(p.numel() for p in ref.parameters()) == 2 * D * D + D * D + (D * D + D) + (3 * N_h + N_h) + N_h == 147_668
-assert "rel_indices" not in ref.state_dict()
-
-def rel_err(a, b):
-    """‖a − b‖ / ‖b‖: the relative error of a whole tensor (elementwise ratios blow up near zero)."""
-    return float((a - b).norm() / b.norm()) if not a.requires_grad else rel_err(a.detach(), b.detach())
-
-
-x = torch.randn(2, 196, 192)
-assert rel_err(fast(x), ref(x)) <= 1e-5
-print("relative error fast vs reference at init: at most 1e-5")
-
-# %% [markdown]
-# The same after perturbing every weight and gate (the gates far from their initial value, in both
-# directions), on a non-square 7 × 12 grid, for outputs and for the gradients of every parameter. One
-# gradient is zero in exact arithmetic: `pos_proj.bias` shifts all of a head's positional scores by the same
-# amount, and a softmax does not see such a shift — both implementations return rounding noise for it.
-
-# %%
-with torch.no_grad():
-    for p in ref.parameters():
-        p.add_(torch.randn_like(p) * 0.05)
-    ref.gating_param.copy_(torch.tensor([-3.0, -0.5, 0.5, 3.0]))
-fast.load_state_dict(ref.state_dict())
-x = torch.randn(3, 84, 192, requires_grad=True)
-y_ref, y_fast = ref(x, grid_size=(7, 12)), fast(x, grid_size=(7, 12))
-assert rel_err(y_fast, y_ref) <= 1e-5
-names = ["x", *dict(ref.named_parameters())]
-g_ref = dict(zip(names, torch.autograd.grad(y_ref.square().sum(), [x, *ref.parameters()])))
-g_fast = dict(zip(names, torch.autograd.grad(y_fast.square().sum(), [x, *fast.parameters()])))
-bias_noise = max(g_ref.pop("pos_proj.bias").abs().max(), g_fast.pop("pos_proj.bias").abs().max())
-assert bias_noise < 1e-5 * g_ref["pos_proj.weight"].abs().max(), bias_noise
-errors = {name: rel_err(g_fast[name], g_ref[name]) for name in g_ref}
-assert max(errors.values()) <= 1e-5, errors
-print(f"perturbed, 7x12 grid: output and the gradients of x and of all {len(errors) - 1} other parameters "
-      "agree to a relative 1e-5")
-
-# %% [markdown]
-# The gate's two ends are the two pure forms: σ = 1 leaves only the positional attention P·V (a
-# convolution-like layer), σ = 0 only content attention — exactly chapter 01's self-attention with the same
-# projections.
-
-# %%
-q, k, v = fast._projections(x.detach())
-with torch.no_grad():
-    fast.gate_override = 1.0
-    P = fast.positional_scores((7, 12)).softmax(-1)
-    torch.testing.assert_close(fast(x.detach(), (7, 12)), fast._output(P @ v))
-    fast.gate_override = 0.0
-    torch.testing.assert_close(fast(x.detach(), (7, 12)), fast._output(F.scaled_dot_product_attention(q, k, v)))
-    fast.gate_override = None
-print("sigma = 1: pure positional attention; sigma = 0: pure content attention")
-
-# %% [markdown]
-# And the class token has no place here: a 14 × 14 grid has 196 patches, and 197 tokens are refused with a
-# message that says why.
-
-# %%
-from convit_edu.checks import expect_error
-
-print(expect_error(lambda: fast(torch.randn(1, 197, 192))))
+# the class token has no place here: a 14 × 14 grid has 196 patches, and 197 tokens are refused, saying why
+print(expect_error(lambda: GPSAReference(192, 4)(torch.randn(1, 197, 192))))
 
 # %% [markdown]
 # ## What the layer looks like at initialisation
@@ -476,7 +323,8 @@ print(expect_error(lambda: fast(torch.randn(1, 197, 192))))
 # With the convolutional init (α = 1) each of the 4 heads attends around its own offset Δ_h of a 2 × 2
 # kernel (half-integer centres, chapter 03), and σ(1) ≈ 0.73 of every head's attention is that positional
 # part. The maps below are the full gated attention of a query in the middle of a 14 × 14 grid, for random
-# input tokens: the positional bump dominates, the content part adds a faint uniform-ish floor.
+# input tokens: the positional bump dominates, the content part adds a faint uniform-ish floor. The peaks sit
+# at the query (7, 7) plus an offset of (Δy, Δx) ∈ {−½, +½}² rounded to the grid: a 2 × 2 kernel around it.
 
 # %%
 torch.manual_seed(0)
@@ -495,14 +343,6 @@ plt.tight_layout()
 plt.show()
 peaks = attn[0, :, query].argmax(-1)
 print("peak (row, col) per head:", [(int(p) // 14, int(p) % 14) for p in peaks])
-
-# %% [markdown]
-# The peaks sit at the query (7, 7) plus an offset of (Δy, Δx) ∈ {−½, +½}² rounded to the grid: a 2 × 2
-# kernel around the query.
-
-# %%
-from convit_edu.conv_init import head_centres
-
 centres = head_centres(4)
 for h, p in enumerate(peaks):
     row, col = int(p) // 14, int(p) % 14
@@ -520,8 +360,8 @@ print("every head peaks within half a patch of query + Δ_h")
 # to five values (`gate_override`, the hook chapter 30's masking uses), on one logarithmic colour scale. At
 # initialization (weights of standard deviation 0.02) the content map is nearly uniform; we scale W_qry and
 # W_key up 4 times so that it shows something, a random read-out of the picture — training (chapter 28) is
-# what makes it useful. The ConViT starts
-# at σ(1) = 0.73, the fourth panel: mostly the positional bump, with the picture faintly behind it.
+# what makes it useful. The ConViT starts at σ(1) = 0.73, the fourth panel: mostly the positional bump, with
+# the picture faintly behind it.
 
 # %%
 from matplotlib import cbook
@@ -564,12 +404,6 @@ plt.show()
 print("every intermediate map equals (1 - σ)·content + σ·position")
 
 # %% [markdown]
-# ## Speed and memory
-#
-# How much faster and leaner the fast layer is than the official form and the reference is measured in
-# chapter 27, "One GPSA layer: official form, reference and fast".
-
-# %% [markdown]
 # ## Exercises
 #
 # **1. A GPSA layer from scratch.** Write `my_gpsa(layer, x, rows, cols)`: the output of the GPSA layer
@@ -579,7 +413,7 @@ print("every intermediate map equals (1 - σ)·content + σ·position")
 # `rel_indices`, no method of the layer. The content scores carry the 1/√D_h.
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-def my_gpsa(layer: GPSA, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+def my_gpsa(layer: GPSAReference, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     h = layer.num_heads
     q, k = rearrange(layer.qk(x), "b l (two h d) -> two b h l d", two=2, h=h)
     v = rearrange(layer.v(x), "b l (h d) -> b h l d", h=h)
@@ -598,13 +432,10 @@ def my_gpsa(layer: GPSA, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 # your answer: def my_gpsa(layer, x, rows, cols): ...
 
 # %%
-from convit_edu.checks import WrongAnswer, check_answer
-
-
 def check_gpsa(fn) -> None:
     torch.manual_seed(0)
     for rows, cols in ((4, 4), (3, 5)):
-        random = GPSA(48, 4, locality_strength=1.0).eval()
+        random = GPSAReference(48, 4, locality_strength=1.0).eval()
         with torch.no_grad():  # random positional weights and gates, so that every term counts
             random.pos_proj.weight.normal_(), random.gating_param.normal_()
         x = torch.randn(2, rows * cols, 48)
@@ -616,7 +447,7 @@ def check_gpsa(fn) -> None:
                      "the two softmaxes σ(λ) weighs (σ → 1 is positional)")
 
 
-def unscaled(layer: GPSA, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:  # a wrong answer: no 1/√D_h
+def unscaled(layer: GPSAReference, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:  # a wrong answer: no 1/√D_h
     saved = layer.head_dim
     layer.head_dim = 1  # my_gpsa divides by √head_dim: 1 leaves the content scores unscaled
     try:
@@ -626,39 +457,44 @@ def unscaled(layer: GPSA, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor
 
 
 check_gpsa(my_gpsa)
-print("my_gpsa equals GPSA's forward to a relative 1e-5, on a square and a non-square grid")
+print("my_gpsa equals GPSAReference's forward to a relative 1e-5, on a square and a non-square grid")
 print(expect_error(lambda: check_gpsa(unscaled), WrongAnswer))
 
 # %% [markdown]
-# **2. The fast form by hand.** Write `mix(content, pos_attn, v, sigma)`: given the content attention's output
-# `content` = softmax(QKᵀ/√d)·V and the values `v`, both (B, N_h, L, d), the positional attention `pos_attn`
-# (N_h, L, L, the same for every image) and the gates `sigma` (N_h,), return Eq. 7's output per head,
-# (1 − σ)·content + σ·(P·V), as (B, N_h, L, d) — without making a copy of P per image.
+# **2. The query's own tap at init.** A fresh head h is a *blurred* tap of a convolution: how much of a query's
+# attention does the key at the tap itself, query + Δ_h, get? Write `tap_share(rows, cols, query, offset,
+# alpha, sigma)`: for the query at (row, col) = `query` of a rows × cols grid and a head of centre `offset` =
+# (Δx, Δy) (whole patches: the 3 × 3 kernel of a 9-head layer), that share from Eq. 5 and Eq. 7 (gate σ), the
+# content attention uniform (equal content scores). Only the keys on the grid share the positional softmax.
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-def mix(content: torch.Tensor, pos_attn: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    position = torch.einsum("hqk,bhkd->bhqd", pos_attn, v)  # P is shared by the batch
-    return torch.lerp(content, position, sigma.view(-1, 1, 1))
+def tap_share(rows: int, cols: int, query: tuple[int, int], offset: tuple, alpha: float, sigma: float) -> float:
+    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+    dx, dy = (c - query[1]).flatten().double(), (r - query[0]).flatten().double()  # δ = key − query
+    scores = alpha * (2 * offset[0] * dx + 2 * offset[1] * dy - dx**2 - dy**2)  # Eq. 5: v_pos · r_δ
+    tap = (query[0] + int(offset[1])) * cols + query[1] + int(offset[0])
+    return sigma * scores.softmax(0)[tap].item() + (1 - sigma) / (rows * cols)  # Eq. 7, content uniform
 
 
 # %%
-# your answer: def mix(content, pos_attn, v, sigma): ...
+# your answer: def tap_share(rows, cols, query, offset, alpha, sigma): ...
 
 # %%
-def check_mix(fn) -> None:
-    torch.manual_seed(5)
-    ref = GPSAReference(32, 4).eval()
-    with torch.no_grad():
-        ref.gating_param.copy_(torch.tensor([-2.0, 0.0, 1.0, 3.0]))
-        x = torch.randn(2, 16, 32)
-        q, k, v = ref._projections(x)
-        got = ref._output(fn(F.scaled_dot_product_attention(q, k, v), ref.positional_softmax((4, 4)), v, ref.gate()))
-        want = ref(x)
-    check_answer(got.shape == want.shape, f"mix should return (B, N_h, L, d); the layer's output came out "
-                 f"{tuple(got.shape)}")
-    check_answer(torch.allclose(got, want, atol=1e-5), "each head's σ weighs the positional part and 1 − σ the "
-                 "content part; P·V multiplies over the key axis of P and the token axis of V")
+def check_tap_share(fn) -> None:
+    for alpha, lam in ((1.0, 1.0), (2.0, 0.0)):  # at init, then a sharper head with its gate at 1/2
+        layer = GPSAReference(72, 9, locality_strength=alpha)
+        with torch.no_grad():
+            layer.qk.weight.zero_(), layer.gating_param.fill_(lam)  # equal content scores: uniform attention
+            attn = layer(torch.randn(1, 196, 72), return_attention=True)[1][0]
+        for h, (dx, dy) in enumerate(head_centres(9).tolist()):
+            for row, col in ((7, 7), (1, 1), (12, 6)):  # mid-grid, and two queries whose softmax the border cuts
+                want = attn[h, row * 14 + col, int(row + dy) * 14 + int(col + dx)].item()
+                got = fn(14, 14, (row, col), (dx, dy), alpha, torch.sigmoid(torch.tensor(lam)).item())
+                check_answer(abs(got - want) < 1e-5, f"head {h}, query {(row, col)}: {got:.4f}, the layer gives "
+                             f"{want:.4f}: Eq. 7 mixes σ·positional with (1 − σ)·content, content 1/L per key")
 
 
-check_mix(mix)
-print(expect_error(lambda: check_mix(lambda c, p, v, s: torch.lerp(c, p @ v, 1 - s.view(-1, 1, 1))), WrongAnswer))
+check_tap_share(tap_share)
+share, positional = (tap_share(14, 14, (7, 7), (0, 0), 1.0, s) for s in (torch.sigmoid(torch.tensor(1.0)).item(), 1.0))
+print(f"the query's own tap at init: {share:.2f} of its head's attention, about a quarter (softmax: {positional:.2f})")
+print(expect_error(lambda: check_tap_share(lambda *args: tap_share(*args[:-1], 1.0)), WrongAnswer))
