@@ -5,83 +5,43 @@ to many GPUs."""
 # (then run `python -m convit_edu._nbtools export`).
 
 import contextlib
-import json
 import math
-import platform
-import sys
 import time
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
-import torchvision
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel
 
-import convit_edu
-from convit_edu.augment import AUGMENTATIONS, AugConfig, build_mixup, build_transforms
+from convit_edu.augment import build_mixup
 from convit_edu.callbacks import Callback, Progress, TrainResult, TrainState, plot_history, write_logs
-from convit_edu.checkpoints import CHECKPOINT_FORMAT, read_checkpoint, rng_states, save_checkpoint, set_rng_states
+from convit_edu.checkpoints import CHECKPOINT_FORMAT, rng_states, save_checkpoint
 from convit_edu.config import TrainConfig, per_device_batch
 from convit_edu.dali import DaliLoaders
-from convit_edu.datasets import build_datasets
 from convit_edu.devices import autocast, resolve_precision
 from convit_edu.distributed import StopSignals, World, all_reduce, init_world, run_on_main
 from convit_edu.evaluation import evaluate, finish_batch
-from convit_edu.gpsa import gate_means
+from convit_edu.gpsa_reference import gate_means
 from convit_edu.loaders import DeviceTransforms, build_loaders
-from convit_edu.models import VisionTransformer
-from convit_edu.optimisation import (
-    build_optimizer,
-    build_teacher,
-    check_resume,
-    scaled_lr,
-    seed_step,
-    train_loss,
-    update_ema,
+from convit_edu.optimisation import build_optimizer, check_resume, seed_step, train_loss, update_ema
+from convit_edu.run_parts import (
+    build_models,
+    check_output,
+    config_datasets,
+    dali_states,
+    restore_run,
+    resume_checkpoint,
+    write_run_info,
 )
 
 __all__ = ['Trainer', 'train']
 
 
 # %% nbs/25_training.py 7
-def _config_datasets(cfg: TrainConfig, world: World, aug: AugConfig | None) -> tuple:
-    """The config's datasets, built by rank 0 first (an image folder's file list is then cached, chapter 13) and
-    by the other processes after it, from that cache."""
-    if aug is None:
-        raise ValueError("aug None (no augmentation) needs datasets passed to train(); the config's own "
-                         f"datasets need an augmentation ({', '.join(AUGMENTATIONS)})")
-    train_tf, val_tf = build_transforms(aug, on_device=True) if cfg.loader == "torchvision" else (None, None)
-    build = partial(build_datasets, cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
-                    fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
-    datasets = run_on_main(world, f"read the dataset in {cfg.data_root}", build)
-    return datasets if world.main else build()
-
-
-# %% nbs/25_training.py 9
-def _check_output(output: Path) -> None:
-    """The run folder exists and is writable; temporary files that a killed run left behind are removed."""
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-        probe = output / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-        for stale in output.glob("*.tmp"):  # a checkpoint or log write that was killed before its rename
-            stale.unlink()
-    except OSError as e:
-        raise ValueError(f"output directory {output} is not writable ({e.strerror}): choose another --output") from None
-
-
-def _versions() -> dict[str, str]:
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "torchvision": torchvision.__version__, "convit_edu": convit_edu.__version__}
-
-
-# %% nbs/25_training.py 11
 class Trainer:
     """A training run as one object: built from `cfg` on this process's `world` (`init_world`), restored from
     its checkpoint when `cfg.resume` says so, trained by `fit`. `model`, `datasets` = (train, val, class names),
@@ -91,10 +51,11 @@ class Trainer:
                  datasets: tuple | None = None, teacher: nn.Module | None = None, callbacks: Sequence[Callback] = ()):
         self.cfg, self.world, self.callbacks = cfg, world, list(callbacks)
         self.output, self.precision = Path(cfg.output), resolve_precision(cfg.precision, world.device)
-        run_on_main(world, f"write in the run folder {self.output}", lambda: _check_output(self.output))
+        run_on_main(world, f"write in the run folder {self.output}", lambda: check_output(self.output))
         self._build_data(datasets)
-        self.model, self.teacher = self._build_models(model, teacher)  # the bare model: hooks and checkpoints see it
-        ckpt, path = self._resume_checkpoint()
+        # the bare model: the hooks and the checkpoints see it
+        self.model, self.teacher = build_models(cfg, self.num_classes, world.device, model, teacher)
+        ckpt, path = resume_checkpoint(cfg, world)
         changes = check_resume(ckpt, path, cfg, self.model, self.global_batch) if ckpt is not None else {}
         if ckpt is not None:
             self.model.load_state_dict(ckpt["model"])
@@ -111,13 +72,17 @@ class Trainer:
         self.progress = Progress(cfg.progress if world.main else "none", cfg.epochs, cfg.log_every)
         self.signals = StopSignals()
         if ckpt is not None:
-            self._restore(ckpt, path, changes)
-        run_on_main(world, f"write the run's records in {self.output}", lambda: self._write_run_info(path, changes))
+            self.best_top1 = restore_run(ckpt, path, changes, self.state, self.scheduler, self.scaler, self.ema,
+                                         self.loaders, world)
+        run_on_main(world, f"write the run's records in {self.output}", lambda: write_run_info(
+            self.output, cfg, world, batch_size=self.batch_size, global_batch=self.global_batch,
+            steps_per_epoch=self.steps_per_epoch, num_workers=self.num_workers, precision=self.precision,
+            resumed_from=path, changes=changes))
 
     def _build_data(self, datasets: tuple | None) -> None:
         cfg, world, aug = self.cfg, self.world, self.cfg.aug_config()
         if datasets is None:
-            datasets = _config_datasets(cfg, world, aug)
+            datasets = config_datasets(cfg, world, aug)
         elif cfg.loader == "dali":
             raise ValueError("loader 'dali' reads the config's own image folder (data_root): datasets passed to "
                              "train() need loader 'torchvision'")
@@ -148,70 +113,6 @@ class Trainer:
         self.mixup = build_mixup(aug, len(classes)) if aug else None
         self.finish = DeviceTransforms(aug) if aug else None  # normalises and erases the uint8 batches on the device
         self.smoothing = aug.label_smoothing if aug else 0.0
-
-    def _build_models(self, model: nn.Module | None, teacher: nn.Module | None) -> tuple[nn.Module, nn.Module | None]:
-        cfg, device = self.cfg, self.world.device
-        torch.manual_seed(cfg.seed)  # the initial weights are a function of the seed, identical on every rank
-        if teacher is None and cfg.distill_teacher:
-            teacher = build_teacher(cfg.distill_teacher, cfg.teacher_checkpoint, self.num_classes, cfg.img_size)
-        if model is None:
-            model = VisionTransformer(cfg.model_config(self.num_classes, distilled=teacher is not None))
-        return model.to(device), teacher.to(device).eval() if teacher is not None else None
-
-    def _resume_checkpoint(self) -> tuple[dict | None, Path | None]:
-        cfg, world = self.cfg, self.world
-        if cfg.resume is None:
-            return None, None
-        path = self.output / "last.pt" if cfg.resume == "auto" else Path(cfg.resume)
-        seen = int(all_reduce(torch.tensor(float(path.exists()), device=world.device)).item())
-        if 0 < seen < world.world_size:  # every process must take the same decision, or the first collective hangs
-            raise ValueError(f"{seen} of {world.world_size} processes see {path}: put --output (and the checkpoint) "
-                             "on a file system that every node shares")
-        if cfg.resume == "auto" and not seen:
-            if world.main:
-                print(f"resume auto: no {path} yet, starting from scratch", flush=True)
-            return None, None
-        return read_checkpoint(path), path
-
-    def _restore(self, ckpt: dict, path: Path, changes: dict[str, list]) -> None:
-        s, world = self.state, self.world
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
-        for group, base, lr_at in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
-            group["lr"] = base * lr_at(self.scheduler.last_epoch)  # this run's schedule (a resume may change lr)
-        if ckpt["scaler"]:  # an fp16 run's scaler (empty when saved disabled: a resume may change the precision)
-            self.scaler.load_state_dict(ckpt["scaler"])
-        if self.ema is not None and ckpt["ema"] is not None:
-            self.ema.load_state_dict(ckpt["ema"])
-        s.epoch, s.step, s.global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
-        s.epoch_losses, s.history, self.best_top1 = ckpt["epoch_losses"], ckpt["history"], ckpt["best_top1"]
-        s.pending, s.seconds = ckpt.get("pending"), ckpt.get("seconds", 0.0)  # (earlier versions have neither)
-        set_rng_states(ckpt["rng"])
-        if isinstance(self.loaders, DaliLoaders):
-            if len(ckpt["dali"]) != world.world_size:
-                raise ValueError(f"checkpoint {path} holds the DALI pipelines of {len(ckpt['dali'])} process(es): "
-                                 f"loader 'dali' resumes with as many processes (each reads its own shard), not "
-                                 f"{world.world_size}")
-            self.loaders.restore(ckpt["dali"][world.rank])
-        if world.main:
-            changed = "".join(f"; {k} {old!r} -> {new!r}" for k, (old, new) in changes.items())
-            print(f"resumed from {path}: epoch {s.epoch + 1}, step {s.step}/{self.steps_per_epoch}{changed}",
-                  flush=True)
-
-    def _write_run_info(self, resumed_from: Path | None, changes: dict[str, list]) -> None:
-        """`run.json` when the run starts (a resumed run keeps it), and one line per start in `invocations.jsonl`,
-        with the settings a resume changed ({setting: [old, new]})."""
-        cfg = self.cfg
-        info = {"config": asdict(cfg), "world_size": self.world.world_size, "batch_size": self.batch_size,
-                "global_batch": self.global_batch, "scaled_lr": scaled_lr(cfg.lr, self.global_batch),
-                "steps_per_epoch": self.steps_per_epoch, "num_workers": self.num_workers,
-                "device": str(self.world.device), "precision": self.precision, "seed": cfg.seed,
-                "versions": _versions(), "command": sys.argv}
-        if resumed_from is None:
-            (self.output / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
-        line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from": resumed_from, "changed": changes, **info}
-        with open(self.output / "invocations.jsonl", "a") as f:
-            f.write(json.dumps(line, default=str) + "\n")
 
     def step(self, batches: Iterator) -> None:
         """One optimiser step over the next `accum_steps` micro-batches of `batches`; its loss stays on the device
@@ -351,7 +252,7 @@ class Trainer:
                 f"the weights became non-finite ({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}) by "
                 f"optimiser step {s.global_step} and were not saved; {self._last_good()}: lower --lr, set "
                 "--clip-grad, or use bf16/fp32 instead of fp16")
-        dali = self._dali_states()
+        dali = dali_states(self.loaders, self.world)
         run_on_main(self.world, f"write the checkpoint {self.output / name}", lambda: save_checkpoint({
             "format": CHECKPOINT_FORMAT, "config": asdict(self.cfg), "model": weights,
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -362,15 +263,6 @@ class Trainer:
             "epoch_losses": s.epoch_losses, "history": s.history, "pending": s.pending, "best_top1": self.best_top1,
             "seconds": s.seconds, "num_classes": self.num_classes,
         }, self.output / name))
-
-    def _dali_states(self) -> list[bytes] | None:
-        """Every process's DALI pipeline state (rank order), gathered to all: each process reads its own shard."""
-        if not isinstance(self.loaders, DaliLoaders):
-            return None
-        states = [self.loaders.state()] * self.world.world_size
-        if self.world.world_size > 1:
-            dist.all_gather_object(states, states[0])
-        return states
 
     def _last_good(self) -> str:
         path = self.output / "last.pt"
@@ -414,7 +306,7 @@ class Trainer:
                            stopped)
 
 
-# %% nbs/25_training.py 13
+# %% nbs/25_training.py 9
 def train(cfg: TrainConfig, *, model: nn.Module | None = None, datasets: tuple | None = None,
           teacher: nn.Module | None = None, callbacks: Sequence[Callback] = ()) -> TrainResult:
     """Train as `cfg` says, on one process or under `torchrun`; the single entry point of notebook and CLI.

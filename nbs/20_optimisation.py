@@ -286,7 +286,7 @@ def seed_step(seed: int, rank: int, epoch: int, step: int) -> None:
 # difference; other logging or workers, another device or number of processes (at the same global batch) are
 # fine. A few settings may change to *mend* a run — those a non-finite loss or a moved dataset sends a user
 # back with: `lr`, `min_lr`, `clip_grad`, `precision`, `data_root`, and `epochs` to extend it. The loop prints
-# each such change and records it in `invocations.jsonl` (chapter 25), and the new schedule holds from the first
+# each such change and records it in `invocations.jsonl` (chapter 24), and the new schedule holds from the first
 # step after the resume.
 
 # %%

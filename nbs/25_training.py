@@ -30,7 +30,7 @@
 #     print(epoch, evaluate(model, val_set))
 # ```
 #
-# This chapter is that loop, hardened with the pieces of chapters 11-23 for runs of days on many GPUs. Its
+# This chapter is that loop, hardened with the pieces of chapters 11-24 for runs of days on many GPUs. Its
 # shape stays; each line grows:
 #
 # * `for images, labels in train_loader` — this process's share of a sampler that can start mid-epoch, uint8
@@ -46,7 +46,8 @@
 #
 # The run's state is one object, `Trainer` (in the spirit of miniai's `Learner`): built from a `TrainConfig`, it
 # holds the data, the models, the optimisation and the position as `self`; its `step` and its `fit` each read
-# top to bottom in one place. `train(cfg)` builds one and fits it.
+# top to bottom in one place. `train(cfg)` builds one and fits it. What a run is made of — its data, models,
+# resume checkpoint and records — is chapter 24's.
 
 # %% tags=["parameters"]
 import os
@@ -61,38 +62,31 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # %%
 #| export
 import contextlib
-import json
 import math
-import platform
-import sys
 import time
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
-import torchvision
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel
 
-import convit_edu
-from convit_edu.augment import AUGMENTATIONS, AugConfig, build_mixup, build_transforms
+from convit_edu.augment import build_mixup
 from convit_edu.callbacks import Callback, Progress, TrainResult, TrainState, plot_history, write_logs
-from convit_edu.gpsa import gate_means
-from convit_edu.checkpoints import CHECKPOINT_FORMAT, read_checkpoint, rng_states, save_checkpoint, set_rng_states
+from convit_edu.checkpoints import CHECKPOINT_FORMAT, rng_states, save_checkpoint
 from convit_edu.config import TrainConfig, per_device_batch
 from convit_edu.dali import DaliLoaders
-from convit_edu.datasets import build_datasets
 from convit_edu.devices import autocast, resolve_precision
 from convit_edu.distributed import StopSignals, World, all_reduce, init_world, run_on_main
 from convit_edu.evaluation import evaluate, finish_batch
+from convit_edu.gpsa_reference import gate_means
 from convit_edu.loaders import DeviceTransforms, build_loaders
-from convit_edu.models import VisionTransformer
-from convit_edu.optimisation import (build_optimizer, build_teacher, check_resume, scaled_lr, seed_step, train_loss,
-                                     update_ema)
+from convit_edu.optimisation import build_optimizer, check_resume, seed_step, train_loss, update_ema
+from convit_edu.run_parts import (build_models, check_output, config_datasets, dali_states, restore_run,
+                                  resume_checkpoint, write_run_info)
 
 # %%
 import tempfile
@@ -101,97 +95,19 @@ from pathlib import Path
 
 import torch
 
+from convit_edu.checkpoints import read_checkpoint
+from convit_edu.checks import expect_error
+
 torch.set_printoptions(precision=4, sci_mode=False)
 _ = torch.manual_seed(0)
 
 # %% [markdown]
-# ## What a run is made of
-#
-# A run is built in the order that lets every bad input fail before any training work — the config was
-# checked when it was made; then the output folder (writable?), the data (more processes than samples? a batch
-# larger than a process's share?), the model and the resume checkpoint (the same model? the same global
-# batch?), the optimisation — and only then trained. `Trainer.__init__` (below) is that order; the helpers
-# here are the pieces that need no trainer.
-#
-# **The data.** The datasets (the config's, or the caller's), the per-process batch and the global batch it
-# implies, chapter 16's `build_loaders` for this process's share with `cfg.loader_workers()` workers (by default
-# what this process's share of the node's CPUs allows), and the batch mixing of the augmentation. The config's
-# own datasets ship uint8 crops from the workers, and `finish_batch` normalises and erases each batch on the
-# device with chapter 16's `DeviceTransforms`; a caller's datasets that give float tensors pass through
-# unchanged. With `loader="dali"` chapter 17's `DaliLoaders` replaces `build_loaders`: the same uint8 batches,
-# decoded on the GPU; its exact resume is the pipelines' own state, one per process, saved in the checkpoint
-# under `dali` (so it resumes on as many processes as it ran).
-#
-# **Rank 0 writes, and builds the datasets first.** Every write of rank 0 goes through chapter 21's
-# `run_on_main`, so that a full disk there stops every process at once; rank 0 also builds the config's datasets
-# first, so that an ImageNet folder's 1.28 M file names are listed once, by rank 0, which caches the list
-# (chapter 13), and read from that cache by the others.
-
-# %%
-#| exporti
-def _config_datasets(cfg: TrainConfig, world: World, aug: AugConfig | None) -> tuple:
-    """The config's datasets, built by rank 0 first (an image folder's file list is then cached, chapter 13) and
-    by the other processes after it, from that cache."""
-    if aug is None:
-        raise ValueError("aug None (no augmentation) needs datasets passed to train(); the config's own "
-                         f"datasets need an augmentation ({', '.join(AUGMENTATIONS)})")
-    train_tf, val_tf = build_transforms(aug, on_device=True) if cfg.loader == "torchvision" else (None, None)
-    build = partial(build_datasets, cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
-                    fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
-    datasets = run_on_main(world, f"read the dataset in {cfg.data_root}", build)
-    return datasets if world.main else build()
-
-
-# %% [markdown]
-# **The model, the teacher, the resume checkpoint.** The initial weights are a function of the seed alone, the
-# same on every process. A teacher (hard distillation, SM B; chapter 20's `build_teacher`) is frozen, and the
-# student gets a distillation head. A checkpoint to resume from must hold the same run (chapter 20's
-# `check_resume`); it may come from another number of processes, even mid-epoch: the sampler's position is a
-# place in the epoch's one global stream, and each sample's augmentation is seeded by that place (chapter 16).
-# Every process must see the checkpoint, or none: `--resume auto` is decided together (an all-reduce of "I see
-# `last.pt`"), because processes that disagreed would wait forever for each other at the first collective.
-# The settings a resume mends are printed and recorded in `invocations.jsonl` (`"changed": {"lr": [old, new]}`),
-# and the new schedule holds from the first step after the resume.
-#
-# **The optimisation** is chapter 20's: `build_optimizer` (AdamW and the DeiT schedule), the fp16 loss scaler (a
-# no-op in other precisions) and the EMA of the weights, updated by `update_ema` without reading the device
-# back. Then the wrappers: DDP for several processes and `torch.compile` when asked.
-#
-# **What a run writes.** `run.json` (the config, the world, the batch sizes, the learning rate, the versions,
-# the command line) when it starts, and a line in `invocations.jsonl` every time it is started or resumed (a run
-# extended with more epochs, or resumed on another number of GPUs, keeps the record of each start);
-# checkpoints — `last.pt` at every epoch end and every `ckpt_every` steps, `best.pt` when the top-1 improved;
-# the logs, `log.jsonl` and `log.csv`, rewritten from the history at each evaluated epoch. No checkpoint ever
-# holds non-finite weights: a step can turn the weights to NaN while its loss was still finite, and saving them
-# would make the "last good checkpoint" a bad one, so `checkpoint` refuses them on every process and names the
-# last good one (if any).
-
-# %%
-#| exporti
-def _check_output(output: Path) -> None:
-    """The run folder exists and is writable; temporary files that a killed run left behind are removed."""
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-        probe = output / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-        for stale in output.glob("*.tmp"):  # a checkpoint or log write that was killed before its rename
-            stale.unlink()
-    except OSError as e:
-        raise ValueError(f"output directory {output} is not writable ({e.strerror}): choose another --output") from None
-
-
-def _versions() -> dict[str, str]:
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "torchvision": torchvision.__version__, "convit_edu": convit_edu.__version__}
-
-
-# %% [markdown]
 # ## The trainer
 #
-# `Trainer(cfg, world)` builds a run in the order above and, given a checkpoint, restores it: the weights are
-# loaded before the optimiser and the EMA are made (the EMA starts as a copy of the model), then everything
-# else — optimiser, schedule, scaler, EMA, position, log, best score and every generator's state. What the
+# `Trainer(cfg, world)` builds a run from chapter 24's parts, in chapter 24's order — output folder, data, models,
+# resume checkpoint, optimisation — and, given a checkpoint, restores it: the weights are loaded before the
+# optimiser and the EMA are made (the EMA starts as a copy of the model), then everything else with
+# `restore_run` — optimiser, schedule, scaler, EMA, position, log, best score and every generator's state. What the
 # hooks see of it is `trainer.state`, chapter 23's `TrainState`: the bare model (not wrapped in DDP or
 # compiled), the optimiser, and the position (epoch, step, global step). Its methods are the loop:
 #
@@ -237,10 +153,11 @@ class Trainer:
                  datasets: tuple | None = None, teacher: nn.Module | None = None, callbacks: Sequence[Callback] = ()):
         self.cfg, self.world, self.callbacks = cfg, world, list(callbacks)
         self.output, self.precision = Path(cfg.output), resolve_precision(cfg.precision, world.device)
-        run_on_main(world, f"write in the run folder {self.output}", lambda: _check_output(self.output))
+        run_on_main(world, f"write in the run folder {self.output}", lambda: check_output(self.output))
         self._build_data(datasets)
-        self.model, self.teacher = self._build_models(model, teacher)  # the bare model: hooks and checkpoints see it
-        ckpt, path = self._resume_checkpoint()
+        # the bare model: the hooks and the checkpoints see it
+        self.model, self.teacher = build_models(cfg, self.num_classes, world.device, model, teacher)
+        ckpt, path = resume_checkpoint(cfg, world)
         changes = check_resume(ckpt, path, cfg, self.model, self.global_batch) if ckpt is not None else {}
         if ckpt is not None:
             self.model.load_state_dict(ckpt["model"])
@@ -257,13 +174,17 @@ class Trainer:
         self.progress = Progress(cfg.progress if world.main else "none", cfg.epochs, cfg.log_every)
         self.signals = StopSignals()
         if ckpt is not None:
-            self._restore(ckpt, path, changes)
-        run_on_main(world, f"write the run's records in {self.output}", lambda: self._write_run_info(path, changes))
+            self.best_top1 = restore_run(ckpt, path, changes, self.state, self.scheduler, self.scaler, self.ema,
+                                         self.loaders, world)
+        run_on_main(world, f"write the run's records in {self.output}", lambda: write_run_info(
+            self.output, cfg, world, batch_size=self.batch_size, global_batch=self.global_batch,
+            steps_per_epoch=self.steps_per_epoch, num_workers=self.num_workers, precision=self.precision,
+            resumed_from=path, changes=changes))
 
     def _build_data(self, datasets: tuple | None) -> None:
         cfg, world, aug = self.cfg, self.world, self.cfg.aug_config()
         if datasets is None:
-            datasets = _config_datasets(cfg, world, aug)
+            datasets = config_datasets(cfg, world, aug)
         elif cfg.loader == "dali":
             raise ValueError("loader 'dali' reads the config's own image folder (data_root): datasets passed to "
                              "train() need loader 'torchvision'")
@@ -294,70 +215,6 @@ class Trainer:
         self.mixup = build_mixup(aug, len(classes)) if aug else None
         self.finish = DeviceTransforms(aug) if aug else None  # normalises and erases the uint8 batches on the device
         self.smoothing = aug.label_smoothing if aug else 0.0
-
-    def _build_models(self, model: nn.Module | None, teacher: nn.Module | None) -> tuple[nn.Module, nn.Module | None]:
-        cfg, device = self.cfg, self.world.device
-        torch.manual_seed(cfg.seed)  # the initial weights are a function of the seed, identical on every rank
-        if teacher is None and cfg.distill_teacher:
-            teacher = build_teacher(cfg.distill_teacher, cfg.teacher_checkpoint, self.num_classes, cfg.img_size)
-        if model is None:
-            model = VisionTransformer(cfg.model_config(self.num_classes, distilled=teacher is not None))
-        return model.to(device), teacher.to(device).eval() if teacher is not None else None
-
-    def _resume_checkpoint(self) -> tuple[dict | None, Path | None]:
-        cfg, world = self.cfg, self.world
-        if cfg.resume is None:
-            return None, None
-        path = self.output / "last.pt" if cfg.resume == "auto" else Path(cfg.resume)
-        seen = int(all_reduce(torch.tensor(float(path.exists()), device=world.device)).item())
-        if 0 < seen < world.world_size:  # every process must take the same decision, or the first collective hangs
-            raise ValueError(f"{seen} of {world.world_size} processes see {path}: put --output (and the checkpoint) "
-                             "on a file system that every node shares")
-        if cfg.resume == "auto" and not seen:
-            if world.main:
-                print(f"resume auto: no {path} yet, starting from scratch", flush=True)
-            return None, None
-        return read_checkpoint(path), path
-
-    def _restore(self, ckpt: dict, path: Path, changes: dict[str, list]) -> None:
-        s, world = self.state, self.world
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
-        for group, base, lr_at in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
-            group["lr"] = base * lr_at(self.scheduler.last_epoch)  # this run's schedule (a resume may change lr)
-        if ckpt["scaler"]:  # an fp16 run's scaler (empty when saved disabled: a resume may change the precision)
-            self.scaler.load_state_dict(ckpt["scaler"])
-        if self.ema is not None and ckpt["ema"] is not None:
-            self.ema.load_state_dict(ckpt["ema"])
-        s.epoch, s.step, s.global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
-        s.epoch_losses, s.history, self.best_top1 = ckpt["epoch_losses"], ckpt["history"], ckpt["best_top1"]
-        s.pending, s.seconds = ckpt.get("pending"), ckpt.get("seconds", 0.0)  # (earlier versions have neither)
-        set_rng_states(ckpt["rng"])
-        if isinstance(self.loaders, DaliLoaders):
-            if len(ckpt["dali"]) != world.world_size:
-                raise ValueError(f"checkpoint {path} holds the DALI pipelines of {len(ckpt['dali'])} process(es): "
-                                 f"loader 'dali' resumes with as many processes (each reads its own shard), not "
-                                 f"{world.world_size}")
-            self.loaders.restore(ckpt["dali"][world.rank])
-        if world.main:
-            changed = "".join(f"; {k} {old!r} -> {new!r}" for k, (old, new) in changes.items())
-            print(f"resumed from {path}: epoch {s.epoch + 1}, step {s.step}/{self.steps_per_epoch}{changed}",
-                  flush=True)
-
-    def _write_run_info(self, resumed_from: Path | None, changes: dict[str, list]) -> None:
-        """`run.json` when the run starts (a resumed run keeps it), and one line per start in `invocations.jsonl`,
-        with the settings a resume changed ({setting: [old, new]})."""
-        cfg = self.cfg
-        info = {"config": asdict(cfg), "world_size": self.world.world_size, "batch_size": self.batch_size,
-                "global_batch": self.global_batch, "scaled_lr": scaled_lr(cfg.lr, self.global_batch),
-                "steps_per_epoch": self.steps_per_epoch, "num_workers": self.num_workers,
-                "device": str(self.world.device), "precision": self.precision, "seed": cfg.seed,
-                "versions": _versions(), "command": sys.argv}
-        if resumed_from is None:
-            (self.output / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
-        line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from": resumed_from, "changed": changes, **info}
-        with open(self.output / "invocations.jsonl", "a") as f:
-            f.write(json.dumps(line, default=str) + "\n")
 
     def step(self, batches: Iterator) -> None:
         """One optimiser step over the next `accum_steps` micro-batches of `batches`; its loss stays on the device
@@ -497,7 +354,7 @@ class Trainer:
                 f"the weights became non-finite ({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}) by "
                 f"optimiser step {s.global_step} and were not saved; {self._last_good()}: lower --lr, set "
                 "--clip-grad, or use bf16/fp32 instead of fp16")
-        dali = self._dali_states()
+        dali = dali_states(self.loaders, self.world)
         run_on_main(self.world, f"write the checkpoint {self.output / name}", lambda: save_checkpoint({
             "format": CHECKPOINT_FORMAT, "config": asdict(self.cfg), "model": weights,
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -508,15 +365,6 @@ class Trainer:
             "epoch_losses": s.epoch_losses, "history": s.history, "pending": s.pending, "best_top1": self.best_top1,
             "seconds": s.seconds, "num_classes": self.num_classes,
         }, self.output / name))
-
-    def _dali_states(self) -> list[bytes] | None:
-        """Every process's DALI pipeline state (rank order), gathered to all: each process reads its own shard."""
-        if not isinstance(self.loaders, DaliLoaders):
-            return None
-        states = [self.loaders.state()] * self.world.world_size
-        if self.world.world_size > 1:
-            dist.all_gather_object(states, states[0])
-        return states
 
     def _last_good(self) -> str:
         path = self.output / "last.pt"
@@ -604,13 +452,48 @@ print(f"{trainer.state.step} of {trainer.steps_per_epoch} steps; after one read-
       f"{len(trainer.state.epoch_losses)} losses on the host, none left on the device")
 
 # %% [markdown]
+# A checkpoint written here and resumed by a new trainer (chapter 24's `resume_checkpoint` and `restore_run`)
+# holds the same run, bit for bit: the position and its losses, the weights, the optimiser's moments, the
+# schedule, the EMA and the generators.
+
+# %%
+trainer.checkpoint()
+resumed = Trainer(replace(tiny, output=str(tmp / "resumed"), resume=str(tmp / "by-hand" / "last.pt")),
+                  init_world("cpu"))
+s, r = trainer.state, resumed.state
+assert (r.epoch, r.step, r.global_step, r.epoch_losses) == (s.epoch, s.step, s.global_step, s.epoch_losses)
+assert torch.equal(torch.get_rng_state(), read_checkpoint(tmp / "by-hand" / "last.pt")["rng"]["torch"])
+for part in ("model", "optimizer", "scheduler", "ema"):
+    torch.testing.assert_close(getattr(resumed, part).state_dict(), getattr(trainer, part).state_dict(), rtol=0, atol=0)
+print(f"resumed at epoch {resumed.state.epoch + 1}, step {resumed.state.step}: weights, optimiser, schedule, EMA "
+      "and generators as saved")
+
+# %% [markdown]
 # `fit` goes on from where the trainer stands — step 3 of epoch 1 — and the run ends with exactly the weights of
 # an uninterrupted `train` of the same config: where each batch comes from and what each step draws are functions
-# of the position alone.
+# of the position alone. The resumed trainer ends there too; and the run folder holds what chapter 24 says a
+# run writes, with a `last.pt` and a `best.pt` that agree on the best score. Weights gone non-finite are never
+# saved, and a non-finite loss stops the run when it is read back; each error names the last good checkpoint.
 
 # %%
 result = trainer.fit()
 straight = train(replace(tiny, output=str(tmp / "straight")))
 assert [row["step"] for row in result.history] == [row["step"] for row in straight.history] == [8]
 assert all(torch.equal(p, q) for p, q in zip(result.model.state_dict().values(), straight.model.state_dict().values()))
-print("3 steps by hand, then fit: bit for bit the weights of an uninterrupted train")
+torch.testing.assert_close(resumed.fit().model.state_dict(), straight.model.state_dict(), rtol=0, atol=0)
+print("3 steps by hand, then fit, or resumed from step 3: bit for bit the weights of an uninterrupted train")
+written = {p.name for p in (tmp / "straight").iterdir()}
+assert {"run.json", "invocations.jsonl", "last.pt", "best.pt", "log.jsonl", "log.csv", "curves.png"} <= written
+best, last = (read_checkpoint(tmp / "straight" / name) for name in ("best.pt", "last.pt"))
+assert best["best_top1"] == last["best_top1"] == straight.history[-1]["val_top1"]
+print("the run folder:", ", ".join(sorted(written)))
+with torch.no_grad():
+    trainer.model.head.weight[0, 0] = float("nan")
+message = expect_error(trainer.checkpoint, FloatingPointError)
+assert "were not saved" in message and "last.pt is the last good checkpoint" in message
+print(message)
+assert all(torch.isfinite(t).all() for t in read_checkpoint(tmp / "by-hand" / "last.pt")["model"].values())
+trainer.step(trainer.loaders.epoch(1, start=0))
+message = expect_error(trainer.read_back, FloatingPointError)
+assert "non-finite loss" in message and "last good checkpoint" in message
+print(message)

@@ -25,7 +25,7 @@ from training_checks import StopAt, assert_same_weights
 
 from convit_edu import checkpoints, devices, distributed, evaluation, optimisation, training
 from convit_edu.callbacks import Callback
-from convit_edu.gpsa import gate_means
+from convit_edu.gpsa_reference import gate_means
 from convit_edu.checkpoints import read_checkpoint, save_checkpoint
 from convit_edu.config import RECIPES, TrainConfig, per_device_batch, recipe
 from convit_edu.training import train
@@ -160,10 +160,11 @@ def test_the_loop_reads_the_device_back_once_per_logging_interval(tmp_path, monk
     MixUp/CutMix, backward, AdamW, EMA) makes none, and the loop reads back once per `log_every` steps."""
     reads, inside_step, read_backs = [], [False], []
     # Reads of tensors that live on the CPU whatever the device: non-fused AdamW's step counters (on CUDA the
-    # optimiser is fused), torchvision's random MixUp/CutMix parameters, and the labels' range check that
-    # MixupCutmix makes for CPU labels only. Everything else would be a read of the training device.
+    # optimiser is fused), torchvision's random MixUp/CutMix parameters, the labels' range check that
+    # MixupCutmix makes for CPU labels only, and the sampler's permutation, drawn on the CPU by the loader.
+    # Everything else would be a read of the training device.
     cpu_side = ("torch/optim/optimizer.py", "torch/optim/adam", "torchvision/transforms/v2/", "convit_edu/augment.py",
-                "convit_edu/loaders.py")
+                "convit_edu/samplers.py", "convit_edu/loaders.py")
     for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
         original = getattr(torch.Tensor, name)
 
