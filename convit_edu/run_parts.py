@@ -37,7 +37,7 @@ __all__ = ['config_datasets', 'build_models', 'resume_checkpoint', 'restore_run'
 # %% nbs/24_run_parts.py 7
 def config_datasets(cfg: TrainConfig, world: World, aug: AugConfig | None) -> tuple:
     """The config's datasets (train, val, class names), built by rank 0 first (an image folder's file list is
-    then cached, chapter 13) and by the other processes after it, from that cache. With `loader="torchvision"`
+    then cached, chapter 12) and by the other processes after it, from that cache. With `loader="torchvision"`
     their samples are uint8 crops, for `DeviceTransforms` to finish on the device."""
     if aug is None:
         raise ValueError("aug None (no augmentation) needs datasets passed to train(); the config's own "

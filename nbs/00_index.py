@@ -56,8 +56,10 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # ConViT layer's heads are not (D_h = D/N_h): in the limit of a sharp locality (α → ∞) and a gate at 1, it
 # would compute a narrower operation, a shift of each head's channels by that head's offset followed by a 1 × 1
 # projection (chapter 04 shows the difference). At the real initialization (α = 1, σ(λ) = σ(1) ≈ 0.73) it is
-# a blur: the head centred on the query gives the query's own patch only about a quarter of its attention (the
-# cell below computes it on ConViT-Ti's 14 × 14 grid, content attention taken as uniform).
+# a blur: in a layer of 9 or 16 heads (ConViT-S, ConViT-B), the head centred on the query gives the query's own
+# patch only about a quarter of its attention; ConViT-Ti's 4 heads sit half a patch off the query (a 2 × 2 kernel),
+# so each spreads its attention over the four patches nearest its centre (the cell below computes both on the
+# 14 × 14 grid of a 224-px image, content attention taken as uniform).
 
 # %%
 import math
@@ -66,11 +68,21 @@ import torch
 
 grid = torch.stack(torch.meshgrid(torch.arange(14), torch.arange(14), indexing="ij"), -1).reshape(-1, 2).float()
 query = 7 * 14 + 7  # a patch in the middle of the grid
-positional = torch.softmax(-((grid - grid[query]) ** 2).sum(-1), 0)  # Eq. 5, alpha = 1, the head at offset 0
 sigma = 1 / (1 + math.exp(-1))
-own = sigma * positional[query].item() + (1 - sigma) / len(grid)  # Eq. 7's mix with uniform content
-assert 0.2 < own < 0.3
-print(f"the query's own patch: {own:.2f} of the centred head's attention (positional part {positional[query]:.2f})")
+
+
+def share(offset: tuple[float, float], key: int) -> float:
+    """Attention of the query on `key` from a head centred at query + offset: Eq. 5 (alpha = 1) mixed by Eq. 7
+    with a uniform content attention."""
+    positional = torch.softmax(-((grid - grid[query] - torch.tensor(offset)) ** 2).sum(-1), 0)
+    return sigma * positional[key].item() + (1 - sigma) / len(grid)
+
+
+own = share((0.0, 0.0), query)
+nearest = [share((0.5, 0.5), query + d) for d in (0, 1, 14, 15)]  # a ConViT-Ti head: the 4 patches around its centre
+assert 0.2 < own < 0.3 and max(nearest) - min(nearest) < 1e-6 and nearest[0] < own
+print(f"a head centred on the query: {own:.2f} on the query's own patch; a ConViT-Ti head (offset (½, ½)): "
+      f"{nearest[0]:.2f} on each of the 4 patches around its centre, query included")
 #
 # ## Hard vs soft inductive bias
 #
@@ -188,7 +200,7 @@ print("top-1 gain recomputed:", {f"{f:.0%}": f"{100 * (c1 - d1) / d1:.1f}%" for 
 #
 # The numbers are the order in which the chapters build on each other: a chapter uses only the modules of
 # itself and of earlier chapters, so the package's imports run one way. The core path is chapters 01-10, then
-# 24-27 and 29: chapter 10 writes a first training loop by hand, and from chapter 28 on the core path uses the
+# 28-32 and 34: chapter 10 writes a first training loop by hand, and from chapter 28 on the core path uses the
 # engineering track's tools — the loop of chapter 10, hardened in chapters 11-26 — as given; skip chapters
 # 11-27, 33 and 35-37 and come back when a tool's inside interests you. The cell below reads the module each
 # chapter exports from the chapter itself, and fails if a chapter is missing from the map.
@@ -202,7 +214,8 @@ CORE = [
     ("02_positional_attention", "relative positions on an HxW patch grid, Eq. 4 PSA"),
     ("03_convolutional_init", "Eq. 5: head centres and locality strength, Fig. 3"),
     ("04_convolution_as_attention", "k² PSA heads compute a k×k convolution; a ConViT layer at init"),
-    ("05_gpsa", "Eq. 6-7: gated positional self-attention, reference and fast"),
+    ("05_gpsa_reference", "Eq. 6-7: gated positional self-attention, the reference; the layer at init"),
+    ("06_gpsa", "the fast GPSA the models train with, and PSA: the same numbers"),
     ("07_layers", "patch embedding, MLP, stochastic depth, the pre-norm block"),
     ("08_models", "the ConViT and DeiT models: configuration, class token, forward"),
     ("09_zoo", "Table 1 by name: parameters, MACs, resolutions, ablation switches"),
@@ -216,9 +229,11 @@ CORE = [
 ]
 ENGINEERING = [
     ("11_checkpoints", "official and timm weights in, training checkpoints out; hard distillation"),
-    ("13_datasets", "CIFAR-100, ImageNet folders, a fraction of each class, listed once"),
+    ("12_image_files", "image files read as RGB, an unreadable one skipped, a folder listed once"),
+    ("13_datasets", "CIFAR-100, ImageNet folders, a fraction of each class, the first K classes"),
     ("14_augment", "the DeiT recipe: RandAugment, erasing, MixUp / CutMix"),
-    ("16_loaders", "samplers for many processes, loaders, which stage limits"),
+    ("15_samplers", "samplers for many processes: repeated augmentation, resuming, per-sample seeds"),
+    ("16_loaders", "loaders: workers, uint8 batches finished on the device, which stage limits"),
     ("17_dali", "decoding with NVIDIA DALI (optional)"),
     ("18_devices", "the device, and bf16 only where it pays"),
     ("19_config", "a run is a config; the paper's recipes; configs as command-line words"),
@@ -226,6 +241,7 @@ ENGINEERING = [
     ("21_distributed", "torchrun and srun, rank 0's writes, clean stops, a SLURM script"),
     ("22_evaluation", "exact evaluation over processes; masking at test time"),
     ("23_callbacks", "hooks, progress, logs and curves"),
+    ("24_run_parts", "what a run is made of: data, models, resume, run.json and invocations.jsonl"),
     ("25_training", "the loop of chapter 10, hardened: `Trainer` and `train`"),
     ("26_training_checks", "exact resume, hooks, a NaN, two processes: checked"),
     ("27_benchmarks", "why GPSA is slow and how to make it fast"),

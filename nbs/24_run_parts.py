@@ -88,13 +88,13 @@ tiny = TrainConfig(model="convit_tiny", img_size=16, model_args={"patch_size": 4
 # **Rank 0 writes, and builds the datasets first.** Every write of rank 0 goes through chapter 21's
 # `run_on_main`, so that a full disk there stops every process at once; rank 0 also builds the config's datasets
 # first, so that an ImageNet folder's 1.28 M file names are listed once, by rank 0, which caches the list
-# (chapter 13), and read from that cache by the others.
+# (chapter 12), and read from that cache by the others.
 
 # %%
 #| export
 def config_datasets(cfg: TrainConfig, world: World, aug: AugConfig | None) -> tuple:
     """The config's datasets (train, val, class names), built by rank 0 first (an image folder's file list is
-    then cached, chapter 13) and by the other processes after it, from that cache. With `loader="torchvision"`
+    then cached, chapter 12) and by the other processes after it, from that cache. With `loader="torchvision"`
     their samples are uint8 crops, for `DeviceTransforms` to finish on the device."""
     if aug is None:
         raise ValueError("aug None (no augmentation) needs datasets passed to train(); the config's own "

@@ -14,12 +14,12 @@
 # ---
 
 # %% [markdown]
-# # Performance: making the ConViT nearly as fast as the DeiT
+# # Performance: where the ConViT's time goes, and how much a faster GPSA wins back
 #
-# The ConViT has as many parameters and almost as many multiply-accumulates as the DeiT it is built on (Table 1), yet
-# the official code and timm's port train it at about half the DeiT's speed. Here we see where that time goes, derive
-# the reformulation behind chapter 06's fast `GPSA` and measure it: one layer, growth with resolution, whole-model
-# training. Chapter 35 goes on with `torch.compile`, the machine's peak, the data pipeline and `convit-edu bench`.
+# The ConViT has about the DeiT's parameters and multiply-accumulates (Table 1), yet the official code and timm's port
+# train it at about half the DeiT's speed. Here: where that time goes, chapter 06's fast `GPSA` derived and measured
+# (one layer, resolution, whole model) against targets this CPU's committed run misses (2× the official layer, 0.90×
+# the DeiT's images/s). Chapter 35 adds `torch.compile`, the peak, the data pipeline, `convit-edu bench`, the targets.
 
 # %% tags=["parameters"]
 import os
@@ -464,8 +464,8 @@ def model_throughput(
 
 
 # %% [markdown]
-# At 224 px in fp32. This CPU is slow and shared, so the batches are small (full mode: 8 for the tiny models,
-# 4 for the small ones); FAST mode runs 32 px images (a 2×2 patch grid) just to exercise the code.
+# At 224 px in fp32, small batches on this slow CPU (full mode: 8 for the tiny models, 4 for the small ones); FAST
+# mode runs 32 px images (a 2×2 patch grid) just to exercise the code.
 
 # %%
 img = 32 if FAST else 224
@@ -482,10 +482,9 @@ print(f"ConViT-Ti trains at {throughput[0]['vs_last']:.2f}x DeiT-Ti's images/s (
 # %% [markdown]
 # ### bf16 autocast on this CPU
 #
-# On GPUs bf16 roughly doubles matmul throughput. This CPU (AVX-512 but no AVX-512 BF16 or AMX) has no bf16
-# arithmetic: every bf16 matmul is converted and run on slow fallback kernels. So the comparison is kept tiny (64 px
-# images, 16 tokens, batch 2, one timed step): its point is the ratio, not the rate. (Chapter 35 measures the bf16
-# matmul rate itself, beside the fp32 peak.)
+# On GPUs bf16 roughly doubles matmul throughput. This CPU (AVX-512 without AVX-512 BF16 or AMX) has no bf16
+# arithmetic: bf16 matmuls run on slow fallback kernels. So the comparison is tiny (64 px images, 16 tokens, batch 2,
+# one timed step): its point is the ratio, not the rate (chapter 35 measures the bf16 matmul rate beside fp32's).
 
 # %%
 bf16_img = 32 if FAST else 64
