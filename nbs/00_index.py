@@ -200,9 +200,9 @@ print("top-1 gain recomputed:", {f"{f:.0%}": f"{100 * (c1 - d1) / d1:.1f}%" for 
 #
 # The numbers are the order in which the chapters build on each other: a chapter uses only the modules of
 # itself and of earlier chapters, so the package's imports run one way. The core path is chapters 01-10, then
-# 28-32 and 34: chapter 10 writes a first training loop by hand, and from chapter 28 on the core path uses the
+# 28-32, 34 and 35: chapter 10 writes a first training loop by hand, and from chapter 28 on the core path uses the
 # engineering track's tools — the loop of chapter 10, hardened in chapters 11-26 — as given; skip chapters
-# 11-27, 33 and 35-37 and come back when a tool's inside interests you. The cell below reads the module each
+# 11-27, 33 and 36-38 and come back when a tool's inside interests you. The cell below reads the module each
 # chapter exports from the chapter itself, and fails if a chapter is missing from the map.
 
 # %%
@@ -226,6 +226,7 @@ CORE = [
     ("31_experiment_design", "Tables 2 and 3 at any scale; a design a CPU can run"),
     ("32_tables", "records to Tables 2 and 3: a paired test over images and seeds; pre-conditions"),
     ("34_experiment_results", "Tables 2 and 3 in miniature: the results"),
+    ("35_pilots", "the second design: pilots, pre-conditions by code, the rule that picks the grid"),
 ]
 ENGINEERING = [
     ("11_checkpoints", "official and timm weights in, training checkpoints out; hard distillation"),
@@ -246,9 +247,9 @@ ENGINEERING = [
     ("26_training_checks", "exact resume, hooks, a NaN, two processes: checked"),
     ("27_benchmarks", "why GPSA is slow and how to make it fast"),
     ("33_experiments", "one command per grid: a fixed test split, per-image scores, resuming"),
-    ("35_benchmark_suite", "compile, the machine's peak, the data, the benchmark suite"),
-    ("36_cli", "convit-edu train / eval / bench / experiment"),
-    ("37_clusters", "launching at every scale: torchrun, many nodes, SLURM"),
+    ("36_benchmark_suite", "compile, the machine's peak, the data, the benchmark suite"),
+    ("37_cli", "convit-edu train / eval / bench / experiment"),
+    ("38_clusters", "launching at every scale: torchrun, many nodes, SLURM"),
 ]
 written = sorted(p.stem for p in Path(".").glob("[0-9][0-9]_*.py") if p.stem != "00_index")
 assert sorted(stem for stem, _ in CORE + ENGINEERING) == written, "the map and nbs/ differ"

@@ -344,7 +344,7 @@ print("the first batch is identical with 0 and 2 workers, and when read again")
 # and decode the files, RGB), **augment** (the train transform on decoded images), **collate** (stack into a
 # batch, plus MixUp/CutMix when given) — each in one process — and the **loader** end to end with its worker
 # processes. The slowest single-process stage divided by the number of workers is the pipeline's limit; compare
-# the loader's images/s with the model's training throughput (chapter 35, `convit-edu bench`) to see whether
+# the loader's images/s with the model's training throughput (chapter 36, `convit-edu bench`) to see whether
 # data or model limits a run.
 
 # %%

@@ -297,7 +297,7 @@ print({name: TrainConfig(**recipe(name)).aug for name in RECIPES})  # every reci
 # `config_to_words` writes a config as `--preset NAME` and a flag for every setting that differs from what the recipe
 # gives; `config_from_words` reads words back: defaults < preset < flags, the dict fields merged key by key
 # (`--local-up-to-layer 4` keeps the preset's patch size; `resolve_config` does the same for values). The command line
-# (chapter 36) builds its `train` parser from these flags (`add_config_flags`, `config_from_args`) and the experiment
+# (chapter 37) builds its `train` parser from these flags (`add_config_flags`, `config_from_args`) and the experiment
 # grids (chapters 31, 33) print their runs with `config_to_words`: one pair of translators, so any run of a grid can be
 # repeated by hand from the words it prints. One setting gives way: the DALI loader (chapter 17) has no `repeats`, so
 # a preset's `repeats` becomes 1 under `loader` 'dali', with a note (an explicit `--repeats 3` is still refused).

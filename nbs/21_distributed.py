@@ -20,7 +20,7 @@
 # One process per GPU, on one node or many: how each process learns its place (torchrun's or SLURM's
 # variables), how they sum numbers, why only rank 0 writes — and what happens when that write fails —, how a
 # SIGTERM or Ctrl-C stops them all cleanly, and the SLURM batch script that saves and requeues a job
-# (chapter 37 launches it).
+# (chapter 38 launches it).
 
 # %% tags=["parameters"]
 import os
@@ -235,7 +235,7 @@ print(f"received {stop.received} as a flag; the previous SIGTERM handler is rest
 # ### A SLURM batch script
 #
 # Five minutes before its time limit SLURM signals the batch script, which stops the job step (every rank saves
-# `last.pt`) and requeues the job; `--resume auto` continues it. Chapter 37 walks through launching at every
+# `last.pt`) and requeues the job; `--resume auto` continues it. Chapter 38 walks through launching at every
 # scale and checks this script's commands.
 
 # %%

@@ -160,14 +160,14 @@ print(f"last good checkpoint: epoch {last['epoch'] + 1}, step {last['step']}, al
 # ## From one process to many
 #
 # Nothing above changes with the scale; only the launcher does. The same `train(cfg)` — through the
-# `convit-edu train` command of chapter 36 — runs as
+# `convit-edu train` command of chapter 37 — runs as
 #
 # ```bash
 # convit-edu train ...                                          # one process: the CPU or one GPU
 # torchrun --nproc_per_node=8 -m convit_edu.cli train ...       # one node, 8 GPUs (NCCL)
 # torchrun --nnodes=4 --nproc_per_node=8 --rdzv-backend=c10d \
 #     --rdzv-endpoint=$HEAD_NODE:29500 -m convit_edu.cli train ... # 4 nodes (run on each node)
-# srun torchrun ... -m convit_edu.cli train ...                 # the same under SLURM (chapter 37)
+# srun torchrun ... -m convit_edu.cli train ...                 # the same under SLURM (chapter 38)
 # ```
 #
 # `tests/test_training.py` runs the real DistributedDataParallel path with two gloo processes on the CPU and

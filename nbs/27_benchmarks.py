@@ -19,7 +19,7 @@
 # The ConViT has about the DeiT's parameters and multiply-accumulates (Table 1), yet the official code and timm's port
 # train it at about half the DeiT's speed. Here: where that time goes, chapter 06's fast `GPSA` derived and measured
 # (one layer, resolution, whole model) against targets this CPU's committed run misses (2× the official layer, 0.90×
-# the DeiT's images/s). Chapter 35 adds `torch.compile`, the peak, the data pipeline, `convit-edu bench`, the targets.
+# the DeiT's images/s). Chapter 36 adds `torch.compile`, the peak, the data pipeline, `convit-edu bench`, the targets.
 
 # %% tags=["parameters"]
 import os
@@ -80,7 +80,7 @@ torch.set_num_threads(1)  # see "Measuring honestly" below
 # thread** the same GPSA layer ran about 4× faster, with less spread. So every measurement uses
 # `torch.set_num_threads(1)`, even the peak matmul the achieved fraction is taken against, and the JSON output records
 # the thread count. The committed outputs come from an Intel Xeon (model 207, AVX-512 without AVX-512 BF16 or AMX,
-# 2 cores), one thread, nothing else running; chapter 35's findings set them beside other runs, on this CPU and on the
+# 2 cores), one thread, nothing else running; chapter 36's findings set them beside other runs, on this CPU and on the
 # AMD EPYC (Zen 3, AVX2, no AVX-512) of earlier runs.
 
 # %%
@@ -484,7 +484,7 @@ print(f"ConViT-Ti trains at {throughput[0]['vs_last']:.2f}x DeiT-Ti's images/s (
 #
 # On GPUs bf16 roughly doubles matmul throughput. This CPU (AVX-512 without AVX-512 BF16 or AMX) has no bf16
 # arithmetic: bf16 matmuls run on slow fallback kernels. So the comparison is tiny (64 px images, 16 tokens, batch 2,
-# one timed step): its point is the ratio, not the rate (chapter 35 measures the bf16 matmul rate beside fp32's).
+# one timed step): its point is the ratio, not the rate (chapter 36 measures the bf16 matmul rate beside fp32's).
 
 # %%
 bf16_img = 32 if FAST else 64

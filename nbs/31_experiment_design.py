@@ -59,7 +59,7 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # the recipe it was made from; a grid is a list of them. Its shell command is chapter 19's `config_to_words`:
 # `--preset NAME`, then a flag for every setting that differs from the recipe (booleans `--flag` / `--no-flag`,
 # `None` as `none`, dataset arguments as `--data-arg KEY=VALUE`), and the run writes into `RESULTS/NAME`. These
-# are the flags `convit-edu train` reads (chapter 36), with the same code, so a command of a grid's script can
+# are the flags `convit-edu train` reads (chapter 37), with the same code, so a command of a grid's script can
 # be run by hand and trains exactly that run.
 
 # %%
@@ -274,7 +274,7 @@ def unique_runs(*grids: list[RunSpec]) -> list[RunSpec]:
 #
 # At full scale the grid reproduces Table 2 (ConViT-S vs DeiT-S, 300 epochs at f = 1, DeiT's ImageNet recipe:
 # the CLI's `imagenet` preset) and Table 3 (the "+" models on 10 % of the data), one `torchrun` per run on a
-# node of 8 GPUs. The commands are what a cluster job would execute (the SLURM wrapper is in chapter 37):
+# node of 8 GPUs. The commands are what a cluster job would execute (the SLURM wrapper is in chapter 38):
 
 # %%
 PAPER_TABLE_2 = Scale(convit="convit_small", deit="deit_small", epochs=300, warmup_epochs=5, preset="imagenet")
@@ -290,7 +290,7 @@ print(len(paper_runs), "Table 2 runs,", len(paper_ablations), "Table 3 / App. A 
 assert paper_runs[0].config.epochs == 6000 and paper_runs[0].config.warmup_epochs == 100
 
 # %% [markdown]
-# A grid at the paper's scale is most useful as a script a cluster job runs line by line (chapter 37 wraps
+# A grid at the paper's scale is most useful as a script a cluster job runs line by line (chapter 38 wraps
 # one in SLURM); `commands_script` writes it:
 
 # %%

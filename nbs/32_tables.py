@@ -398,7 +398,7 @@ check_mcnemar(mcnemar)
 print(expect_error(lambda: check_mcnemar((75 - 45) ** 2 / 1500), WrongAnswer))
 
 # %% [markdown]
-# **2. Pre-condition 1 on real pilots.** Chapter 34's pilots are committed: `results/pilots/grid12/summary.json`
+# **2. Pre-condition 1 on real pilots.** Chapter 35's pilots are committed: `results/pilots/grid12/summary.json`
 # (f = 0.1) and `results/pilots/grid12-f1/summary.json` (f = 1), each a list of records. How many points of dev
 # top-1 (`val_top1`) does the DeiT lose from f = 1 to f = 0.1? Set `data_scarcity`; is pre-condition 1 met?
 

@@ -16,7 +16,7 @@
 # %% [markdown]
 # # Launching at every scale: torchrun, many nodes, SLURM
 #
-# The command of chapter 36, from a laptop to a cluster: one GPU, one node with `torchrun`, many nodes with a
+# The command of chapter 37, from a laptop to a cluster: one GPU, one node with `torchrun`, many nodes with a
 # rendezvous, and SLURM with a batch script that saves and requeues the job when its time runs out.
 
 # %% tags=["parameters"]

@@ -24,7 +24,7 @@
 # * `convit-edu bench` — training and inference images/s and peak memory of a model here, and the loader's;
 # * `convit-edu experiment` — chapter 33's grids (Tables 2 and 3 at CPU scale), built from its functions.
 #
-# Chapter 37 launches the same command on one GPU, a node, many nodes and SLURM.
+# Chapter 38 launches the same command on one GPU, a node, many nodes and SLURM.
 
 # %% tags=["parameters"]
 import os
@@ -179,7 +179,7 @@ def run_eval(args: argparse.Namespace) -> int:
 def run_bench(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(positive_int("--threads", args.threads))
-    if args.suite:  # chapters 27 and 35: GPSA layer, resolution sweep, ConViT vs DeiT throughput, peak fraction
+    if args.suite:  # chapters 27 and 36: GPSA layer, resolution sweep, ConViT vs DeiT throughput, peak fraction
         run_benchmarks(BenchSizes.fast() if args.suite == "fast" else BenchSizes.full(),
                        compile_timeout_s=args.compile_timeout if args.compile else None, json_path=args.json)
         return 0
@@ -333,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--aug", default="deit", help="augmentation for the loader benchmark (data.AUGMENTATIONS)")
     b.add_argument("--num-workers", type=int, help="loader processes (default: this process's CPUs less one)")
     b.add_argument("--suite", choices=["fast", "full"],
-                   help="instead: chapter 35's whole suite (GPSA layer, resolution, ConViT vs DeiT throughput)")
+                   help="instead: chapter 36's whole suite (GPSA layer, resolution, ConViT vs DeiT throughput)")
     b.add_argument("--compile-timeout", type=float, default=120.0,
                    help="with --suite --compile: seconds allowed for torch.compile")
     b.add_argument("--threads", type=int, help="torch threads (1 gives steadier numbers on a shared CPU)")
@@ -475,8 +475,8 @@ for argv in (["train", "--model", "convit_huge"],
 #
 # A model's training and inference images/s and peak memory here (on a CPU, fp32 and bf16 side by side), the
 # loader's images/s stage by stage (chapter 16's `benchmark_loader`), and the pipeline against the model
-# (chapter 35's `pipeline_bench`). ConViT-Ti at 224 px, batch 16 (FAST mode: 64 px); the committed output is an
-# Intel Xeon's (AVX-512, 2 cores, nothing else running). Chapters 27 and 35 go further.
+# (chapter 36's `pipeline_bench`). ConViT-Ti at 224 px, batch 16 (FAST mode: 64 px); the committed output is an
+# Intel Xeon's (AVX-512, 2 cores, nothing else running). Chapters 27 and 36 go further.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -488,7 +488,7 @@ assert status == 0, err
 print(text)
 
 # %% [markdown]
-# `convit-edu bench --suite fast|full [--threads 1] [--json FILE]` runs chapters 27 and 35's measurements
+# `convit-edu bench --suite fast|full [--threads 1] [--json FILE]` runs chapters 27 and 36's measurements
 # instead (GPSA layer, resolution, ConViT vs DeiT throughput, the matmul peak; `--compile` adds
 # `torch.compile`, capped at `--compile-timeout` seconds). The FAST suite, as a smoke test:
 

@@ -379,7 +379,7 @@ def run_benchmarks(
     sizes: BenchSizes, compile_timeout_s: float | None = None, json_path: str | Path | None = None,
     print_fn: Callable[[str], None] = print,
 ) -> dict:
-    """Every benchmark of chapters 27-35 at ``sizes``, printed as tables; ``torch.compile`` too when
+    """Every benchmark of chapters 27-36 at ``sizes``, printed as tables; ``torch.compile`` too when
     ``compile_timeout_s`` is given; written as JSON to ``json_path`` when given. Returns the results."""
     s = sizes
     results: dict = {"sizes": asdict(s)}
