@@ -291,7 +291,6 @@ zeros = torch.zeros(B, 2, H * W, Dh)
 _, attn_pos = positional_self_attention(zeros, zeros, torch.randn(B, 2, H * W, Dh), rel57, v_pos)
 dist2 = ((rel57[None, :, :, :2] - centres[:, None, None, :]) ** 2).sum(-1)  # ‖δ − Δ_h‖², (N_h, L, L)
 torch.testing.assert_close(attn_pos[0], (-alpha * dist2).softmax(-1))
-torch.testing.assert_close(attn_pos.sum(-1), torch.ones(B, 2, H * W))
 print("head 0 attends most to key", attn_pos[0, 0, q].argmax().item(), "= query", q, "+ 1 (right)")
 print("head 1 attends most to key", attn_pos[0, 1, q].argmax().item(), "= query", q, f"- {W} (up)")
 assert attn_pos[0, 0, q].argmax() == q + 1 and attn_pos[0, 1, q].argmax() == q - W

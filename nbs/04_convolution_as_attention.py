@@ -246,10 +246,19 @@ for h, (dx, dy) in enumerate(head_centres(heads).long().tolist()):
         shift[c, c, dy + 1, dx + 1] = 1.0
 conv_out = F.conv2d(image_in[None], shift, padding=1)[0]
 torch.testing.assert_close(gpsa_out[:, 1:-1, 1:-1], conv_out[:, 1:-1, 1:-1], atol=1e-5, rtol=0)
-reached = {"ConViT layer at init (proj ∘ shift)": int((shift != 0).any(dim=0).sum()),
-           "general 3x3 convolution (ConvAsPSA)": heads * width * 9}
-print("(input channel, tap) pairs that reach the output:", reached)
-assert reached["general 3x3 convolution (ConvAsPSA)"] == 9 * reached["ConViT layer at init (proj ∘ shift)"]
+centre = (side // 2) * side + side // 2  # the output pixel whose inputs we trace, by differentiating the layer
+
+
+def layer_at_centre(image: torch.Tensor) -> torch.Tensor:
+    vals = rearrange(v(rearrange(image, "c h w -> (h w) c")), "l (n d) -> n l d", n=heads)
+    return rearrange(attn @ vals, "n l d -> l (n d)")[centre]  # every output channel at that pixel
+
+
+jacobian = torch.autograd.functional.jacobian(layer_at_centre, image_in)  # (out channel, in channel, row, col)
+paths = (jacobian.abs() > 1e-3).nonzero()  # the (output channel, input channel, pixel) triples that carry weight
+print(f"{len(paths)} (output channel, input channel, tap) paths; a general 3 × 3 convolution has "
+      f"{(heads * width) ** 2 * 9}")
+assert len(paths) == heads * width and (paths[:, 0] == paths[:, 1]).all()  # one tap, its own channel, per output
 
 # %% [markdown]
 # With the ConViT-Ti's 4 heads, the centres are (±½, ±½): each head averages the four pixels around its centre

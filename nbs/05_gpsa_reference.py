@@ -55,15 +55,12 @@ _ = torch.manual_seed(0)
 #   \qquad\text{(Eq. 7)}$$
 #
 # (the paper writes Eq. 7 without the 1/√D_h; the official code, and ours, scale the content scores as Eq. 1
-# does, as chapter 02 noted for Eq. 4),
-#
-# followed by $\mathbf{A}^h_{ij} \leftarrow \mathbf{A}^h_{ij} / \sum_j \mathbf{A}^h_{ij}$ (Eq. 6's
-# normalisation) and $\mathrm{GPSA}_h(\mathbf{X}) = \mathbf{A}^h\mathbf{X}\mathbf{W}^h_{val}$. The gate
-# σ(λ_h) ∈ (0, 1) is a learnable *per-head* mixing weight: σ → 1 gives a purely positional (convolution-like)
-# head, σ → 0 a purely content-based (ViT-like) head. The ConViT starts every λ_h at 1, so σ(1) ≈ 0.73: the
-# layers begin mostly positional, i.e. mostly convolutional, and training decides where each head goes.
-#
-# A hand-sized example: one head, three tokens.
+# does, as chapter 02 noted for Eq. 4), followed by
+# $\mathbf{A}^h_{ij} \leftarrow \mathbf{A}^h_{ij} / \sum_j \mathbf{A}^h_{ij}$ (Eq. 6's normalisation) and
+# $\mathrm{GPSA}_h(\mathbf{X}) = \mathbf{A}^h\mathbf{X}\mathbf{W}^h_{val}$. The gate σ(λ_h) ∈ (0, 1) is a learnable
+# *per-head* mixing weight: σ → 1 gives a purely positional (convolution-like) head, σ → 0 a purely content-based
+# (ViT-like) head. The ConViT starts every λ_h at 1, so σ(1) ≈ 0.73: the layers begin mostly positional, i.e. mostly
+# convolutional, and training decides where each head goes. A hand-sized example: one head, three tokens.
 
 # %%
 content_scores = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 0.0], [0.0, 1.0, 3.0]])
@@ -115,8 +112,7 @@ print("row sums before normalising: 1 to within 1e-6, so the division changes on
 # forward that assigns a new tensor to a buffer is one graph for `torch.compile` and the forwards after it another,
 # which costs a second compilation. A layer built without a grid builds it at its first forward. Either way it is
 # rebuilt when a forward sees another grid, and whenever the device or dtype of the layer changes, so a model moved to
-# another device or dtype after a forward pass keeps working (the official code caches it for one device and one size
-# and breaks there).
+# another device or dtype after a forward pass keeps working (the official code caches it for one device and size).
 #
 # Initialisation has one home, `init_weights`, which the constructor calls: DeiT's normal(0, 0.02) for the
 # linear maps (what the whole model gives every other linear map, chapter 08), then Eq. 5 — chapter 03's
@@ -359,9 +355,10 @@ print("every head peaks within half a patch of query + Δ_h")
 # embedded by a random 16 × 16 convolution and a LayerNorm, as in chapter 03's Fig. 3), with its gate forced
 # to five values (`gate_override`, the hook chapter 30's masking uses), on one logarithmic colour scale. At
 # initialization (weights of standard deviation 0.02) the content map is nearly uniform; we scale W_qry and
-# W_key up 4 times so that it shows something, a random read-out of the picture — training (chapter 28) is
-# what makes it useful. The ConViT starts at σ(1) = 0.73, the fourth panel: mostly the positional bump, with
-# the picture faintly behind it.
+# W_key up 4 times so that it shows something, a random read-out of the picture — training (chapter 28) makes
+# it useful. The ConViT starts at σ(1) = 0.73, the fourth panel: mostly the positional bump (over half the
+# attention on the four patches around query + Δ_h, where the content map puts less than uniform would), with the
+# picture faintly behind it.
 
 # %%
 from matplotlib import cbook
@@ -384,8 +381,10 @@ for sigma in sigmas:
     with torch.no_grad():
         mixed[sigma] = layer(tokens, return_attention=True)[1][0, head, query]
 layer.gate_override = None
-for sigma in sigmas[1:-1]:  # Eq. 7 is linear in σ: every map lies between the two ends
-    torch.testing.assert_close(mixed[sigma], (1 - sigma) * mixed[0.0] + sigma * mixed[1.0], atol=1e-6, rtol=0)
+dx, dy = head_centres(4)[head].tolist()  # (−½, −½): the bump covers the 4 patches around query + Δ_h
+bump = [int((5 + dy + a) * 14 + 6 + dx + b) for a in (-0.5, 0.5) for b in (-0.5, 0.5)]
+share = {sigma: round(mixed[sigma][bump].sum().item(), 3) for sigma in sigmas}
+assert share[0.73] > 0.5 > share[0.5] and share[0.0] < 4 / 196, share  # at init: mostly the bump
 from matplotlib.colors import LogNorm
 
 # (far from its centre the positional softmax underflows to 0: the scale starts at the content map's floor)
@@ -401,7 +400,7 @@ for ax in axes:
     ax.set_xticks([]), ax.set_yticks([])
 fig.tight_layout()
 plt.show()
-print("every intermediate map equals (1 - σ)·content + σ·position")
+print("share of the attention on the 4 patches around query + Δ_h, per σ:", share)
 
 # %% [markdown]
 # ## Exercises
