@@ -113,7 +113,8 @@ class RecordGates(Callback):
 
 recorder = RecordGates()
 train(replace(tiny, output=str(tmp / "hooks"), epochs=1), callbacks=[recorder])
-assert len(recorder.gates) == 6 and all(len(g) == 1 and 0 < g[0] < 1 for g in recorder.gates)
+assert len(recorder.gates) == 6 and all(len(g) == 1 for g in recorder.gates)  # a gate per step and GPSA layer
+assert abs(recorder.gates[0][0] - torch.sigmoid(torch.tensor(1.0)).item()) < 0.01  # one step from σ(1)
 assert recorder.gates[-1] != recorder.gates[0]  # λ is trained
 
 # %%
