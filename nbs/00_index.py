@@ -314,12 +314,12 @@ print("this run is in", "FAST" if FAST else "full", "mode")
 # %% [markdown]
 # ## Bad input, refused early and shown honestly
 #
-# Every function of the package checks its input before any work and raises an error that names the wrong
-# value and what would be right; the checks that recur (a positive integer, a number in a range, a name from a known list) live in
-# one small module, `convit_edu.checks`, which this page exports. Chapters also *show* what a wrong input
-# does. A cell that only printed an error inside `try … except` would pass silently the day the check
-# disappeared, so every chapter calls `expect_error`: it returns the message of the expected error and fails
-# the cell when no error, or another kind of error, comes.
+# Every function of the package checks its input before any work and raises an error that names the wrong value and what
+# would be right; the checks that recur (a positive integer, a number in a range, a name from a known list) live in one
+# small module, `convit_edu.checks`, which this page exports. Chapters also *show* what a wrong input does. A cell that
+# only printed an error inside `try … except` would pass silently the day the check disappeared, so every chapter calls
+# `expect_error`: it returns the message of the expected error and fails the cell when no error, or another kind of
+# error, comes.
 
 # %%
 #| default_exp checks

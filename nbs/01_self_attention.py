@@ -75,10 +75,10 @@ A = scores.softmax(dim=-1)
 print("Q", Q, "K", K, "scores = Q K^T / sqrt(2)", scores, "A", A, sep="\n")
 
 # %% [markdown]
-# Read row 0: query (1, 0) points the same way as key 0 and opposite to key 2, so its scores are
-# (0.71, 0, −0.71) and A puts most weight on key 0. Query 1 = (0, 2) favours key 1, the only key it is not orthogonal to. Every row of A is a
-# probability distribution over the keys (non-negative, sums to 1), and because V is the identity here, the
-# output AV *is* A. Row 0 by hand: its scores are (1, 0, −1)/√2, so A[0] = (e^{0.71}, 1, e^{−0.71}) / their sum:
+# Read row 0: query (1, 0) points the same way as key 0 and opposite to key 2, so its scores are (0.71, 0, −0.71) and A
+# puts most weight on key 0. Query 1 = (0, 2) favours key 1, the only key it is not orthogonal to. Every row of A is a
+# probability distribution over the keys (non-negative, sums to 1), and because V is the identity here, the output AV
+# *is* A. Row 0 by hand: its scores are (1, 0, −1)/√2, so A[0] = (e^{0.71}, 1, e^{−0.71}) / their sum:
 
 # %%
 e = math.exp(2**-0.5)

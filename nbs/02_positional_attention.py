@@ -236,12 +236,12 @@ assert torch.equal(maps[1][:, q_col], torch.arange(H) - float(q_row))  # δy dow
 # $$A^h_{ij} = \operatorname{softmax}_j\!\left(\frac{Q^h_i K^{h\top}_j}{\sqrt{D_h}} + v_{pos}^{h\top} r_{ij}\right)
 # \qquad (4)$$
 #
-# Each head has its own small vector v_pos^h ∈ R^{D_pos} (D_pos = 3 here; in the ConViT it is the weight of a
-# `pos_proj` = Linear(3 → N_h) layer). In Eq. 4 the relative encodings r_ij are learned too; the ConViT fixes
-# them to (δx, δy, ‖δ‖²) — its own change, the paper's "adaptive attention span" paragraph — so that PSA learns
-# only N_h·D_pos positional numbers, not one per pair of patches. We keep the 1/√D_h of Eq. 1 on the content term (Eq. 4 in the paper omits it; the
-# official code scales the content scores). The positional scores do not depend on the image, so they are
-# computed once, for all samples of the batch.
+# Each head has its own small vector v_pos^h ∈ R^{D_pos} (D_pos = 3 here; in the ConViT it is the weight of a `pos_proj`
+# = Linear(3 → N_h) layer). In Eq. 4 the relative encodings r_ij are learned too; the ConViT fixes them to (δx, δy,
+# ‖δ‖²) — its own change, the paper's "adaptive attention span" paragraph — so that PSA learns only N_h·D_pos positional
+# numbers, not one per pair of patches. We keep the 1/√D_h of Eq. 1 on the content term (Eq. 4 in the paper omits it;
+# the official code scales the content scores). The positional scores do not depend on the image, so they are computed
+# once, for all samples of the batch.
 
 # %%
 #| export

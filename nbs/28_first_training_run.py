@@ -257,15 +257,16 @@ plt.show()
 
 # %% [markdown]
 # **What the pilots show** (each number checked below). A head start, small and brief: at the first evaluation
-# (about 110 steps, 6 % of each run) the ConViT leads by 3.4 points at f = 0.1 (27.0 % against 23.6 %) and by 3.6
-# at f = 1 (27.4 against 23.8): 14 and 15 % more, where the paper's 9 GPSA layers almost double the top-1. With
-# 3 500 images the lead is gone at step 327 and the DeiT leads at 13 of 17 evaluations; with 350 the ConViT leads
-# at 16 of 17, by 0.2 to 4.6 points. Both ConViTs end ahead on the dev images (+1.4, +1.6); their test images
-# are left to the grid of chapter 35, which alone is judged on them. Each gap is within the noise of a top-1 on 500 images (2.2 points, 3 for a difference), and successive evaluations share
-# images and model. One seed per run: consistent with the paper's head start and its larger gain on less data, not
-# a test of either. The gates, flat in the short runs, now move the paper's way: every GPSA layer's mean gate
-# falls from 0.731 to 0.707-0.717 (content gains a little weight), by at most 0.024, 13 % of the 0.18 that the
-# run's learning rates (summing to 0.93) would allow: the learning rate is not what holds them near σ(1).
+# (about 110 steps, 6 % of each run) the ConViT leads by 3.4 points at f = 0.1 (27.0 % against 23.6 %) and by 3.6 at
+# f = 1 (27.4 against 23.8): 14 and 15 % more, where the paper's 9 GPSA layers almost double the top-1. With 3 500
+# images the lead is gone at step 327 and the DeiT leads at 13 of 17 evaluations; with 350 the ConViT leads at 16 of 17,
+# by 0.2 to 4.6 points. Both ConViTs end ahead on the dev images (+1.4, +1.6); their test images are left to the grid of
+# chapter 35, which alone is judged on them. Each gap is within the noise of a top-1 on 500 images (2.2 points, 3 for a
+# difference), and successive evaluations share images and model. One seed per run: consistent with the paper's head
+# start and its larger gain on less data, not a test of either. The gates, flat in the short runs, now move the paper's
+# way: every GPSA layer's mean gate falls from 0.731 to 0.707-0.717 (content gains a little weight), by at most 0.024,
+# 13 % of the 0.18 that the run's learning rates (summing to 0.93) would allow: the learning rate is not what holds them
+# near σ(1).
 
 # %%
 gap = {f: [round(c["val_top1"] - d["val_top1"], 1) for c, d in zip(log[f, "ConViT"], log[f, "DeiT"])] for f in PILOTS}

@@ -418,9 +418,9 @@ def run_benchmarks(
 # %% [markdown]
 # ## Targets and findings
 #
-# One run of the whole suite (`run_benchmarks(BenchSizes.full())`, what `convit-edu bench --suite full` runs),
-# and the targets beside its values (full run; they vary between runs on this shared machine — the `noise` columns give the spread of each set of repetitions, the findings the range
-# over several runs).
+# One run of the whole suite (`run_benchmarks(BenchSizes.full())`, what `convit-edu bench --suite full` runs), and the
+# targets beside its values (full run; they vary between runs on this shared machine — the `noise` columns give the
+# spread of each set of repetitions, the findings the range over several runs).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
