@@ -9,7 +9,7 @@ import torch
 
 from convit_edu.datasets import ImageFolderDataset
 from convit_edu.experiments import fixed_test_split, per_image_correct
-from convit_edu.tables import check_preconditions, paired_bootstrap, table_2
+from convit_edu.tables import check_preconditions, format_table_3, paired_bootstrap, table_2, table_3
 from test_experiments import jpeg_folder
 
 
@@ -87,6 +87,25 @@ def test_the_experiment_command_scores_every_run_on_the_fixed_test_split(tmp_pat
     assert "24" in (tmp_path / "out" / "table.txt").read_text()
 
 
+def test_table_3_pairs_each_ablation_with_the_convit_of_its_seeds():
+    def record(name, seed, correct):
+        model = "deit" if name == "deit" else "convit"
+        return {"model": model, "ablation": None if name in ("convit", "deit") else name, "fraction": 0.1,
+                "seed": seed, "val_top1": 50.0, "test_correct": correct, "test_images": len(correct),
+                "test_top1": 100 * correct.count("1") / len(correct)}
+
+    records = [record("convit", 1, "1111"), record("convit", 2, "0000"), record("convit", 3, "1100"),
+               record("frozen_gpsa", 1, "1110"), record("frozen_gpsa", 3, "1000"), record("deit", 1, "1100")]
+    rows = {r["name"]: r for r in table_3(records, 0.1)}
+    assert rows["convit"]["vs_convit"] is None and rows["convit"]["seeds"] == 3
+    frozen = rows["frozen_gpsa"]  # against seeds 1 and 3 only: (3 + 1) - (4 + 2) of 8 answers
+    assert frozen["vs_convit"] == pytest.approx(-25.0) and frozen["vs_convit_se"] > 0
+    assert rows["deit"]["vs_convit"] == pytest.approx(-50.0)
+    assert "-25.0 ±" in format_table_3(list(rows.values()))
+    unpaired = table_3([{k: v for k, v in r.items() if k != "test_correct"} for r in records], 0.1)
+    assert all(r["vs_convit"] is None for r in unpaired) and "±" not in format_table_3(unpaired)
+
+
 def test_preconditions_pass_fail_or_wait_for_their_runs():
     def rec(model, f, top1, ablation=None, **more):
         return {"model": model, "fraction": f, "ablation": ablation, "seed": 0, "val_top1": top1, "lr_sum": 0.93,
@@ -97,7 +116,9 @@ def test_preconditions_pass_fail_or_wait_for_their_runs():
     checks = {c["name"][0:2]: (c["passed"], c["value"]) for c in check_preconditions(records)}
     assert checks["1 "] == (False, 9.0) and checks["2 "] == (True, 5.0)  # 9 points: not scarce enough
     assert checks["3a"] == (False, 0.93) and checks["3b"][0] is False  # gates moved 0.02 at most
-    assert checks["4 "] == (True, 1.0)  # the last quarter (1 of 5 evaluations) gained 1 point
+    assert checks["4 "] == (None, 1.0)  # the DeiT's last quarter gained 1 point, but no ConViT at f = 1 yet
+    levelled = rec("convit", 1.0, 45.0, val_curve=[[1, 30.0], [2, 40.0], [3, 44.0], [4, 45.5], [5, 45.0]])
+    assert check_preconditions(records + [levelled])[-1]["passed"] is True
     climbing = rec("convit", 1.0, 45.0, val_curve=[[1, 30.0], [2, 35.0], [3, 40.0], [4, 42.0], [5, 45.0]])
     assert check_preconditions(records + [climbing])[-1]["passed"] is False  # the ConViT at f = 1 still climbs
     assert check_preconditions(records[:2])[1]["passed"] is None  # no frozen-GPSA run: not checked
