@@ -249,6 +249,30 @@ assert 89_000 < fits < 90_000, fits
 # fractions' rates differ by 3 %). The rule asks for runs that fit, so the 90 000-image design, at the limit, is
 # left out as written; a run of 89 000 images would fit.
 #
+# **Does a 16 × 16 grid pay for its cost?** (dropped from the pilots above). Measured instead of run: one training
+# step of the pilots' ConViT and DeiT at 48-px and 64-px images in 4-px patches, batch 32, one thread, the machine
+# otherwise idle (the grid below paused; `results/pilots/cost/grid16.py`, its output `grid16.json`). A 16 × 16 run
+# is taken to cost the 12 × 12 one's minutes times the ratio of the two step rates (evaluation and scoring grow
+# with the tokens too), and its learning-rate sum to scale with its steps like the pilots' (1.86 at 60 000 images):
+
+# %%
+steps_per_s = json.loads((COST / "grid16.json").read_text())["train_images_per_s"]
+dearer = steps_per_s["convit_tiny_48px"] / steps_per_s["convit_tiny_64px"]
+images_16 = (25 / dearer - cost["convit", 1.0, 60_000] + 60_000 * per_image[1.0]) / per_image[1.0]
+lr_sum_16 = lr2x["convit_f0.1_s0"]["lr_sum"] * images_16 / 60_000
+print(f"ConViT {steps_per_s['convit_tiny_48px']:.1f} images/s at 12 x 12, {steps_per_s['convit_tiny_64px']:.1f} at "
+      f"16 x 16 ({dearer:.2f} x dearer; DeiT {steps_per_s['deit_tiny_48px']:.1f} and "
+      f"{steps_per_s['deit_tiny_64px']:.1f}): a 25-minute 16 x 16 run takes about {images_16:,.0f} images, "
+      f"a learning-rate sum of {lr_sum_16:.2f} at the doubled rate")
+assert round(dearer, 1) == 2.3 and round(images_16, -3) == 37_000 and round(images_16 / 60_000, 1) == 0.6
+assert round(lr_sum_16, 1) == 1.1 < 1.5
+
+# %% [markdown]
+# A 16 × 16 grid costs the ConViT about 2.3 times a 12 × 12 one per image, so the budget buys it about 37 000
+# images — 0.6 of the chosen design's — and a learning-rate sum of about 1.1 at the doubled rate, which fails (3a)
+# before a run starts; and (4), f = 1 still climbing at 60 000 images, would only get worse. Within 25 minutes on
+# one core, the finer grid does not pay for itself here.
+#
 # ### The rule, applied
 #
 # No design passes all four pre-conditions: all three fail (2) — a frozen GPSA does as well as a trained one — and both
