@@ -378,6 +378,7 @@ leads = [table_2_runs["convit", 0.1, s]["val_curve"][i][1] - table_2_runs["deit"
 assert [round(v, 1) for v in leads[:4]] == [2.0, 2.4, 0.2, 1.8] and sum(v > 0 for v in leads[4:]) == 1
 assert table_2_runs["convit", 0.1, 1]["val_curve"][0][0] * 10 == 110  # epoch 11 of 10 steps
 layer_means = lambda record: [sum(heads) / len(heads) for heads in record["nonlocality"]]
+lowest_gate = 1.0
 for seed in (1, 2, 3, 4):
     seed_histories = locality_histories(GRID, 0.1, seed)
     deit_start, deit_end = (layer_means(seed_histories["DeiT"][i]) for i in (0, -1))
@@ -386,7 +387,9 @@ for seed in (1, 2, 3, 4):
     assert all(round(a, 2) == 2.59 < 2.75 < b < 3.35 for a, b in zip(convit_start[:4], convit_end[:4]))
     assert convit_end[3] == max(convit_end[:4]) and 3.15 < convit_end[3] and convit_end[0] < 2.95
     gates = seed_histories["ConViT"][-1]["gates"]
-    assert all(0.675 <= sum(g) / len(g) <= 0.71 for g in gates) and min(map(min, gates)) >= 0.595
+    assert all(0.675 <= sum(g) / len(g) <= 0.71 for g in gates)
+    lowest_gate = min(lowest_gate, *map(min, gates))
+assert round(lowest_gate, 2) == 0.60  # the most moved head, over the four seeds
 checks_grid = {c["name"][:2].strip(): c for c in check_preconditions(grid)}
 assert round(checks_grid["1"]["value"], 1) == 12.5 and checks_grid["3a"]["passed"] and checks_grid["3b"]["passed"]
 assert checks_grid["4"]["passed"] is False and round(checks_grid["4"]["value"], 1) == 5.4
