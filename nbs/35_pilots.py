@@ -41,9 +41,9 @@ from pathlib import Path
 
 from convit_edu.checks import WrongAnswer, check_answer, expect_error
 from convit_edu.experiments import locality_histories
-from convit_edu.locality import plot_gate_history, plot_nonlocality_history
+from convit_edu.locality import plot_gate_history, plot_nonlocality_history, read_locality
 from convit_edu.tables import (check_preconditions, format_preconditions, format_table_2, format_table_3,
-                               plot_table_2, relative_gain, table_2, table_3)
+                               paired_bootstrap, plot_table_2, relative_gain, table_2, table_3, test_top1)
 
 # %% [markdown]
 # A disclosure: the command scores every run on the test split too, so the pilots' records hold test scores;
@@ -401,28 +401,62 @@ assert sum(v >= 2.75 for v in rises) == 6
 # **Table 3: nothing the paper removes costs anything here.** Each row against the ConViT of its own two seeds, paired
 # on the test images: frozen gates +1.1 ± 1.0, no convolutional initialization +2.4 ± 1.2, the GPSA layers frozen at
 # their initialization +2.7 ± 1.2, the DeiT +0.3 ± 1.0 points (the paper at 10 %: −2.3, −2.8, −5.4, and −11.9 for the
-# DeiT). The two largest are about 2 standard errors, but they are two of four comparisons from two seeds, and a
+# DeiT). The two largest are about 2 standard errors, but they are two of five comparisons from two seeds, and a
 # bootstrap over two seeds understates the seed-to-seed spread (it halves its variance), so the course reads them as no
 # cost, not as gains. The frozen-GPSA row re-measures pre-condition (2) on the test images: the trained attention is 2.7
 # points *below* the frozen one, where the condition asks for 3 above. It fails, as in every pilot: at this scale what
-# the ConViT's attention learns does not help it, and that is what no design within the budget could change. App. A's
-# PSA row is missing: its two runs logged about 25 images/s in their first evaluations where the ConViT's last one
-# logged 55 (two runs side by side), about 40 minutes a run, over the 25-minute budget, and they had not finished
-# when this chapter was last run; `grid.sh` resumes them where they stopped.
+# the ConViT's attention learns does not help it, and that is what no design within the budget could change.
+#
+# **App. A's PSA is the one row beyond 3 standard errors: +3.4 ± 1.0.** Before reading it as a finding, three
+# questions about the experiment. *Its reference*: the ConViT of seeds 1 and 3 is the weaker two of the four (45.5
+# and 46.1 % against a four-seed 46.35 %), which lifts every row of this table; paired on the same seeds with the
+# other rows, the PSA is +0.7 ± 1.2 above the frozen GPSA and +1.9 ± 1.1 above the DeiT. *Its attention*: the PSA
+# layers start at a nonlocality of 1.25 patches (no gate: the positional term alone, sharper than the GPSA's 2.6,
+# where σ(1) = 0.73 of each head is positional and the rest content, near uniform at initialization) and end at
+# 1.4–2.0, where the GPSA layers widen to 2.8–3.3: the PSA stays in its convolutional configuration, the very
+# behaviour App. A describes ("ignores the content information"). *The paper's regime*: App. A trains a ConViT-B
+# on all of ImageNet, where that configuration helps early and falls behind the DeiT by the end; here, 350 training
+# images never leave the early regime, and the most local models — the PSA, the frozen GPSA — do best. So the row
+# agrees with the frozen-GPSA row and with pre-condition (2), and the course does not state it as the paper being
+# wrong about App. A: at this scale a fixed, convolution-like attention is what helps.
+#
+# **The PSA's cost.** Each PSA run trained for about 50 minutes (two side by side, the last runs of the grid).
+# Measured on the idle Xeon, one thread, batch 32 (`results/second-design/psa_speed.py`, its output
+# `psa_speed.json`), the grid's ConViT trains 3 times slower with PSA layers than with GPSA layers: Eq. 4 adds the
+# positional scores inside the softmax, and `F.scaled_dot_product_attention` with an additive mask that needs a
+# gradient leaves its fused CPU kernel for the materializing one (the profiler's time goes to `bmm` and `softmax`),
+# where the GPSA's content term keeps the fused kernel and its positional term is one softmax per forward. The
+# ablation is over the 25-minute budget; the design's own runs are not.
 
 # %%
 rows_3 = {r["name"]: r for r in table_3(grid, 0.1)}
 vs = {name: (round(r["vs_convit"], 1), round(r["vs_convit_se"], 1)) for name, r in rows_3.items() if name != "convit"}
 print(vs)
-assert vs == {"frozen_gate": (1.1, 1.0), "no_conv_init": (2.4, 1.2), "deit": (0.3, 1.0), "frozen_gpsa": (2.7, 1.2)}
+assert vs == {"frozen_gate": (1.1, 1.0), "no_conv_init": (2.4, 1.2), "deit": (0.3, 1.0), "frozen_gpsa": (2.7, 1.2),
+              "psa": (3.4, 1.0)}
 assert all(r["vs_convit"] > 0 for r in rows_3.values() if r["vs_convit"] is not None)
-assert max(r["vs_convit"] / r["vs_convit_se"] for r in rows_3.values() if r["vs_convit"] is not None) < 2.3
-psa_rows = (GRID / "psa_f0.1_s1" / "log.jsonl").read_text().splitlines()[:5]  # its first five evaluations
-psa_speed = sorted(json.loads(line)["images_per_s"] for line in psa_rows)[2]  # their median
-convit_speed = json.loads((GRID / "convit_f0.1_s1" / "log.jsonl").read_text().splitlines()[-1])["images_per_s"]
-psa_run = json.loads((GRID / "psa_f0.1_s1" / "run.json").read_text())
-psa_minutes = psa_run["steps_per_epoch"] * psa_run["config"]["epochs"] * psa_run["global_batch"] / psa_speed / 60
-assert "psa" not in rows_3 and round(psa_speed) == 25 and round(convit_speed) == 55 and round(psa_minutes, -1) == 40
+z = {name: r["vs_convit"] / r["vs_convit_se"] for name, r in rows_3.items() if r["vs_convit"] is not None}
+assert z["psa"] > 3 > 2.3 > max(v for name, v in z.items() if name != "psa")
+test_by_seed = {s: round(test_top1(table_2_runs["convit", 0.1, s]), 1) for s in (1, 2, 3, 4)}
+assert test_by_seed[1] == 45.5 and test_by_seed[3] == 46.1 and sorted(test_by_seed.values())[:2] == [45.5, 46.1]
+by_name = {r["name"]: r for r in grid}
+psa_vs = {other: paired_bootstrap([by_name[f"psa_f0.1_s{s}"]["test_correct"] for s in (1, 3)],
+                                  [by_name[f"{other}_f0.1_s{s}"]["test_correct"] for s in (1, 3)])
+          for other in ("frozen_gpsa", "deit")}
+print("PSA against the same seeds' frozen GPSA and DeiT:",
+      {k: f"{v['diff']:+.1f} ± {v['diff_se']:.1f}" for k, v in psa_vs.items()})
+assert {k: (round(v["diff"], 1), round(v["diff_se"], 1)) for k, v in psa_vs.items()} == {
+    "frozen_gpsa": (0.7, 1.2), "deit": (1.9, 1.1)}
+for seed in (1, 3):
+    psa_history = read_locality(GRID / f"psa_f0.1_s{seed}" / "locality.json")
+    psa_start, psa_end = (layer_means(psa_history[i])[:4] for i in (0, -1))
+    assert all(round(a, 2) == 1.25 and 1.35 < b < 2.05 for a, b in zip(psa_start, psa_end))
+psa_rates = json.loads((GRID / "psa_speed.json").read_text())["train_images_per_s"]
+psa_minutes = [json.loads((GRID / f"psa_f0.1_s{s}" / "log.jsonl").read_text().splitlines()[-1])["time_s"] / 60
+               for s in (1, 3)]
+print(f"training images/s, one idle thread: GPSA {psa_rates['gpsa']:.1f}, PSA {psa_rates['psa']:.1f}; "
+      f"the PSA runs trained {psa_minutes[0]:.0f} and {psa_minutes[1]:.0f} minutes")
+assert round(psa_rates["gpsa"] / psa_rates["psa"]) == 3 and [round(m, -1) for m in psa_minutes] == [50, 50]
 
 # %% [markdown]
 # **What budget the pilots point to.** Within 25 minutes a run on one core, no design the pilots tried shows the
