@@ -224,3 +224,16 @@ def test_fast_gpsa_content_term_goes_through_sdpa(monkeypatch):
     _, fast = pair()
     fast(torch.randn(2, 16, 48))
     assert calls == [1]
+
+
+def test_positional_softmax_sets_denormals_to_zero_and_keeps_every_other_entry():
+    torch.manual_seed(0)
+    layer = GPSAReference(48, 4)  # α = 1: far keys of a 14 x 14 grid get probabilities below 1e-38
+    with torch.no_grad():
+        raw = layer.positional_scores((14, 14)).softmax(dim=-1)
+        flushed = layer.positional_softmax((14, 14))
+    tiny = torch.finfo(torch.float32).tiny
+    denormal = (raw > 0) & (raw < tiny)
+    assert denormal.any()
+    assert not ((flushed > 0) & (flushed < tiny)).any()
+    assert torch.equal(flushed[~denormal], raw[~denormal]) and (flushed[denormal] == 0).all()
