@@ -18,8 +18,9 @@
 #
 # The ConViT has about the DeiT's parameters and multiply-accumulates (Table 1), yet the official code and timm's port
 # train it at about half the DeiT's speed. Here: where that time goes, chapter 06's fast `GPSA` derived and measured
-# (one layer, resolution, whole model) against targets this CPU's committed run misses (2× the official layer, 0.90×
-# the DeiT's images/s). Chapter 36 adds `torch.compile`, the peak, the data pipeline, `convit-edu bench`, the targets.
+# (one layer, resolution, whole model) against two targets: 2× the official layer, which this CPU's committed run meets,
+# and 0.90× the DeiT's images/s, which it misses. Chapter 36 adds `torch.compile`, the peak, the data pipeline,
+# `convit-edu bench`, the targets.
 
 # %% tags=["parameters"]
 import os
@@ -295,9 +296,15 @@ for i in (0, 4):
           f"{ref['fwd_bwd_ms'] / mhsa['fwd_bwd_ms']:.2f}x")
 
 # %% [markdown]
-# The time is printed, not asserted: it is this machine's, and it is noisy. Three things explain why the margin over
-# the official form is modest here, and over the reference, which already computes P once per forward, small or none
-# (on the CPU of the committed run the fast layer is slower than the reference at Ti size):
+# The time is printed, not asserted: it is this machine's, and it is noisy. Four things explain the margins, over the
+# official form and over the reference, which already computes P once per forward:
+#
+# * **Denormal numbers** (chapter 05). Far keys get positional probabilities below 10⁻³⁸, and a CPU multiplies such
+#   denormal floats many times slower. `positional_softmax` sets them to zero for the reference and the fast layer;
+#   the official form, like the official code, keeps them, once per image. Before that flush, on this chapter's Xeon,
+#   the fast layer was *slower* than the reference at Ti size (0.74×), only 1.53× faster than the official form, and
+#   cost 2.69× an MHSA layer: most of what looked like a slow fused-attention kernel was the P @ V products over
+#   denormals (chapter 36 keeps those figures).
 #
 # * **The shared work dominates.** The MHSA row (the linear maps and SDPA every form shares) bounds what *any* GPSA
 #   built on SDPA could gain here (the last line of each size). The fast form does *more* matmul arithmetic: three

@@ -450,33 +450,36 @@ for label, value, target in targets:
 #
 # - *Activation memory*: **met**, and deterministic (the same on both CPUs). The fast layer saves 0.47× the
 #   reference's activations at ConViT-Ti and ConViT-S sizes (B = 32, 224 px), and 0.34× the official form's at
-#   Ti size; its share falls with resolution, from 0.89× the reference's at L = 64 to 0.31× at L = 400 (0.24×
-#   at L = 576 in chapter 27), because the reference's saved tensors grow as B·H·L² and the fast layer's as
-#   B·L·D plus one shared H·L².
-# - *Layer speed* (target: forward+backward ≥ 2× the official/timm form): **missed at both sizes on this CPU**:
-#   1.53× at Ti size and 1.85× at S size [1.42× and 1.84×; AMD EPYC 1.47–2.11× and 2.19–2.51×]. Over our
-#   reference, which already computes P once per forward, the fast layer is *slower* at Ti size here (0.74×)
-#   and 1.18× faster at S size [0.80× and 1.19×; AMD EPYC 1.01–1.44× and 1.15–1.84×]; in the resolution
-#   sweep it loses to the reference up to L = 400 and wins only at L = 576 (1.44× in chapter 27). The `mhsa`
-#   row, the floor, shows where the time goes: the fast GPSA layer costs 2.69× an MHSA layer of the same size
-#   here [2.63×; AMD EPYC 1.16–1.37×]. On this AVX-512 CPU the explicit matmuls of the reference run relatively
-#   faster than PyTorch's CPU flash-attention kernel, which the fast form relies on; why exactly is not measured
-#   here. On a GPU, where fused attention is much faster than materialised attention, the reformulation should
-#   gain more; no GPU was available to measure it.
-# - *Model throughput* (target ≥ 0.90×): **missed, far, on this CPU** — ConViT-Ti trained at 0.58× DeiT-Ti's
-#   images/s [0.59×; AMD EPYC 0.80–0.92×], about timm's ConViT (0.42–0.57× its DeiT), although the arithmetic
-#   bound set by the P @ V work is 0.95×: the GPSA layers' cost relative to MHSA above is the gap. The target was
-#   met at the edge on the AMD EPYC, so it depends on the CPU, and the performance work is not done for AVX-512
-#   CPUs. ConViT-S is wider than DeiT-S (432 vs 384), so its bound is 0.80×; it measured 0.58× in chapter 27.
+#   Ti size; its share falls with resolution, from 0.89× the reference's at L = 64 to 0.34× at L = 400 and 0.28×
+#   at L = 576, because the reference's saved tensors grow as B·H·L² and the fast layer's as B·L·D plus two shared
+#   H·L² (P as the softmax made it and with its denormals set to zero, chapter 05: the flush costs one more H·L²
+#   per layer, 0.31× and 0.24× before it).
+# - *Layer speed* (target: forward+backward ≥ 2× the official/timm form): **met at both sizes**: 2.92× at Ti
+#   size and 2.77× at S size [chapter 27: 2.81× and 2.85×]. It was missed here, at 1.53× and 1.85× [1.42× and
+#   1.84×; AMD EPYC 1.47–2.11× and 2.19–2.51×], until chapter 05's `positional_softmax` set P's denormal entries
+#   (probabilities below 10⁻³⁸, 8.6 % of P on this 14 × 14 grid) to zero: a CPU multiplies denormal floats many
+#   times slower, and P @ V multiplied every one of them with every image, forward and backward. The official form
+#   keeps them, as the official code does, once per image, which is part of the margin. Over our reference (P once
+#   per forward, flushed too) the fast layer is 1.29× faster at Ti size and 1.76× at S size [1.42× and 1.81×]
+#   where it was 0.74× and 1.18×, and in the resolution sweep it now wins at every L, 1.08× to 2.75× [from L = 144
+#   on, 1.11× to 2.78×], where it lost up to L = 400. The `mhsa` row, the floor: the fast GPSA layer costs 1.34× an MHSA layer of the same size
+#   at Ti size [1.34×; AMD EPYC 1.16–1.37×], where it cost 2.69× — what this chapter once put down to PyTorch's
+#   CPU flash-attention kernel was the denormals. On a GPU, where fused attention is much faster than
+#   materialised attention, the reformulation should gain more; no GPU was available to measure it.
+# - *Model throughput* (target ≥ 0.90×): **missed on this CPU, by less** — ConViT-Ti trained at 0.80× DeiT-Ti's
+#   images/s [0.80×], up from 0.58× [0.59×] before the flush and above timm's ConViT (0.42–0.57× its DeiT); the
+#   arithmetic bound set by the P @ V work is 0.95×, and the rest of the gap is the GPSA layers' 1.3× an MHSA
+#   layer above. At 64 px it trained at 0.91× (chapter 27: 0.94×). The AMD EPYC's 0.80–0.92× predate the flush.
+#   ConViT-S is wider than DeiT-S (432 vs 384), so its bound is 0.80×; it measured 0.70× [0.66×].
 # - *Data pipeline* (target: end to end ≥ 0.90× model only, for the Tiny ImageNet configuration chapter 33's
-#   grid trains): **met in this run**, 0.92× [AMD EPYC 0.86–1.00×] — `train` ran 220 images/s over an epoch of
-#   real 64-px JPEG batches against 240 for the model's step alone on random tensors, with one thread and one
-#   loader worker sharing the two cores with the training thread, and the steps waited for data 3 % of the
-#   epoch. Shipping uint8 instead of float32 cuts a 64-px image from 49 152 to 12 288 bytes (a 224-px one from
-#   602 KB to 150 KB), and a worker made 1 762 instead of 1 258 images/s without the per-image conversion and
-#   normalisation, which run once per batch on the device.
-# - *bf16 autocast* is slower than fp32 here: 0.50× the fp32 rate for both ConViT-Ti and DeiT-Ti at 64 px (in
-#   chapter 27) [AMD EPYC 0.17–0.27×], and a 512×512 bf16 matmul ran 5× slower than in fp32 [AMD EPYC 57–120×]:
+#   grid trains): **missed in this run, at the edge**, 0.88× [0.92× in this chapter's previous run; AMD EPYC
+#   0.86–1.00×] — `train` ran 204 images/s over an epoch of real 64-px JPEG batches against 233 for the model's
+#   step alone on random tensors, with one thread and one loader worker sharing the two cores with the training
+#   thread, and the steps waited for data 2 % of the epoch. Shipping uint8 instead of float32 cuts a 64-px image
+#   from 49 152 to 12 288 bytes (a 224-px one from 602 KB to 150 KB), and a worker made 1 700 instead of 1 264
+#   images/s without the per-image conversion and normalisation, which run once per batch on the device.
+# - *bf16 autocast* is slower than fp32 here: 0.53× the fp32 rate for both ConViT-Ti and DeiT-Ti at 64 px (0.45×
+#   in chapter 27) [AMD EPYC 0.17–0.27×], and a 512×512 bf16 matmul ran 5× slower than in fp32 [AMD EPYC 57–120×]:
 #   AVX-512 makes the emulation far less costly than on an AVX2-only CPU, but this CPU has no bf16 arithmetic (no
 #   AVX-512 BF16, no AMX), so `--precision auto` picks fp32 on it; on a CPU whose flags show AVX-512 BF16 or AMX
 #   (chapter 18's `cpu_has_native_bf16`) it picks bf16, measured there at about 2× fp32 on a ConViT-Ti training
@@ -485,7 +488,7 @@ for label, value, target in targets:
 #   not finish within the 60 s limit (nor within 5 minutes in a separate trial when the chapter was written).
 #   Each compile child gets an Inductor cache of its own, since a killed compile once left a truncated library
 #   in the shared cache.
-# - *Fraction of peak*: whole-model fp32 training at 224 px reached 0.36 (ConViT-Ti) and 0.62 (DeiT-Ti) of this
-#   run's single-thread large-matmul rate (159 GFLOP/s) [AMD EPYC 0.53–0.91], DeiT more than ConViT. The H100
-#   column is an **estimate**, not a measurement (40 % of 989 TFLOP/s dense bf16, H100 SXM): about 5.2×10⁴
-#   training images/s for ConViT-Ti and DeiT-Ti at 224 px. No GPU was available for this chapter.
+# - *Fraction of peak*: whole-model fp32 training at 224 px reached 0.49 (ConViT-Ti; 0.36 before the flush) and
+#   0.61 (DeiT-Ti) of this run's single-thread large-matmul rate (162 GFLOP/s) [AMD EPYC 0.53–0.91], DeiT more
+#   than ConViT. The H100 column is an **estimate**, not a measurement (40 % of 989 TFLOP/s dense bf16, H100 SXM):
+#   about 5.2×10⁴ training images/s for ConViT-Ti and DeiT-Ti at 224 px. No GPU was available for this chapter.
