@@ -37,6 +37,7 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # %matplotlib inline
 import json
 import math
+import warnings
 from pathlib import Path
 
 import torch
@@ -217,10 +218,13 @@ gap_se = math.sqrt(sum(wide[m]["val_top1"] * (100 - wide[m]["val_top1"]) / wide[
 assert (wide["convit"]["val_top1"], wide["deit"]["val_top1"]) == (50.0, 46.4) and round(3.6 / gap_se, 1) == 1.1
 assert (wide["convit"]["val_curve"][0][1], wide["deit"]["val_curve"][0][1]) == (26.4, 29.2)
 assert round(max(abs(a - b) for a, b in zip(wide["convit"]["gates_start"], wide["convit"]["gates_end"])), 3) == 0.011
-widths = {d: sum(p.numel() for p in create_model("convit_tiny", img_size=48, patch_size=4, embed_dim=d,
-                                                   num_heads=d // 8, depth=6, num_classes=10,
-                                                   local_up_to_layer=4).parameters()) for d in (72, 96)}
+with warnings.catch_warnings(record=True) as caught:  # 12 heads: chapter 03's warning, once per GPSA layer
+    warnings.simplefilter("always")
+    widths = {d: sum(p.numel() for p in create_model("convit_tiny", img_size=48, patch_size=4, embed_dim=d,
+                                                       num_heads=d // 8, depth=6, num_classes=10,
+                                                       local_up_to_layer=4).parameters()) for d in (72, 96)}
 assert round(widths[96] / widths[72], 1) == 1.8, widths
+assert len(caught) == 4 and all("only 9 heads get a convolutional" in str(w.message) for w in caught)
 
 
 # %% [markdown]
