@@ -230,7 +230,7 @@ class PositionalAttention(nn.Module):
         """P = softmax over keys of the positional scores, (heads, L, L), in at least fp32 (also under autocast).
 
         Entries below the smallest normal number of P's dtype (denormals, about 1.2e-38 in fp32) are set to 0:
-        they change no sum they enter, but a CPU multiplies them many times slower (see "Denormal numbers")."""
+        they change no sum they enter, but a CPU multiplies them many times slower (chapter 05, "Denormal numbers")."""
         scores = self.positional_scores(grid_size)
         attn = scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(dim=-1)
         return attn.masked_fill(attn < torch.finfo(attn.dtype).tiny, 0.0)
