@@ -331,9 +331,9 @@ print(expect_error(lambda: GPSAReference(192, 4)(torch.randn(1, 197, 192))))
 # one of them with a value of every image, and the backward pass does it again. `positional_softmax` therefore sets
 # them to 0. On the 2-core Intel Xeon of chapter 35, before this flush, the grid's ConViT (a 12 × 12 grid, where
 # 5.9 % of P's entries are denormal) trained 28 % faster when the CPU itself flushed denormals to zero (76.1
-# against 97.4 images/s, one thread; `results/second-design/psa_speed.json`), the rate of its DeiT. The cell below
-# reads that measurement, counts the denormals on a 14 × 14 grid, and checks that flushing them
-# changes P @ V by nothing above the denormal range.
+# against 97.4 images/s, one thread; `results/second-design/psa_speed.json`). The cell below reads that
+# measurement, counts the denormals on a 14 × 14 grid, and checks that flushing them changes P @ V by nothing above
+# the denormal range.
 
 # %%
 torch.manual_seed(0)

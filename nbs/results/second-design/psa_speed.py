@@ -5,7 +5,8 @@ CPU flushing denormal numbers to zero; and the share of denormal entries in the 
 at initialization. Run from the repository root on an otherwise idle machine:
 python nbs/results/second-design/psa_speed.py
 The committed psa_speed.json measured the code the grid trained with (its "commit"), before chapter 05's
-positional_softmax flushed P's denormals: on code after it, the GPSA trains as fast without a flushing CPU."""
+positional_softmax flushed P's denormals: on code after it, the GPSA gets most of that speed back without a
+flushing CPU."""
 import json
 import subprocess
 from pathlib import Path
@@ -34,5 +35,6 @@ lines = Path("/proc/cpuinfo").read_text().splitlines()
 info = dict(map(str.strip, line.split(":", 1)) for line in lines if ":" in line)
 cpu = f"{info['model name']} (model {info['model']}, avx512_bf16: {'avx512_bf16' in info['flags']})"
 commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
-out = {"cpu": cpu, "commit": commit, "threads": 1, "batch": 32, "train_images_per_s": rates, "positional_denormal_share": denormal}
+out = {"cpu": cpu, "commit": commit, "threads": 1, "batch": 32, "train_images_per_s": rates,
+       "positional_denormal_share": denormal}
 Path(__file__).with_name("psa_speed.json").write_text(json.dumps(out, indent=1) + "\n")
