@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torch import Tensor, nn
 
-__all__ = ['attention_maps', 'plot_attention_maps']
+__all__ = ['attention_maps', 'plot_attention_maps', 'plot_gates']
 
 
 # %% nbs/30_attention_maps.py 6
@@ -77,5 +77,20 @@ def plot_attention_maps(models: dict[str, nn.Module], images: Tensor, layers: li
         first += heads[name]
     for ax in axes.flat:
         ax.set(xticks=[], yticks=[])
+    fig.tight_layout()
+    return fig
+
+
+# %% nbs/30_attention_maps.py 16
+def plot_gates(values: Tensor, title: str = "σ(λ) per head") -> Figure:
+    """A (layers, heads) heat map of the gates, values written in the cells: red is positional, white content."""
+    values = values.detach().float().cpu()
+    fig = Figure(figsize=(1 + 0.6 * values.shape[1], 0.8 + 0.45 * values.shape[0]), dpi=80)
+    ax = fig.subplots()
+    ax.imshow(values, cmap="Reds", vmin=0, vmax=1)
+    for (layer, head), v in zip(torch.cartesian_prod(*map(torch.arange, values.shape)).tolist(), values.flatten()):
+        ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=8, color="white" if v > 0.6 else "black")
+    ax.set(xticks=range(values.shape[1]), xticklabels=range(1, values.shape[1] + 1), yticks=range(values.shape[0]),
+           yticklabels=range(1, values.shape[0] + 1), xlabel="head", ylabel="layer", title=title)
     fig.tight_layout()
     return fig

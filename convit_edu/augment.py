@@ -15,7 +15,7 @@ from convit_edu.checks import one_of, positive_int
 __all__ = ['IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'RANDAUGMENT_MAX_MAGNITUDE', 'AugConfig', 'AUGMENTATIONS', 'AUGMENTATION_RENAMES', 'augmentation', 'build_transforms', 'MixupCutmix', 'build_mixup']
 
 
-# %% nbs/14_augment.py 9
+# %% nbs/14_augment.py 10
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
@@ -94,7 +94,7 @@ AUGMENTATIONS: dict[str, AugConfig] = {
 }
 
 
-# %% nbs/14_augment.py 10
+# %% nbs/14_augment.py 11
 AUGMENTATION_RENAMES = {"imagenet": "deit", "cifar100-224": "deit", "cifar100-32": "pad-crop-flip"}  # earlier names
 
 
@@ -110,7 +110,7 @@ def augmentation(name: str, img_size: int, **overrides) -> AugConfig:
     return replace(AUGMENTATIONS[one_of("augmentation", name, AUGMENTATIONS)], **overrides, img_size=img_size)
 
 
-# %% nbs/14_augment.py 12
+# %% nbs/14_augment.py 13
 def build_transforms(cfg: AugConfig, on_device: bool = False) -> tuple[v2.Compose, v2.Compose]:
     """``(train_transform, val_transform)`` of a recipe, PIL image in, normalised float tensor (3, S, S) out.
 
@@ -140,7 +140,7 @@ def build_transforms(cfg: AugConfig, on_device: bool = False) -> tuple[v2.Compos
     return v2.Compose(train), v2.Compose(val)
 
 
-# %% nbs/14_augment.py 21
+# %% nbs/14_augment.py 22
 class MixupCutmix:
     """Per batch: MixUp or CutMix (chosen at random), soft targets with label smoothing (DeiT recipe). Image j is
     mixed with image B−1−j, so the copies of repeated augmentation are (almost) never partners."""

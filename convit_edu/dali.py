@@ -18,7 +18,7 @@ from convit_edu.samplers import seed_from
 __all__ = ['LOADERS', 'DALI_INSTALL', 'dali_available', 'dali_train_pipeline', 'dali_eval_pipeline', 'DaliLoaders', 'DaliEvalBatches']
 
 
-# %% nbs/17_dali.py 9
+# %% nbs/17_dali.py 10
 LOADERS = ("torchvision", "dali")
 DALI_INSTALL = 'pip install -e ".[dali]"'
 _DALI_INTERPOLATION = {"bicubic": "INTERP_CUBIC", "bilinear": "INTERP_LINEAR", "nearest": "INTERP_NN"}
@@ -108,7 +108,7 @@ def _dali_batch(pipe) -> tuple[torch.Tensor, torch.Tensor]:
     return out, labels
 
 
-# %% nbs/17_dali.py 11
+# %% nbs/17_dali.py 12
 class DaliLoaders:
     """Train and val batches of two ImageNet-style folders (``ImageFolderDataset``s: their file lists, with
     ``fraction`` and ``max_classes`` applied) from DALI pipelines, for rank ``rank`` of ``num_replicas``.

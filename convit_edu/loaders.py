@@ -22,7 +22,7 @@ from convit_edu.samplers import KeyedSampler, RepeatAugSampler, SeededSamples
 __all__ = ['build_loader', 'default_num_workers', 'DeviceTransforms', 'erasing_boxes', 'DataLoaders', 'build_loaders', 'LoaderBenchmark', 'benchmark_loader', 'plot_loader_benchmarks']
 
 
-# %% nbs/16_loaders.py 9
+# %% nbs/16_loaders.py 10
 def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, num_workers: int, seed: int,
                  drop_last: bool, pin_memory: bool | None = None) -> DataLoader:
     """A DataLoader over ``sampler`` (None: dataset order) with workers, pinning, prefetch and a seeded generator."""
@@ -47,7 +47,7 @@ def _ignore_stop_signals(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-# %% nbs/16_loaders.py 11
+# %% nbs/16_loaders.py 12
 def default_num_workers(env: Mapping[str, str] = os.environ) -> int:
     """Loader workers per process when none are asked for: the CPUs this process may run on
     (``os.sched_getaffinity``, which SLURM, ``taskset`` and containers restrict; ``os.cpu_count`` where the OS
@@ -62,7 +62,7 @@ def default_num_workers(env: Mapping[str, str] = os.environ) -> int:
     return max(cpus // int(local) - 1, 0)
 
 
-# %% nbs/16_loaders.py 15
+# %% nbs/16_loaders.py 16
 class DeviceTransforms:
     """The end of a recipe, on uint8 batches (B, 3, S, S) on the training device: ``eval`` converts and
     normalises, ``train`` also erases a random box of each image with probability ``cfg.erasing``. Neither
@@ -123,7 +123,7 @@ def erasing_boxes(batch: int, size: tuple[int, int], p: float, scale: tuple[floa
     return inside & erase[:, None, None]
 
 
-# %% nbs/16_loaders.py 19
+# %% nbs/16_loaders.py 20
 @dataclass
 class DataLoaders:
     """What ``build_loaders`` makes: the two loaders and the train sampler (call its ``set_epoch``)."""
@@ -156,7 +156,7 @@ def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_
         sampler=sampler)
 
 
-# %% nbs/16_loaders.py 25
+# %% nbs/16_loaders.py 26
 @dataclass
 class LoaderBenchmark:
     """Images per second of each pipeline stage, measured by ``benchmark_loader``."""

@@ -20,7 +20,7 @@ from convit_edu.gpsa_reference import gate_values
 from convit_edu.models import VisionTransformer
 from convit_edu.positional import rel_indices
 
-__all__ = ['patch_distances', 'nonlocality', 'NONLOCALITY_INPUTS', 'model_nonlocality', 'gates', 'LocalityRecorder', 'read_locality', 'plot_nonlocality_history', 'plot_gate_history', 'plot_gates']
+__all__ = ['patch_distances', 'nonlocality', 'NONLOCALITY_INPUTS', 'model_nonlocality', 'gates', 'LocalityRecorder', 'read_locality', 'plot_nonlocality_history', 'plot_gate_history']
 
 
 # %% nbs/29_locality.py 6
@@ -170,19 +170,5 @@ def plot_gate_history(records: list[dict], x: str = "epoch") -> Figure:
         ax.plot(xs, values[:, layer].mean(-1), color="black", linewidth=2)
         ax.set(title=f"layer {layer + 1}", xlabel=label, ylim=(0, 1))
     axes[0].set_ylabel("positional attention σ(λ)")
-    fig.tight_layout()
-    return fig
-
-
-def plot_gates(values: Tensor, title: str = "σ(λ) per head") -> Figure:
-    """A (layers, heads) heat map of the gates, values written in the cells: red is positional, white content."""
-    values = values.detach().float().cpu()
-    fig = Figure(figsize=(1 + 0.6 * values.shape[1], 0.8 + 0.45 * values.shape[0]), dpi=80)
-    ax = fig.subplots()
-    ax.imshow(values, cmap="Reds", vmin=0, vmax=1)
-    for (layer, head), v in zip(torch.cartesian_prod(*map(torch.arange, values.shape)).tolist(), values.flatten()):
-        ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=8, color="white" if v > 0.6 else "black")
-    ax.set(xticks=range(values.shape[1]), xticklabels=range(1, values.shape[1] + 1), yticks=range(values.shape[0]),
-           yticklabels=range(1, values.shape[0] + 1), xlabel="head", ylabel="layer", title=title)
     fig.tight_layout()
     return fig

@@ -45,9 +45,7 @@ from convit_edu.gpsa_reference import gate_means
 from convit_edu.models import VisionTransformer
 
 # %%
-import tarfile
 import time
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 from torch.utils.data import Subset
@@ -63,64 +61,40 @@ _ = torch.manual_seed(0)
 # %% [markdown]
 # ## 1. The data
 #
-# Tiny ImageNet is a 64 × 64-pixel, 200-class subset of ImageNet; the course's archive holds every other class,
-# 500 training and 50 validation photographs each, in ImageNet's layout (`train/<wnid>/<file>.JPEG`, `val/…`,
-# `classes.txt`). We extract its first 10 classes (sorted wnids) once; a second run finds `DONE` and reads nothing.
+# Tiny ImageNet is a 64 × 64-pixel, 200-class subset of ImageNet; the course uses every other class, 500 training
+# and 50 validation photographs each, in ImageNet's folder layout (`train/<wnid>/<file>.JPEG`, `val/…`,
+# `classes.txt`). `tiny_imagenet` puts them in `data/` once (downloading Tiny ImageNet's public zip the first time,
+# 248 MB, as `convit-edu data tiny-imagenet` does; chapter 13 shows how) and finds them there after; without them
+# and without a network it stops and says where they come from. We train on the first 10 classes (sorted wnids).
 
 # %%
-def extract_first_classes(archive: Path, dest: Path, num_classes: int) -> Path:
-    """Extract the first `num_classes` classes (sorted wnids) of an ImageNet-style `.tar.gz` whose members are
-    `<top>/<split>/<wnid>/<file>` into `dest/<split>/<wnid>/`, with `<top>/classes.txt`; once."""
-    done = dest / "DONE"
-    if done.is_file() and done.read_text() == str(num_classes):
-        return dest
-    with tarfile.open(archive, "r:gz") as tar:
-        files = [m for m in tar.getmembers() if m.isfile()]
-        wnids = sorted({m.name.split("/")[2] for m in files if m.name.count("/") == 3})[:num_classes]
-        for m in files:  # in archive order: tarfile reads the compressed stream forwards
-            rel = m.name.split("/")[1:]
-            if rel == ["classes.txt"] or (len(rel) == 3 and rel[1] in wnids and ".." not in rel):
-                dest.joinpath(*rel).parent.mkdir(parents=True, exist_ok=True)
-                dest.joinpath(*rel).write_bytes(tar.extractfile(m).read())
-    done.write_text(str(num_classes))
-    return dest
+# NBVAL_IGNORE_OUTPUT
+# (says whether the photographs were found or extracted now)
+from convit_edu.datasets import tiny_imagenet
 
-
-ARCHIVE, CLASSES = Path("../../shared/data/tiny-imagenet-100.tar.gz"), 10
-REAL = ARCHIVE.is_file()  # users' machines lack the archive: a synthetic stand-in follows
-if REAL:
-    root = extract_first_classes(ARCHIVE, Path("../data/tiny-imagenet-10"), CLASSES)
-    counts = {split: sorted(len(list(d.iterdir())) for d in (root / split).iterdir()) for split in ("train", "val")}
-    assert counts == {"train": [500] * CLASSES, "val": [50] * CLASSES}, counts
-    print(f"{CLASSES} classes of real photographs: 500 training and 50 validation images each")
-else:
-    print("no archive: the cells below run on random images, and what they learn means nothing")
+root, CLASSES = tiny_imagenet("../data"), 10
 
 # %% [markdown]
 # `torchvision.datasets.ImageFolder` reads this layout as it reads ImageNet: a class per folder, labels in sorted
 # folder order, every image converted to RGB (a few of these JPEGs are greyscale). The transforms make a
 # normalised (3, 64, 64) tensor; in training a random crop of the image padded by 4 pixels and a random flip
 # show a slightly different image at every epoch, the lightest of augmentations (DeiT's is the engineering
-# track's). Then we look: the first image of each class as the model sees it in training.
+# track's). We keep the images of the first 10 labels, then look: the first image of each class as the model sees
+# it in training.
 
 # %%
 normalize = transforms.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))  # ImageNet's
 train_tf = transforms.Compose([transforms.RandomCrop(64, padding=4), transforms.RandomHorizontalFlip(),
                                transforms.ToTensor(), normalize])
 val_tf = transforms.Compose([transforms.ToTensor(), normalize])
-if REAL:
-    train_set = datasets.ImageFolder(root / "train", train_tf)
-    val_set = datasets.ImageFolder(root / "val", val_tf)
-    names = dict(line.split("\t") for line in (root / "classes.txt").read_text().splitlines())
-    class_names = [names[wnid].split(",")[0] for wnid in train_set.classes]
-else:
-    train_set = datasets.FakeData(5000, (3, 64, 64), CLASSES, train_tf, random_offset=0)
-    val_set = datasets.FakeData(500, (3, 64, 64), CLASSES, val_tf, random_offset=5000)
-    class_names = [f"class {c}" for c in range(CLASSES)]
+train_all, val_all = datasets.ImageFolder(root / "train", train_tf), datasets.ImageFolder(root / "val", val_tf)
+train_set, val_set = (Subset(ds, [i for i, t in enumerate(ds.targets) if t < CLASSES]) for ds in (train_all, val_all))
+names = dict(line.split("\t") for line in (root / "classes.txt").read_text().splitlines())
+class_names = [names[wnid].split(",")[0] for wnid in train_all.classes[:CLASSES]]
 
 image, label = train_set[0]
 assert image.shape == (3, 64, 64) and image.dtype == torch.float32 and len(train_set) == 5000 and len(val_set) == 500
-assert not REAL or (label == 0 and train_set.class_to_idx == val_set.class_to_idx)  # a label means one class
+assert label == 0 and train_all.class_to_idx == val_all.class_to_idx  # a label means one class in both splits
 print(f"an image: {tuple(image.shape)} {image.dtype}; {len(train_set)} training, {len(val_set)} validation images")
 
 # %%
@@ -348,7 +322,7 @@ def fit(model: VisionTransformer, train_loader: DataLoader, val_loader: DataLoad
 # Both start from the same seed and see the same images in the same order, crops and flips. DeiT's base rate
 # would give a peak of 6·10⁻⁵ at batch 64, too little for a few hundred steps: we take `lr=8e-3` (peak 10⁻³, DeiT's
 # own at batch 1024) and 4 epochs of 78 steps, one of them warm-up. FAST mode trains 2 epochs of 3 steps. (The
-# committed times come from an Intel Xeon with AVX-512, 2 cores, one torch thread, nothing else running.)
+# committed times come from an AMD EPYC with AVX2, 2 cores, one torch thread, nothing else running.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -406,7 +380,7 @@ lr_sum = sum(deit_lr(t, FULL_EPOCHS * steps_per_epoch, WARMUP * steps_per_epoch,
 sigma_slope = math.exp(-1) / (1 + math.exp(-1)) ** 2
 assert round(lr_sum, 2) == 0.16 and round(sigma_slope, 2) == 0.20 and round(sigma_slope * lr_sum, 2) == 0.03
 assert round(100 * math.sqrt(0.5 * 0.5 / 500), 1) == 2.2
-if not FAST and REAL:  # the claims about the run are about the full run
+if not FAST:  # the claims about the run are about the full run
     for name, history in histories.items():
         assert history[-1]["train_loss"] < history[0]["train_loss"] and history[-1]["val_loss"] < history[0]["val_loss"]
         assert history[-1]["val_top1"] > 3 * 100 / CLASSES, (name, history[-1]["val_top1"])

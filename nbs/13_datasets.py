@@ -24,7 +24,8 @@
 # 1. **the paper's data settings**: a fraction *f* of the images of each class (Table 2, with 1/f times more
 #    epochs) and the first *K* classes (the ImageNet-100 ablations of Section 4);
 # 2. **datasets by name**: CIFAR-100, any ImageNet-style folder (ImageNet-1k, ImageNet-100, Tiny ImageNet) and
-#    synthetic images, one call returning `(train, val, class_names)`.
+#    synthetic images, one call returning `(train, val, class_names)`;
+# 3. **the course's photographs**, downloaded, verified and extracted by one call (`tiny_imagenet`).
 
 # %% tags=["parameters"]
 import os
@@ -50,9 +51,10 @@ warnings.filterwarnings("ignore", message=".*os.fork.*")  # fork + threads notic
 
 # %%
 #| export
+import json
 import math
 import os
-import tarfile
+import zipfile
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -64,7 +66,9 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 from convit_edu.checks import positive_int
-from convit_edu.image_files import IMAGEFOLDER_HINT, IMG_EXTENSIONS, cached_listing, first_readable, load_rgb
+from convit_edu.image_files import (IMAGEFOLDER_HINT, IMG_EXTENSIONS, cached_listing, download_verified,
+                                   extract_atomically, extract_course_tar, extract_tiny_imagenet_zip, first_readable,
+                                   load_rgb, socket_timeout, verify_md5)
 
 # %% [markdown]
 # ## The paper's data settings: a fraction of each class, the first K classes
@@ -238,7 +242,8 @@ class SyntheticImages(Dataset):
 #| exporti
 def _cifar100(root: Path, train: bool, transform, download: bool, fraction: float, max_classes: int | None):
     try:
-        ds = datasets.CIFAR100(str(root), train=train, transform=transform, download=download)
+        with socket_timeout(30):  # a silent server is an error after 30 s, not after the operating system's minutes
+            ds = datasets.CIFAR100(str(root), train=train, transform=transform, download=download)
     except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
         raise FileNotFoundError(
             f"CIFAR-100 not found (or its checksums do not match) under {root}/cifar-100-python: "
@@ -246,9 +251,9 @@ def _cifar100(root: Path, train: bool, transform, download: bool, fraction: floa
             f"({e})") from None
     except OSError as e:  # the download itself failed: no network, a proxy, a full disk
         raise FileNotFoundError(
-            f"CIFAR-100 could not be downloaded into {root} ({type(e).__name__}: {e}): on a machine without "
-            f"internet access, copy cifar-100-python.tar.gz (from https://www.cs.toronto.edu/~kriz/cifar.html) "
-            f"into {root} and extract it there") from None
+            f"CIFAR-100 could not be downloaded from {datasets.CIFAR100.url} into {root} ({type(e).__name__}: "
+            f"{e}): check the network, or download that file elsewhere and copy it into {root}; the next run checks "
+            "its checksum and extracts it") from None
     keep = list(range(len(ds.targets)))
     if max_classes is not None:
         if max_classes > len(ds.classes):
@@ -330,97 +335,118 @@ def build_datasets(name: str, root: str | Path = "data", *, train_transform: Cal
         ds.select(keep, max_classes)
     return train, val, list(train.classes)
 
+# %% [markdown]
+# ## The course's photographs: Tiny ImageNet
+#
+# Tiny ImageNet (Stanford's CS231n) is ImageNet in miniature: 200 classes of 64 × 64 photographs, 500 training and
+# 50 validation images each, in one public zip of 248 MB. The course uses **every other class in sorted WordNet-id
+# order**: 100 classes, 50 000 training and 5 000 validation images. `tiny_imagenet` downloads the zip and checks
+# it, and extracts those classes in the ImageNet folder layout with class names in `classes.txt` (chapter 12's
+# tools). It also reads a local copy, the zip or the course's `tar.gz` of the same tree, named by its `archive`
+# argument or by the variable `CONVIT_EDU_TINY_IMAGENET` (this project's machines and CI set it). The command
+# line's `convit-edu data tiny-imagenet` calls it (chapter 37).
+
 # %%
 #| export
-def extract_subset(archive: str | Path, dest: str | Path, max_classes: int,
-                   max_per_class: int | None = None) -> Path:
-    """Extract the first ``max_classes`` classes of an ImageNet-style ``.tar.gz`` into ``dest``, in one pass.
+TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+TINY_IMAGENET_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"  # the published zip: 200 classes, 248 MB
+COURSE_ARCHIVE_MD5 = "5322e467e435c40f782915b064ad50bb"  # the course's tar.gz of the tree below: 74 MB
+ARCHIVE_VARIABLE = "CONVIT_EDU_TINY_IMAGENET"
+COURSE_DATA = "tiny-imagenet-100"
+_READY = ".ready.json"
 
-    The archive holds ``<top>/train/<class>/<file>``, ``<top>/val/<class>/<file>`` and optionally
-    ``<top>/classes.txt``; ``max_per_class`` keeps the first files of each class and split in sorted order.
-    ``dest`` becomes the dataset root (``dest/train``, ``dest/val``) for ``build_datasets("imagefolder", dest)``;
-    when it already holds this very subset nothing is read again.
+
+def tiny_imagenet(root: str | Path = "data", *, url: str = TINY_IMAGENET_URL, md5: str | None = None,
+                  archive: str | Path | None = None, timeout: float = 30.0) -> Path:
+    """The course's photographs, ``root/tiny-imagenet-100`` (returned), extracted once and reused after.
+
+    The source: ``archive`` (the published zip or the course's ``tar.gz``), else the file the environment
+    variable ``CONVIT_EDU_TINY_IMAGENET`` names, else a download of ``url`` into ``root``. Its MD5 must be
+    ``md5`` (default: the published one of its kind); a server silent for ``timeout`` seconds is an error.
     """
-    archive, dest = Path(archive), Path(dest)
-    if not archive.is_file():
-        raise FileNotFoundError(f"no archive {archive}")
-    marker, request = dest / ".extracted", f"{archive.name} max_classes={max_classes} max_per_class={max_per_class}"
-    if marker.is_file() and marker.read_text() == request:
+    dest = Path(root) / COURSE_DATA
+    if (dest / _READY).is_file():
+        print(f"{dest} is ready: {_describe(json.loads((dest / _READY).read_text()))}")
         return dest
-    if dest.exists() and any(dest.iterdir()):
-        raise FileExistsError(f"{dest} is not empty and does not hold {request}: choose an empty folder")
-    kept: dict[tuple[str, str], dict[str, bytes]] = {}
-    extra: dict[str, bytes] = {}
-    with tarfile.open(archive, "r|gz") as tf:
-        for m in tf:
-            parts = Path(m.name).parts
-            if not m.isfile() or ".." in parts:
-                continue
-            if len(parts) == 2:
-                extra[parts[1]] = tf.extractfile(m).read()
-            elif len(parts) == 4 and parts[1] in ("train", "val"):
-                files = kept.setdefault((parts[1], parts[2]), {})
-                if max_per_class is None or len(files) < max_per_class or parts[3] < max(files):
-                    files[parts[3]] = tf.extractfile(m).read()
-                    if max_per_class is not None and len(files) > max_per_class:
-                        del files[max(files)]
-    classes = sorted({c for split, c in kept if split == "train"})
-    if not classes:
-        raise ValueError(f"{archive} holds no <top>/train/<class>/<file> members")
-    if max_classes > len(classes):
-        raise ValueError(f"max_classes {max_classes} is larger than the {len(classes)} classes in {archive}")
-    for (split, c), files in kept.items():
-        if c in classes[:max_classes]:
-            (dest / split / c).mkdir(parents=True, exist_ok=True)
-            for fname, data in files.items():
-                (dest / split / c / fname).write_bytes(data)
-    for fname, data in extra.items():
-        (dest / fname).write_bytes(data)
-    marker.write_text(request)
+    if dest.exists():
+        raise FileExistsError(f"{dest} exists but was not completed by tiny_imagenet (it has no {_READY}): "
+                              "move it away or delete it, then run again")
+    named = archive or os.environ.get(ARCHIVE_VARIABLE) or None
+    if named is None:
+        print(f"downloading {url} into {root}")
+        published = COURSE_ARCHIVE_MD5 if url.endswith(".tar.gz") else TINY_IMAGENET_MD5  # a mirror of either
+        try:
+            source = download_verified(url, root, md5 or published, timeout)
+        except ConnectionError as e:
+            raise ConnectionError(f"{e}: {DATA_HINT}") from None
+    else:
+        source = Path(named)
+        if not source.is_file():
+            by = "" if archive else f" (named by the variable {ARCHIVE_VARIABLE})"
+            raise FileNotFoundError(f"no archive {source}{by}: {DATA_HINT}")
+        verify_md5(source, md5 or (TINY_IMAGENET_MD5 if zipfile.is_zipfile(source) else COURSE_ARCHIVE_MD5))
+    counts = extract_atomically(lambda tree: _course_tree(source, tree), dest)
+    print(f"{dest}: {_describe(counts)}")
     return dest
 
 
-def first_classes(archive: str | Path, dest: str | Path, max_classes: int, **fake_kwargs) -> dict:
-    """The dataset settings (``data``, ``data_root``, ``data_args``, as ``TrainConfig`` and ``build_datasets``
-    take them) of the first ``max_classes`` classes of ``archive``, extracted once into ``dest``; synthetic images
-    (``fake_kwargs``: num_train, num_val, image_size) of as many classes when the archive is absent."""
-    if Path(archive).is_file():
-        return {"data": "imagefolder", "data_root": str(extract_subset(archive, dest, max_classes)), "data_args": {}}
-    return {"data": "fake", "data_root": "data", "data_args": {"num_classes": max_classes, **fake_kwargs}}
+DATA_HINT = (f"the course's photographs come from {TINY_IMAGENET_URL}; `convit-edu data tiny-imagenet` "
+             "downloads them (into data/; --root elsewhere), or, with `--archive PATH`, reads a copy downloaded "
+             "elsewhere (the zip, or the course's tiny-imagenet-100.tar.gz)")
+
+# %%
+#| exporti
+def _describe(counts: dict) -> str:
+    return (f"{counts['classes']} classes, {counts['train']} training and {counts['val']} validation images "
+            f"(from {counts['source']})")
+
+
+def _course_tree(source: Path, tree: Path) -> dict:
+    """Write the course's tree from ``source`` (zip or tar.gz) into ``tree`` and return its counts, or raise a
+    ValueError naming ``source`` unless train/ and val/ hold the same classes and classes.txt names them."""
+    (extract_tiny_imagenet_zip if zipfile.is_zipfile(source) else extract_course_tar)(source, tree)
+    folders = {split: sorted(p.name for p in (tree / split).iterdir()) if (tree / split).is_dir() else []
+               for split in ("train", "val")}
+    table = tree / "classes.txt"
+    named = [line.split("\t")[0] for line in table.read_text().splitlines()] if table.is_file() else []
+    if not folders["train"] or not folders["train"] == folders["val"] == named:
+        raise ValueError(f"{source} does not hold the course's layout: classes {folders['train'][:3]} in train/, "
+                         f"{folders['val'][:3]} in val/, {named[:3]} in classes.txt")
+    counts = {"classes": len(named), "source": source.name,
+              **{split: sum(len(os.listdir(tree / split / c)) for c in named) for split in folders}}
+    (tree / _READY).write_text(json.dumps(counts))
+    return counts
 
 # %% [markdown]
-# ### ImageNet in miniature: Tiny ImageNet
-#
-# The project's developers have a 100-class Tiny ImageNet (64×64 photographs of ImageNet classes, 500 training
-# and 50 validation images per class, in the ImageNet folder layout) beside the repository. We extract its
-# first four classes, once, into `data/` (ignored by git) and read them exactly as ImageNet-1k would be read.
-# Without the archive (a user's machine) the chapter falls back to synthetic images and `grace_hopper.jpg`;
-# `first_classes` makes that choice, here and in the chapters that follow.
+# The course's data in `data/`, read as ImageNet-1k would be read. Every chapter that trains or analyses calls
+# `tiny_imagenet` the same way; without the data and without a network it stops with the URL and the command.
+# The first four classes serve this chapter and the data pipeline's, the first two show that labels stay 0..K−1:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (the numbers depend on whether the shared Tiny ImageNet archive is present)
-ARCHIVE = Path("../../shared/data/tiny-imagenet-100.tar.gz")
-TINY4 = first_classes(ARCHIVE, "../data/tiny-imagenet-100-first4", 4, num_train=2000, num_val=200, image_size=64)
-train_ds, val_ds, names = build_datasets(TINY4["data"], TINY4["data_root"], **TINY4["data_args"])
-HAVE_TINY, TINY = TINY4["data"] == "imagefolder", Path(TINY4["data_root"])
+# (prints whether the tree was extracted now or found ready)
+TINY = tiny_imagenet("../data")
+
+# %%
+train_ds, val_ds, names = build_datasets("imagefolder", TINY, max_classes=4)
+assert len(train_ds) == 4 * 500 and len(val_ds) == 4 * 50 and len(names) == 4
 print(f"{type(train_ds).__name__}: {len(train_ds)} train / {len(val_ds)} val images, classes {names}")
 image, label = train_ds[0]
 print("first image:", image.mode, image.size, "label", label, f"({names[label]})")
+first2, val2, names2 = build_datasets("imagefolder", TINY, max_classes=2)
+assert names2 == names[:2] and sorted(set(first2.targets)) == sorted(set(val2.targets)) == [0, 1]
+print(names2, len(first2), len(val2))
 
 # %% [markdown]
 # Some of these JPEGs are greyscale; the dataset hands them out as RGB like the others:
 
 # %%
-# NBVAL_IGNORE_OUTPUT
-# (the numbers depend on whether the shared Tiny ImageNet archive is present)
-if HAVE_TINY:
-    files = [p for p, _ in train_ds.samples + val_ds.samples]
-    grey = [i for i, p in enumerate(files) if Image.open(p).mode != "RGB"]
-    print(f"{len(grey)} of {len(files)} files are not RGB on disk, e.g. {Path(files[grey[0]]).name} "
-          f"({Image.open(files[grey[0]]).mode})")
-    grey_train = [i for i, (p, _) in enumerate(train_ds.samples) if Image.open(p).mode != "RGB"]
-    assert grey_train and all(train_ds[i][0].mode == "RGB" for i in grey_train)
+files = [p for p, _ in train_ds.samples + val_ds.samples]
+grey = [i for i, p in enumerate(files) if Image.open(p).mode != "RGB"]
+print(f"{len(grey)} of {len(files)} files are not RGB on disk, e.g. {Path(files[grey[0]]).name} "
+      f"({Image.open(files[grey[0]]).mode})")
+grey_train = [i for i, (p, _) in enumerate(train_ds.samples) if Image.open(p).mode != "RGB"]
+assert grey_train and all(train_ds[i][0].mode == "RGB" for i in grey_train)
 
 # %% [markdown]
 # Table 2's fractions on these classes. Each class keeps ⌊f·500⌋ images, the first ones in sorted file order, so
@@ -431,25 +457,13 @@ if HAVE_TINY:
 print(f"{'f':>5} {'per class':>10} {'total':>6} {'epochs (300 at f=1)':>20}")
 subsets = {}
 for f in (0.05, 0.1, 0.3, 0.5, 1.0):
-    sub, _, _ = build_datasets("imagefolder" if HAVE_TINY else "fake", TINY if HAVE_TINY else "data",
-                               fraction=f, **({} if HAVE_TINY else dict(num_train=2000, num_classes=4, image_size=64)))
+    sub, _, _ = build_datasets("imagefolder", TINY, fraction=f, max_classes=4)
     counts = [sub.targets.count(c) for c in range(len(names))]
     assert counts == [math.floor(f * 500 + 1e-9)] * 4
-    subsets[f] = sub.samples if HAVE_TINY else sub.indices
+    subsets[f] = sub.samples
     print(f"{f:>5} {counts[0]:>10} {len(sub):>6} {scaled_epochs(300, f):>20}")
 fs = sorted(subsets)
 assert all(set(subsets[a]) <= set(subsets[b]) for a, b in zip(fs, fs[1:]))  # nested subsets
-
-# %% [markdown]
-# The first K classes: labels stay 0..K−1 and both splits agree.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (the numbers depend on whether the shared Tiny ImageNet archive is present)
-first2, val2, names2 = build_datasets("imagefolder" if HAVE_TINY else "fake", TINY if HAVE_TINY else "data",
-                                      max_classes=2, **({} if HAVE_TINY else dict(num_train=2000, num_classes=4)))
-assert names2 == names[:2] and sorted(set(first2.targets)) == sorted(set(val2.targets)) == [0, 1]
-print(names2, len(first2), len(val2))
 
 # %% [markdown]
 # The synthetic images, one row per class: a smooth colour pattern per class plus noise, different for every

@@ -42,14 +42,13 @@ from convit_edu.checks import one_of, positive_int
 
 # %%
 import warnings
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
 from PIL import Image
 
 from convit_edu.checks import expect_error
-from convit_edu.datasets import build_datasets, first_classes
+from convit_edu.datasets import build_datasets, tiny_imagenet
 from convit_edu.image_files import load_rgb
 
 torch.manual_seed(0)
@@ -57,16 +56,15 @@ torch.set_printoptions(precision=4, sci_mode=False)
 warnings.filterwarnings("ignore", message=".*os.fork.*")  # fork + threads notice from workers, not ours
 
 # %% [markdown]
-# The images of chapter 13: the first four classes of the shared Tiny ImageNet subset when it is here, synthetic
-# images otherwise (a user's machine).
+# The images of chapter 13: the first four classes of the course's Tiny ImageNet subset, from `data/`.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (the classes depend on whether the shared Tiny ImageNet archive is present)
-TINY4 = first_classes("../../shared/data/tiny-imagenet-100.tar.gz", "../data/tiny-imagenet-100-first4", 4,
-                      num_train=2000, num_val=200, image_size=64)
-_, val_ds, names = build_datasets(TINY4["data"], TINY4["data_root"], **TINY4["data_args"])
-HAVE_TINY, TINY = TINY4["data"] == "imagefolder", Path(TINY4["data_root"])
+# (says whether the photographs were found or extracted now)
+TINY = tiny_imagenet("../data")
+
+# %%
+_, val_ds, names = build_datasets("imagefolder", TINY, max_classes=4)
 print(names)
 
 # %% [markdown]
@@ -299,15 +297,9 @@ assert torchvision_arg("Rotate", 31) == 9.0  # the default bins: a third of DeiT
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (the numbers depend on whether the shared Tiny ImageNet archive is present)
-if HAVE_TINY:
-    photo = load_rgb(TINY / "train" / "n01443537" / "n01443537_0.JPEG")
-    photo_name = f"Tiny ImageNet, {names[0]}"
-else:
-    import matplotlib.cbook
-
-    photo = load_rgb(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))
-    photo_name = "grace_hopper.jpg"
+# (the augmented views are drawn at random)
+photo = load_rgb(TINY / "train" / "n01443537" / "n01443537_0.JPEG")
+photo_name = f"Tiny ImageNet, {names[0]}"
 print(photo_name, photo.size)
 
 
@@ -421,10 +413,10 @@ def build_mixup(cfg: AugConfig, num_classes: int) -> MixupCutmix | None:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (the numbers depend on whether the shared Tiny ImageNet archive is present)
+# (soft targets print float noise of the drawn mixing weights)
 cfg = AUGMENTATIONS["deit"]
 _, val_tf = build_transforms(cfg)
-source = val_ds if HAVE_TINY else build_datasets("fake", num_val=40, num_classes=4, image_size=64)[1]
+source = val_ds
 picks = [next(i for i, t in enumerate(source.targets) if t == c) for c in range(4)]
 images = torch.stack([val_tf(source[i][0]) for i in picks])
 labels = torch.tensor([source.targets[i] for i in picks])

@@ -50,13 +50,11 @@ from convit_edu.samplers import KeyedSampler, RepeatAugSampler, SeededSamples
 # %%
 import warnings
 from dataclasses import replace
-from pathlib import Path
 
 import torch
-from matplotlib import cbook
 
 from convit_edu.augment import AUGMENTATIONS, augmentation, build_mixup, build_transforms
-from convit_edu.datasets import SyntheticImages, build_datasets, first_classes
+from convit_edu.datasets import SyntheticImages, build_datasets, tiny_imagenet
 from convit_edu.image_files import load_rgb
 
 torch.manual_seed(0)
@@ -64,18 +62,17 @@ torch.set_printoptions(precision=4, sci_mode=False)
 warnings.filterwarnings("ignore", message=".*os.fork.*")  # fork + threads notice from workers, not ours
 
 # %% [markdown]
-# The images of chapter 13: the first four classes of the shared Tiny ImageNet subset when it is here, synthetic
-# images otherwise (a user's machine), and one photograph from them.
+# The images of chapter 13: the first four classes of the course's Tiny ImageNet subset, from `data/`, and one
+# photograph from them.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (the classes depend on whether the shared Tiny ImageNet archive is present)
-TINY4 = first_classes("../../shared/data/tiny-imagenet-100.tar.gz", "../data/tiny-imagenet-100-first4", 4,
-                      num_train=2000, num_val=200, image_size=64)
-_, val_ds, names = build_datasets(TINY4["data"], TINY4["data_root"], **TINY4["data_args"])
-HAVE_TINY, TINY = TINY4["data"] == "imagefolder", Path(TINY4["data_root"])
-photo = load_rgb(TINY / "train" / "n01443537" / "n01443537_0.JPEG" if HAVE_TINY else
-                 cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))
+# (says whether the photographs were found or extracted now)
+TINY = tiny_imagenet("../data")
+
+# %%
+_, val_ds, names = build_datasets("imagefolder", TINY, max_classes=4)
+photo = load_rgb(TINY / "train" / "n01443537" / "n01443537_0.JPEG")
 print(names)
 
 # %% [markdown]
@@ -311,13 +308,10 @@ def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_
 # downloads CIFAR-100 into `data/` instead), one batch, mixed:
 
 # %%
-# NBVAL_IGNORE_OUTPUT
-# (the numbers depend on whether the shared Tiny ImageNet archive is present)
 aug = AUGMENTATIONS["deit"]
 train_tf, val_tf = build_transforms(aug)
-train_ds, val_ds, classes = build_datasets(
-    "imagefolder" if HAVE_TINY else "fake", TINY if HAVE_TINY else "data", train_transform=train_tf,
-    val_transform=val_tf, **({} if HAVE_TINY else dict(num_train=2000, num_val=200, num_classes=4, image_size=64)))
+train_ds, val_ds, classes = build_datasets("imagefolder", TINY, train_transform=train_tf, val_transform=val_tf,
+                                           max_classes=4)
 data = build_loaders(train_ds, val_ds, batch_size=32, num_workers=2, repeats=3)
 data.sampler.set_epoch(0)
 images, labels = next(iter(data.train))

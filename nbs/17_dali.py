@@ -45,14 +45,12 @@ from convit_edu.samplers import seed_from
 # %%
 import time
 import warnings
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
-from matplotlib import cbook
 
 from convit_edu.augment import AugConfig, augmentation, build_transforms
-from convit_edu.datasets import build_datasets, first_classes
+from convit_edu.datasets import build_datasets, tiny_imagenet
 from convit_edu.image_files import load_rgb
 from convit_edu.loaders import DeviceTransforms, build_loaders
 
@@ -61,18 +59,17 @@ torch.set_printoptions(precision=4, sci_mode=False)
 warnings.filterwarnings("ignore", message=".*os.fork.*")  # fork + threads notice from workers, not ours
 
 # %% [markdown]
-# The images of chapter 13: the first four classes of the shared Tiny ImageNet subset when it is here, synthetic
-# images otherwise (a user's machine), and one photograph from them.
+# The images of chapter 13: the first four classes of the course's Tiny ImageNet subset, from `data/`, and one
+# photograph from them.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (the classes depend on whether the shared Tiny ImageNet archive is present)
-TINY4 = first_classes("../../shared/data/tiny-imagenet-100.tar.gz", "../data/tiny-imagenet-100-first4", 4,
-                      num_train=2000, num_val=200, image_size=64)
-_, val_ds, names = build_datasets(TINY4["data"], TINY4["data_root"], **TINY4["data_args"])
-HAVE_TINY, TINY = TINY4["data"] == "imagefolder", Path(TINY4["data_root"])
-photo = load_rgb(TINY / "train" / "n01443537" / "n01443537_0.JPEG" if HAVE_TINY else
-                 cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))
+# (says whether the photographs were found or extracted now)
+TINY = tiny_imagenet("../data")
+
+# %%
+_, val_ds, names = build_datasets("imagefolder", TINY, max_classes=4)
+photo = load_rgb(TINY / "train" / "n01443537" / "n01443537_0.JPEG")
 print(names)
 
 
@@ -298,14 +295,13 @@ def images_per_s(batches: Iterator, count: int, batch_size: int) -> float:
     return count * batch_size / (time.perf_counter() - t0)
 
 
-if not HAVE_TINY:
-    print("Tiny ImageNet subset not present: the DALI comparison needs image files: skipped")
-elif not dali_available():
+if not dali_available():
     print(f"DALI not installed: skipped ({DALI_INSTALL} installs it)")
 else:
     aug64, batch, threads = augmentation("deit", 64), 64, 2
     tv_train, tv_val = build_transforms(aug64, on_device=True)
-    tv_set, tv_val_set, _ = build_datasets("imagefolder", TINY, train_transform=tv_train, val_transform=tv_val)
+    tv_set, tv_val_set, _ = build_datasets("imagefolder", TINY, train_transform=tv_train, val_transform=tv_val,
+                                           max_classes=4)
     tv = build_loaders(tv_set, tv_val_set, batch_size=batch, num_workers=threads)
     dali = DaliLoaders(tv_set, tv_val_set, aug64, batch_size=batch, num_threads=threads)
     n_timed = 3 if FAST else 12

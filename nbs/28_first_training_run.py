@@ -57,8 +57,8 @@ _ = torch.manual_seed(0)
 # overriding its sizes), the data, the epochs, the batch, the learning rate, the seed. Its defaults are DeiT's
 # recipe (AdamW, warm-up + cosine, RandAugment, Mixup/CutMix, label smoothing, random erasing, drop path).
 #
-# **The data.** The first 10 classes of the shared Tiny ImageNet subset: 64 × 64 photographs, 500 training and 50
-# validation images per class (synthetic images of the same shape without the archive, so every cell runs).
+# **The data.** The first 10 classes of the course's Tiny ImageNet subset (chapter 13's `tiny_imagenet`, from
+# `data/`): 64 × 64 photographs, 500 training and 50 validation images per class.
 # **The models.** Width 96 in 4 heads, 6 blocks, 8-pixel patches (an 8 × 8 grid). The ConViT's first 5 blocks are
 # GPSA (`local_up_to_layer=5`), the class token joining before the last; the DeiT has plain self-attention. Same
 # seed, same images in the same order. **The budget.** Half of each class's images (`fraction=0.5`, 2 500), 4
@@ -68,12 +68,11 @@ _ = torch.manual_seed(0)
 # NBVAL_IGNORE_OUTPUT
 from convit_edu.callbacks import plot_history
 from convit_edu.config import TrainConfig
-from convit_edu.datasets import first_classes
+from convit_edu.datasets import tiny_imagenet
 from convit_edu.training import train
 
 RUNS = Path("runs")  # nbs/runs/ is ignored by git
-data = first_classes("../../shared/data/tiny-imagenet-100.tar.gz", "../data/tiny-imagenet-100-first10", 10,
-                     num_train=5000, num_val=500, image_size=64)
+data = {"data": "imagefolder", "data_root": str(tiny_imagenet("../data"))}
 IMAGES_PER_CLASS, CLASSES = 500, 2 if FAST else 10
 
 size = dict(patch_size=8, embed_dim=96, num_heads=4, depth=6)
@@ -100,8 +99,8 @@ print(convit_cfg)
 # ## Training
 #
 # `train(cfg)` builds the data, the model and the optimiser from the config, trains, evaluates after every
-# epoch, and returns the model and the history. (The committed times come from an Intel Xeon, model 207, with
-# AVX-512, 2 cores shared with other jobs: indicative only.)
+# epoch, and returns the model and the history. (The committed times come from an AMD EPYC with AVX2, 2 cores,
+# a short test run beside it at the start: indicative only.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -439,10 +438,7 @@ shrink = transforms.Compose([transforms.Resize(32), transforms.ToTensor(),
 
 
 def first_images(split: str, per_class: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``per_class`` images of each class of ``split``, shrunk to 32 px (random without the archive)."""
-    if data["data"] != "imagefolder":
-        images = torch.randn(CLASSES * per_class, 3, 32, 32, generator=torch.Generator().manual_seed(len(split)))
-        return images, torch.arange(CLASSES).repeat_interleave(per_class)
+    """The first ``per_class`` images of each class of ``split``, shrunk to 32 px."""
     folder = tv_datasets.ImageFolder(Path(data["data_root"]) / split, shrink)
     keep = [i for c in range(CLASSES) for i in [j for j, t in enumerate(folder.targets) if t == c][:per_class]]
     return torch.stack([folder[i][0] for i in keep]), torch.tensor([folder.targets[i] for i in keep])

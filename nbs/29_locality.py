@@ -26,14 +26,15 @@
 import os
 
 FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
+TRAIN = True  # False: the short run below is read from its committed weights and records instead of trained
 
 # %%
 #| default_exp locality
 # Locality: nonlocality (Eq. 8) on each block's true input, the gates, and both recorded during training.
 
 # %%
-# %matplotlib inline
 import math
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -46,7 +47,8 @@ from convit_edu.augment import build_transforms
 from convit_edu.checks import WrongAnswer, check_answer, expect_error
 from convit_edu.config import TrainConfig
 from convit_edu.conv_init import head_centres
-from convit_edu.datasets import build_datasets, first_classes
+from convit_edu.checkpoints import load_weights
+from convit_edu.datasets import build_datasets, tiny_imagenet
 from convit_edu.training import train
 from convit_edu.zoo import create_model
 
@@ -312,72 +314,71 @@ def plot_gate_history(records: list[dict], x: str = "epoch") -> Figure:
     return fig
 
 
-def plot_gates(values: Tensor, title: str = "σ(λ) per head") -> Figure:
-    """A (layers, heads) heat map of the gates, values written in the cells: red is positional, white content."""
-    values = values.detach().float().cpu()
-    fig = Figure(figsize=(1 + 0.6 * values.shape[1], 0.8 + 0.45 * values.shape[0]), dpi=80)
-    ax = fig.subplots()
-    ax.imshow(values, cmap="Reds", vmin=0, vmax=1)
-    for (layer, head), v in zip(torch.cartesian_prod(*map(torch.arange, values.shape)).tolist(), values.flatten()):
-        ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=8, color="white" if v > 0.6 else "black")
-    ax.set(xticks=range(values.shape[1]), xticklabels=range(1, values.shape[1] + 1), yticks=range(values.shape[0]),
-           yticklabels=range(1, values.shape[0] + 1), xlabel="head", ylabel="layer", title=title)
-    fig.tight_layout()
-    return fig
-
 # %% [markdown]
 # ## A short run: the instruments at work
 #
-# A run this notebook can afford: a small DeiT and ConViT (width 48, 4 heads, 6 blocks, the ConViT's first 4
-# GPSA) on the first 10 classes of the shared Tiny ImageNet subset at 64 px in 8-px patches (synthetic images
-# without it), DeiT's recipe, one epoch of the 5 000 images (78 steps, about a minute each on one thread; FAST: one
-# step on 2 % of them), recording every 6 steps (FAST: 2). Then the checks: the recorder saw the model before
-# the first step and every 6 steps after, and wrote its records beside the run's logs.
+# A run this notebook can afford: a small DeiT and ConViT (width 48, 4 heads, 6 blocks, the ConViT's first 4 GPSA)
+# on the first 10 classes of the course's Tiny ImageNet at 64 px in 8-px patches, DeiT's recipe, one epoch of the
+# 5 000 images (78 steps; FAST: one step on 2 % of them), recording every 6 steps (FAST: 2). The full run writes the
+# weights and records to `results/locality-run/` (committed: `TRAIN = False` at the top reads them instead). Checks:
+# records before the first step and every 6 steps after; the committed weights give the last committed record.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 torch.set_num_threads(1)
-data = first_classes("../../shared/data/tiny-imagenet-100.tar.gz", "../data/tiny-imagenet-100-first10", 10,
-                     num_train=5000, num_val=500, image_size=64)
 size = dict(patch_size=8, embed_dim=48, num_heads=4, depth=6)
-base = TrainConfig(model="deit_tiny", model_args=size, img_size=64, **data, epochs=1, fraction=0.02 if FAST else 1.0,
+base = TrainConfig(model="deit_tiny", model_args=size, img_size=64, data="imagefolder",
+                   data_root=str(tiny_imagenet("../data")), classes=10, epochs=1, fraction=0.02 if FAST else 1.0,
                    batch_size=64, lr=8e-3, warmup_epochs=0.5, precision="fp32", num_workers=1, seed=0,
                    progress="none", output="runs/25_deit")
 configs = {"DeiT": base, "ConViT": replace(base, model="convit_tiny", model_args={**size, "local_up_to_layer": 4},
                                            output="runs/25_convit")}
-_, val_set, classes = build_datasets(base.data, base.data_root, val_transform=build_transforms(base.aug_config())[1],
-                                     max_classes=None, download=False, **base.data_args)
+_, val_set, classes = build_datasets("imagefolder", base.data_root, max_classes=10,
+                                     val_transform=build_transforms(base.aug_config())[1])
 probe = torch.stack([val_set[i][0] for i in range(0, len(val_set), len(val_set) // 64)][:64])  # 64 val images
-recorders = {}
+SHORT_RUN, EVERY, records = Path("results/locality-run"), 2 if FAST else 6, {}  # the full run's weights, records
 for name, cfg in configs.items():
-    recorders[name] = LocalityRecorder(probe, every=2 if FAST else 6, path=Path(cfg.output) / "locality.json")
-    t0 = time.perf_counter()
-    result = train(cfg, callbacks=[recorders[name]])
-    print(f"{name}: {time.perf_counter() - t0:.0f} s, top-1 {result.history[-1]['val_top1']:.1f}% after "
-          f"{cfg.epochs} epoch(s), {len(recorders[name].records)} locality records")
-display(plot_nonlocality_history({name: rec.records for name, rec in recorders.items()}))
-display(plot_gate_history(recorders["ConViT"].records))
+    if TRAIN:
+        recorder, t0 = LocalityRecorder(probe, EVERY, Path(cfg.output) / "locality.json"), time.perf_counter()
+        result = train(cfg, callbacks=[recorder])
+        records[name] = recorder.records
+        print(f"{name}: {time.perf_counter() - t0:.0f} s, top-1 {result.history[-1]['val_top1']:.1f}% after "
+              f"{cfg.epochs} epoch(s), {len(records[name])} locality records")
+        if not FAST:  # only the full run writes what the chapter commits
+            (SHORT_RUN / name).mkdir(parents=True, exist_ok=True)
+            torch.save(result.model.state_dict(), SHORT_RUN / name / "weights.pt")
+            shutil.copy(recorder.path, SHORT_RUN / name / "locality.json")
+    else:
+        records[name] = read_locality(SHORT_RUN / name / "locality.json")
+display(plot_nonlocality_history(records))
+display(plot_gate_history(records["ConViT"]))
 
 # %%
 assert len(classes) == 10 and probe.shape == (64, 3, 64, 64)
-for name, rec in recorders.items():
-    first = rec.records[0]
-    steps = [r["step"] for r in rec.records]
-    assert steps[0] == 0 and steps == sorted(set(steps)) and all(s % rec.every == 0 for s in steps[1:-1])
-    assert read_locality(Path(configs[name].output) / "locality.json") == rec.records
+for name, cfg in configs.items():  # the committed weights, loaded as chapter 30 loads its runs', give the last record
+    model = load_weights(create_model(cfg.model, img_size=64, num_classes=10, **cfg.model_args),
+                         SHORT_RUN / name / "weights.pt")
+    committed = read_locality(SHORT_RUN / name / "locality.json")
+    torch.testing.assert_close(model_nonlocality(model.eval(), probe), torch.tensor(committed[-1]["nonlocality"]),
+                               atol=1e-3, rtol=0)
+    assert FAST or not TRAIN or committed == records[name]  # the full run has just written them
+for name, recs in records.items():
+    first, steps = recs[0], [r["step"] for r in recs]
+    assert steps[0] == 0 and steps == sorted(set(steps)) and all(s % EVERY == 0 for s in steps[1:-1])
+    assert not TRAIN or read_locality(Path(configs[name].output) / "locality.json") == recs
     assert len(first["nonlocality"]) == 6 and len(first["nonlocality"][0]) == 4
     print(f"{name}: nonlocality of {len(first['nonlocality'])} layers x {len(first['nonlocality'][0])} heads, "
           f"{len(first['gates'])} gated layers")
-assert recorders["DeiT"].records[0]["gates"] == [] and len(recorders["ConViT"].records[0]["gates"]) == 4
-at_start = torch.tensor(recorders["ConViT"].records[0]["nonlocality"]).mean(1)
+assert records["DeiT"][0]["gates"] == [] and len(records["ConViT"][0]["gates"]) == 4
+at_start = torch.tensor(records["ConViT"][0]["nonlocality"]).mean(1)
 assert at_start[:4].max() < at_start[4:].min()  # at step 0 the GPSA layers are local, the SA layers not
-moved = max(abs(g - 1 / (1 + math.exp(-1))) for r in recorders["ConViT"].records for h in r["gates"] for g in h)
+moved = max(abs(g - 1 / (1 + math.exp(-1))) for r in records["ConViT"] for h in r["gates"] for g in h)
 assert FAST or moved < 0.01  # one epoch of the full run: no gate moves by 0.01 from σ(1) (the prose below)
 
 # %% [markdown]
 # **What this run can and cannot show.** The instruments work inside a real training loop: records at the right
-# steps, the right shapes, GPSA layers local and SA layers not at step 0. But 78 steps (the paper's runs take
-# 375 000) leave the gates where they started, none moved by 0.01 from σ(1): they cannot show Figs. 5 and 6.
+# steps, the right shapes, GPSA layers local and SA layers not at step 0. But 78 steps (the paper's: 375 000) leave
+# the gates where they started, none moved by 0.01 from σ(1): they cannot show Figs. 5 and 6.
 #
 # ## Longer runs: Figs. 5 and 6 from committed pilots
 #
@@ -386,10 +387,9 @@ assert FAST or moved < 0.01  # one epoch of the full run: no gate moves by 0.01 
 # layers climb back; the ConViT's GPSA layers start local and **rise**, ending below the DeiT. In **Fig. 6** every
 # layer's mean gate **falls**: by the end layers 6-10 of ConViT-S ignore position, some heads of 1-5 keep it.
 #
-# Runs that long do not fit in a notebook; we read committed ones, issue 26's pilots: a DeiT and a ConViT of the
-# experiments' shape (width 72, **9 heads**, 6 blocks, the ConViT's first 4 GPSA) on 48-px images in 4-px patches
-# (a **12 × 12 grid**), chapter 31's light recipe, the steps of 60 000 images at batch 32, on 350 training images
-# (f = 0.1) and on 3 500 (f = 1), one seed each, recorded by `LocalityRecorder` on 16 dev images.
+# Runs that long do not fit in a notebook; we read two committed pilots (chapter 35): a DeiT and a ConViT of the
+# experiments' shape (width 72, **9 heads**, 6 blocks, 4 GPSA) on 48-px images in 4-px patches (a **12 × 12 grid**),
+# chapter 31's light recipe, 60 000 images at batch 32 from 350 (f = 0.1) or 3 500 (f = 1) training images.
 
 # %%
 PILOTS = {"f = 0.1": Path("results/pilots/grid12"), "f = 1": Path("results/pilots/grid12-f1")}

@@ -381,15 +381,15 @@ def sample_efficiency_scale(data_root: str | Path, classes: int = 10, images_per
 # Pre-condition (3) needs the sum of a run's learning rates, from its schedule: chapter 20's `learning_rate_sum`.
 
 # %%
-DATA_ROOT = Path("../data/tiny-imagenet-100-first10")  # made from ../shared/data, as the README says
-RESULTS = Path("results/sample-efficiency")  # nbs/results/sample-efficiency: the committed records
-from convit_edu.datasets import extract_subset
+# NBVAL_IGNORE_OUTPUT
+# (says whether the photographs were found or extracted now)
+from convit_edu.datasets import tiny_imagenet
 
-ARCHIVE = Path("../../shared/data/tiny-imagenet-100.tar.gz")
-if ARCHIVE.is_file():
-    CPU = sample_efficiency_scale(extract_subset(ARCHIVE, DATA_ROOT, max_classes=10), classes=10)
-else:  # the committed results are read all the same; the grid is printed from Tiny ImageNet's known sizes
-    CPU = sample_efficiency_scale(DATA_ROOT, classes=10, class_sizes=(500,) * 10)
+TINY = tiny_imagenet("../data")
+
+# %%
+RESULTS = Path("results/sample-efficiency")  # nbs/results/sample-efficiency: the committed records
+CPU = sample_efficiency_scale(TINY, classes=10)  # the course's photographs, their first 10 classes
 FRACTIONS, SEEDS, ABLATION_FRACTION = [0.1, 0.3, 1.0], [0, 1], 0.1
 cpu_runs = sample_efficiency_grid(CPU, FRACTIONS, SEEDS)
 print(f"{len(cpu_runs)} Table 2 runs:", ", ".join(s.name for s in cpu_runs))

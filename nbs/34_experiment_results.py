@@ -50,7 +50,7 @@ torch.set_printoptions(precision=4, sci_mode=False)
 
 # %%
 RESULTS = Path("results/sample-efficiency")  # nbs/results/sample-efficiency: the committed records
-CPU = sample_efficiency_scale(Path("../data/tiny-imagenet-100-first10"), classes=10, class_sizes=(500,) * 10)
+CPU = sample_efficiency_scale(Path("../data/tiny-imagenet-100"), classes=10, class_sizes=(500,) * 10)
 FRACTIONS, SEEDS, ABLATION_FRACTION = [0.1, 0.3, 1.0], [0, 1], 0.1
 cpu_runs = sample_efficiency_grid(CPU, FRACTIONS, SEEDS)
 batch = CPU.base.global_batch

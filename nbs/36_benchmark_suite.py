@@ -294,8 +294,8 @@ def pipeline_bench(cfg: TrainConfig, steps: int, num_workers: int = 1) -> dict:
 # %% [markdown]
 # The run measured is one of chapter 33's: the ConViT of the sample-efficiency grid (width 72, 9 heads, depth
 # 6, 64-px Tiny ImageNet photographs, batch 128, crops and flips), with one thread and one loader worker — the
-# share of this 2-core machine each of the grid's two parallel runs has. (Without the shared archive, and in
-# FAST mode, a small generated folder stands in.)
+# share of this 2-core machine each of the grid's two parallel runs has. (In FAST mode a small generated folder
+# stands in, to keep CI quick.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -307,11 +307,10 @@ from PIL import Image
 from convit_edu.experiment_design import sample_efficiency_scale
 from convit_edu.experiments import run_config
 
-ARCHIVE = Path("../../shared/data/tiny-imagenet-100.tar.gz")
-if ARCHIVE.is_file() and not FAST:
-    from convit_edu.datasets import extract_subset
+if not FAST:
+    from convit_edu.datasets import tiny_imagenet
 
-    pipeline_root, classes = extract_subset(ARCHIVE, Path("../data/tiny-imagenet-100-first10"), max_classes=10), 10
+    pipeline_root, classes = tiny_imagenet("../data"), 10
 else:
     classes = 2
     pipeline_root = Path(tempfile.mkdtemp()) / "folder"

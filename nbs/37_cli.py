@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # The command line: `convit-edu train / eval / bench / experiment`
+# # The command line: `convit-edu train / eval / bench / experiment / data`
 #
 # Chapters 11-25 wrote one training loop, `train(TrainConfig)`. This chapter puts a command in front of it:
 #
@@ -22,7 +22,8 @@
 #   name; **presets** fill in the paper's recipes and print what they expand to;
 # * `convit-edu eval` — top-1/top-5 of a checkpoint, with chapter 09's test-time masking (SM F, Tables 5-6);
 # * `convit-edu bench` — training and inference images/s and peak memory of a model here, and the loader's;
-# * `convit-edu experiment` — chapter 33's grids (Tables 2 and 3 at CPU scale), built from its functions.
+# * `convit-edu experiment` — chapter 33's grids (Tables 2 and 3 at CPU scale), built from its functions;
+# * `convit-edu data tiny-imagenet` — the course's photographs (chapter 13): downloaded, checked, extracted once.
 #
 # Chapter 38 launches the same command on one GPU, a node, many nodes and SLURM.
 
@@ -33,32 +34,27 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp cli
-# The command line: `convit-edu train / eval / bench / experiment`, every config field a flag (chapter 19's).
+# The command line: `convit-edu train / eval / bench / experiment / data`, every config field a flag (chapter 19's).
 
 # %%
 import contextlib
 import io
-import json
 import tempfile
-from pathlib import Path
 
-import torch
-
-torch.set_printoptions(precision=4, sci_mode=False)
+from convit_edu.config import RECIPES
 
 # %% [markdown]
 # ## Presets: the paper's recipes by name
 #
-# `--preset NAME` applies one of chapter 19's `RECIPES` over the defaults. `deit` is DeiT's ImageNet recipe as
-# the ConViT paper uses it unchanged (Sec. 3): 300 epochs, global batch 1024 (so lr = 5·10⁻⁴ × 1024/512 = 10⁻³),
-# 5 warm-up epochs, cosine to 10⁻⁵, AdamW wd 0.05, drop path 0.1, RandAugment, random erasing, Mixup/CutMix
-# with label smoothing, repeated augmentation ×3. `imagenet` is `deit` on an ImageNet folder. `cifar100-224` is
-# SM C's CIFAR-100 setting: every hyper-parameter unchanged, images rescaled to 224 × 224 (the paper then
-# trains far longer than 300 epochs, up to 3000: pass `--epochs`). `cifar100-32` is this course's own small
-# setting for one GPU or a CPU: native 32 × 32 images cut into 4 × 4 patches (an 8 × 8 grid), the classic
-# CIFAR augmentation (pad-and-crop, flip) without mixing, global batch 128. `sample-efficiency` is the recipe of
-# chapter 31's grid (Table 2 at the scale of a CPU), so that any run of that grid is `--preset sample-efficiency`
-# and a few flags: the command its script prints runs here by hand.
+# `--preset NAME` applies one of chapter 19's `RECIPES` over the defaults. `deit` is DeiT's ImageNet recipe as the
+# ConViT paper uses it unchanged (Sec. 3): 300 epochs, global batch 1024 (so lr = 5·10⁻⁴ × 1024/512 = 10⁻³), 5 warm-up
+# epochs, cosine to 10⁻⁵, AdamW wd 0.05, drop path 0.1, RandAugment, random erasing, Mixup/CutMix with label smoothing,
+# repeated augmentation ×3. `imagenet` is `deit` on an ImageNet folder. `cifar100-224` is SM C's CIFAR-100 setting:
+# every hyper-parameter unchanged, images rescaled to 224 × 224 (the paper then trains far longer than 300 epochs, up
+# to 3000: pass `--epochs`). `cifar100-32` is this course's own small setting for one GPU or a CPU: native 32 × 32
+# images cut into 4 × 4 patches (an 8 × 8 grid), the classic CIFAR augmentation (pad-and-crop, flip) without mixing,
+# global batch 128. `sample-efficiency` is the recipe of chapter 31's grid (Table 2 at the scale of a CPU), so that any
+# run of that grid is `--preset sample-efficiency` and a few flags: the command its script prints runs here by hand.
 #
 # Explicit flags override the preset; a preset's global batch holds on any number of GPUs. DALI (chapter 17)
 # has no repeated augmentation, so `--preset imagenet --loader dali` trains with `repeats` 1 and says so in a
@@ -79,9 +75,9 @@ from convit_edu.augment import AugConfig, augmentation, build_mixup, build_trans
 from convit_edu.benchmark_suite import BenchSizes, pipeline_bench, run_benchmarks, save_results
 from convit_edu.benchmarks import measure_model
 from convit_edu.checkpoints import read_checkpoint, read_state_dict
-from convit_edu.checks import positive_int
+from convit_edu.checks import number, positive_int
 from convit_edu.config import TrainConfig, add_config_flags, config_from_args, parse_key_value, recipe
-from convit_edu.datasets import build_datasets
+from convit_edu.datasets import ARCHIVE_VARIABLE, TINY_IMAGENET_URL, build_datasets, tiny_imagenet
 from convit_edu.devices import PRECISIONS, resolve_device, resolve_precision
 from convit_edu.evaluation import evaluate
 from convit_edu.experiment_design import ABLATIONS, ablation_grid, sample_efficiency_grid, sample_efficiency_scale
@@ -95,13 +91,12 @@ from convit_edu.zoo import create_model, mask_at_test_time
 # %% [markdown]
 # ## One flag per field
 #
-# The flags are chapter 19's, generated from the three dataclasses (`config.add_config_flags`): one name per
-# idea, for the field, its flag, its log key and its checkpoint field (`warmup_epochs` is `--warmup-epochs`,
-# `local_up_to_layer` is `--local-up-to-layer`), with the field's own help. The architecture flags fill
-# `model_args`, the augmentation flags `aug_args`, `--data-arg KEY=VALUE` fills `data_args`; what the run owns
-# (`config.RUN_OWNED`: image size, classes, distillation head, drop path) is the run's flag only. `train`
-# reads its flags with `config.config_from_args`, the code behind `config_from_words`: the words an
-# experiment grid prints for a run (`config_to_words`, chapter 31) train that run here, flag for flag.
+# The flags are chapter 19's, made from the three dataclasses (`config.add_config_flags`): one name per idea, for the
+# field, its flag, log key and checkpoint field (`warmup_epochs` is `--warmup-epochs`, `local_up_to_layer` is
+# `--local-up-to-layer`), with the field's own help. Architecture flags fill `model_args`, augmentation flags
+# `aug_args`, `--data-arg KEY=VALUE` fills `data_args`; what the run owns (`config.RUN_OWNED`: image size, classes,
+# distillation head, drop path) is the run's flag only. `train` reads them with `config.config_from_args`, the code of
+# `config_from_words`: the words a grid prints for a run (`config_to_words`, chapter 31) train it here, flag for flag.
 
 # %%
 #| exporti
@@ -119,7 +114,7 @@ def _train_parser(sub) -> argparse.ArgumentParser:
 
 
 # %% [markdown]
-# ## The four commands
+# ## The five commands
 #
 # `main(argv)` returns 0 when the work is done — including a run that a SIGTERM or SIGINT stopped *with a
 # checkpoint written* (resume it with `--resume auto`) — and 1 with a one-line message, no traceback, for a bad
@@ -137,11 +132,10 @@ def run_train(args: argparse.Namespace) -> int:
             print(f"  {key} = {value!r}")
         for note in notes:
             print(f"note: {note}")
-    if args.print_config:
-        if main_process:
-            print(json.dumps(asdict(cfg), indent=2))
-        return 0
-    train(cfg)
+    if not args.print_config:
+        train(cfg)
+    elif main_process:
+        print(json.dumps(asdict(cfg), indent=2))
     return 0
 
 
@@ -151,13 +145,9 @@ def run_eval(args: argparse.Namespace) -> int:
              if v is not None}
     cfg = TrainConfig.from_dict({**ckpt["config"], **given})
     model = VisionTransformer(cfg.model_config(ckpt["num_classes"], distilled=cfg.distill_teacher is not None))
-    if args.ema:
-        if ckpt["ema"] is None:
-            raise ValueError(f"checkpoint {args.checkpoint} has no EMA (it was trained without --ema-decay)")
-        weights = read_state_dict(ckpt["ema"])
-    else:
-        weights = ckpt["model"]
-    model.load_state_dict(weights)
+    if args.ema and ckpt["ema"] is None:
+        raise ValueError(f"checkpoint {args.checkpoint} has no EMA (it was trained without --ema-decay)")
+    model.load_state_dict(read_state_dict(ckpt["ema"]) if args.ema else ckpt["model"])
     _, val_tf = build_transforms(cfg.aug_config() or AugConfig(img_size=cfg.img_size))
     _, val_set, classes = build_datasets(cfg.data, cfg.data_root, val_transform=val_tf, max_classes=cfg.classes,
                                          download=False, **cfg.data_args)
@@ -223,12 +213,9 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-# %%
-#| exporti
 def _workers(args: argparse.Namespace) -> int:
     """`--num-workers`, or the loader default of training runs (`default_num_workers`) when it is not given."""
-    return default_num_workers() if args.num_workers is None else positive_int("--num-workers", args.num_workers,
-                                                                                minimum=0)
+    return default_num_workers() if args.num_workers is None else positive_int("--num-workers", args.num_workers, 0)
 
 
 # %%
@@ -252,6 +239,13 @@ def run_experiment(args: argparse.Namespace) -> int:
         runs = ablation_grid(scale, args.fraction, args.names, args.seeds)
     run_grid(runs, args.output)
     print((args.output / "table.txt").read_text() if (args.output / "table.txt").is_file() else "no run finished")
+    return 0
+
+
+def run_data(args: argparse.Namespace) -> int:
+    """`data tiny-imagenet`: chapter 13's `tiny_imagenet`, then the path of the tree it made or found."""
+    print(tiny_imagenet(args.root, url=args.url, md5=args.md5, archive=args.archive,
+                        timeout=number("--timeout", args.timeout, 0, open_low=True)))
     return 0
 
 
@@ -293,11 +287,11 @@ def _experiment_parser(sub) -> None:
 # %%
 #| export
 def build_parser() -> argparse.ArgumentParser:
-    """The `convit-edu` argument parser with its four sub-commands."""
+    """The `convit-edu` argument parser with its five sub-commands."""
     parser = argparse.ArgumentParser(
         prog="convit-edu", description="Train, evaluate and benchmark ConViT and DeiT models (d'Ascoli et al. 2021).")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,bench,experiment}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,bench,experiment,data}")
     _train_parser(sub)
     _experiment_parser(sub)
 
@@ -338,6 +332,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --suite --compile: seconds allowed for torch.compile")
     b.add_argument("--threads", type=int, help="torch threads (1 gives steadier numbers on a shared CPU)")
     b.add_argument("--json", type=Path, help="also write the results to this JSON file")
+
+    d = sub.add_parser("data", help="the course's photographs: downloaded or --archive, checked, extracted once")
+    d.add_argument("dataset", choices=["tiny-imagenet"], help="100 classes of Tiny ImageNet (chapter 13)")
+    d.add_argument("--root", type=Path, default=Path("data"), help="writes ROOT/tiny-imagenet-100 (default: data)")
+    d.add_argument("--url", default=TINY_IMAGENET_URL, help="the published zip (default: %(default)s)")
+    d.add_argument("--md5", help="the archive's MD5 (default: the published one of the zip or the course's tar.gz)")
+    d.add_argument("--archive", type=Path, help="the zip or the course's tar.gz, downloaded elsewhere (default: "
+                   f"the file ${ARCHIVE_VARIABLE} names, else a download of --url into ROOT)")
+    d.add_argument("--timeout", type=float, default=30.0, help="seconds a silent server is given (default: 30)")
     for command in sub.choices.values():  # also after the command: `convit-edu train ... --debug`
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                              help="show the full traceback of an error")
@@ -348,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     """The `convit-edu` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    command = {"train": run_train, "eval": run_eval, "bench": run_bench, "experiment": run_experiment}[args.command]
+    command = {"train": run_train, "eval": run_eval, "bench": run_bench, "experiment": run_experiment,
+               "data": run_data}[args.command]
     try:
         return command(args)
     except Exception as e:  # one line for the user; --debug shows where it came from
@@ -372,9 +376,6 @@ if __name__ == "__main__" and Path(sys.argv[0]).name == "cli.py":  # `python -m 
 # The top level, then `train`'s flags: its own, then `ModelConfig`'s and `AugConfig`'s (as `--model`, `--aug` set).
 
 # %%
-from convit_edu.config import RECIPES
-
-
 def captured(argv: list[str]) -> tuple[int, str, str]:
     """Run `convit-edu ARGV` in this process; return (exit status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
@@ -418,9 +419,8 @@ for name, values in RECIPES.items():
 # %% [markdown]
 # ## A round trip: train, then evaluate
 #
-# A tiny ConViT (2 blocks, width 48) trained for two epochs on synthetic 16 × 16 images, then `eval` of its
-# checkpoint (it must give back the validation numbers the training logged) and `eval` with every GPSA layer's
-# positional attention off (`--gate 0`, Table 6).
+# A tiny ConViT (2 blocks, width 48) trained two epochs on synthetic 16 × 16 images, `eval` of its checkpoint (giving
+# back the validation numbers logged) and `eval` with every GPSA layer's positional attention off (`--gate 0`, Table 6).
 
 # %%
 RUNS = Path("runs")
@@ -465,7 +465,8 @@ for argv in (["train", "--model", "convit_huge"],
              ["train", *TINY, "--global-batch", "100", "--accum-steps", "3", "--output", str(out_dir.parent / "x")],
              ["train", *TINY, "--model", "convit_tiny_plus", "--output", str(out_dir), "--resume", "auto"],
              ["train", *TINY, "--output", str(out_dir.parent / "y"), "--resume", str(corrupt)],
-             ["train", *TINY, "--output", str(corrupt / "run")]):
+             ["train", *TINY, "--output", str(corrupt / "run")],
+             ["data", "tiny-imagenet", "--root", str(out_dir.parent), "--archive", str(out_dir.parent / "absent.zip")]):
     status, _, err = captured(argv)
     assert status == 1 and "Traceback" not in err
     print(err.strip().replace(str(out_dir.parent), "TMP"))
@@ -473,10 +474,9 @@ for argv in (["train", "--model", "convit_huge"],
 # %% [markdown]
 # ## `bench`
 #
-# A model's training and inference images/s and peak memory here (on a CPU, fp32 and bf16 side by side), the
-# loader's images/s stage by stage (chapter 16's `benchmark_loader`), and the pipeline against the model
-# (chapter 36's `pipeline_bench`). ConViT-Ti at 224 px, batch 16 (FAST mode: 64 px); the committed output is an
-# Intel Xeon's (AVX-512, 2 cores, nothing else running). Chapters 27 and 36 go further.
+# A model's training and inference images/s and peak memory here (on a CPU, fp32 and bf16 side by side), the loader's
+# images/s stage by stage (chapter 16's `benchmark_loader`), and the pipeline against the model (chapter 36's
+# `pipeline_bench`). ConViT-Ti at 224 px, batch 16 (FAST: 64 px), committed from an idle 2-core AMD EPYC (AVX2).
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -1,19 +1,23 @@
-"""Tests of the `convit-edu` command: help, presets, train -> eval round trip, bench, bad input."""
+"""Tests of the `convit-edu` command: help, presets, train -> eval round trip, bench, data, bad input."""
 
 import json
 import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from test_tiny_imagenet import write_published_zip
+from torchvision import datasets
 
 from convit_edu.checkpoints import read_checkpoint
 from convit_edu.cli import build_parser, main
 from convit_edu.config import RECIPES, RUN_OWNED, TrainConfig, config_from_words
+from convit_edu.datasets import ARCHIVE_VARIABLE, COURSE_DATA
 from convit_edu.distributed import SBATCH_SCRIPT
 from convit_edu.experiment_design import sample_efficiency_scale, train_command
 from convit_edu.experiments import run_config
@@ -34,7 +38,7 @@ def test_help_names_the_commands_and_one_flag_per_config_field(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     out = capsys.readouterr().out
-    assert e.value.code == 0 and all(c in out for c in ("train", "eval", "bench"))
+    assert e.value.code == 0 and all(c in out for c in ("train", "eval", "bench", "experiment", "data"))
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     out = capsys.readouterr().out
@@ -148,6 +152,63 @@ def test_bench_suite_prints_the_chapter_11_tables_and_writes_json(tmp_path, caps
     written = json.loads((tmp_path / "bench.json").read_text())
     assert {"meta", "gpsa_layer", "resolution", "throughput", "utilisation"} <= set(written)
     assert {r["model"] for r in written["throughput"]} == {"convit_tiny", "deit_tiny", "convit_small", "deit_small"}
+
+
+@pytest.fixture
+def refused_port(monkeypatch):
+    """A port of 127.0.0.1 that refuses connections (bound, not listening); no proxy in the way."""
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
+def test_data_tiny_imagenet_extracts_an_archive_once_and_prints_the_folder(tmp_path, capsys):
+    published = write_published_zip(tmp_path)
+    argv = ["data", "tiny-imagenet", "--root", str(tmp_path / "data"), "--archive", str(published.zip),
+            "--md5", published.md5]
+    assert main(argv) == 0
+    tree = tmp_path / "data" / COURSE_DATA
+    assert capsys.readouterr().out.splitlines()[-1] == str(tree)
+    assert {p.relative_to(tree).as_posix(): p.read_bytes() for p in tree.rglob("*")
+            if p.is_file() and p.name != ".ready.json"} == published.tree
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines() == [f"{tree} is ready: 3 classes, 9 training and 6 validation images "
+                                                    "(from tiny-imagenet-200.zip)", str(tree)]
+
+
+def test_data_from_an_unreachable_url_is_one_line_naming_it_and_the_archive_flag(tmp_path, capsys, monkeypatch,
+                                                                                  refused_port):
+    monkeypatch.delenv(ARCHIVE_VARIABLE, raising=False)  # CI names the shared archive there
+    url = f"http://127.0.0.1:{refused_port}/tiny-imagenet-200.zip"
+    assert main(["data", "tiny-imagenet", "--root", str(tmp_path), "--url", url, "--timeout", "5"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"convit-edu data: error: could not download {url} (") and err.count("\n") == 1
+    assert "--archive PATH" in err and "Traceback" not in err and not (tmp_path / COURSE_DATA).exists()
+
+
+def test_data_with_the_wrong_md5_or_timeout_is_one_line_naming_the_values(tmp_path, capsys):
+    published, wrong = write_published_zip(tmp_path), "0123456789abcdef0123456789abcdef"
+    argv = ["data", "tiny-imagenet", "--root", str(tmp_path / "data"), "--archive", str(published.zip)]
+    assert main([*argv, "--md5", wrong]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"convit-edu data: error: {published.zip} has MD5 {published.md5}, expected {wrong}")
+    assert err.count("\n") == 1 and published.zip.is_file() and not (tmp_path / "data" / COURSE_DATA).exists()
+    with pytest.raises(ValueError, match=wrong):
+        main([*argv, "--md5", wrong, "--debug"])
+    assert main([*argv, "--timeout", "0"]) == 1
+    assert "--timeout must be a finite number in (0, inf], got 0.0" in capsys.readouterr().err
+
+
+def test_cifar100_that_cannot_be_downloaded_is_one_line_naming_the_url(tmp_path, capsys, monkeypatch, refused_port):
+    url = f"http://127.0.0.1:{refused_port}/cifar-100-python.tar.gz"
+    monkeypatch.setattr(datasets.CIFAR100, "url", url)
+    assert main(["train", "--preset", "cifar100-32", "--data-root", str(tmp_path / "data"), "--epochs", "1",
+                 "--num-workers", "0", "--progress", "none", "--output", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"convit-edu train: error: CIFAR-100 could not be downloaded from {url} into ")
+    assert err.count("\n") == 1 and "Traceback" not in err and "Connection refused" in err
+    assert not any((tmp_path / "data").rglob("*"))  # no partial download left
 
 
 @pytest.mark.parametrize("args, message", [

@@ -4,7 +4,6 @@ subsampling, the DeiT recipe, samplers, loaders."""
 import hashlib
 import math
 import pickle
-import tarfile
 import warnings
 from pathlib import Path
 
@@ -15,11 +14,10 @@ from PIL import Image
 from torchvision import datasets
 
 from convit_edu.augment import AUGMENTATIONS, AugConfig, MixupCutmix, build_mixup, build_transforms
-from convit_edu.datasets import build_datasets, extract_subset, first_classes, scaled_epochs, subsample_per_class
+from convit_edu.datasets import build_datasets, scaled_epochs, subsample_per_class
 from convit_edu.loaders import LoaderBenchmark, benchmark_loader, build_loader, build_loaders, plot_loader_benchmarks
 from convit_edu.samplers import KeyedSampler, RepeatAugSampler
 
-TINY_IMAGENET = Path(__file__).resolve().parents[2] / "shared" / "data" / "tiny-imagenet-100.tar.gz"
 CLASSES = ["cat", "dog", "eel"]
 TRAIN_PER_CLASS, VAL_PER_CLASS = 6, 2
 
@@ -550,43 +548,6 @@ def test_loader_batch_larger_than_a_ranks_share_is_refused(folder):
     train, val, _ = build_datasets("imagefolder", folder, train_transform=build_transforms(cfg)[0])
     with pytest.raises(ValueError, match="batch_size 64 with drop_last=True leaves no batch: .* only 9 samples"):
         build_loaders(train, val, batch_size=64, num_replicas=2)
-
-
-# ------------------------------------------------------------------------------------------ real images
-
-
-@pytest.mark.skipif(not TINY_IMAGENET.is_file(), reason=f"shared archive {TINY_IMAGENET} not present")
-def test_tiny_imagenet_subset_loads_through_the_whole_pipeline(tmp_path):
-    root = extract_subset(TINY_IMAGENET, tmp_path / "tin", max_classes=3, max_per_class=8)
-    assert extract_subset(TINY_IMAGENET, tmp_path / "tin", max_classes=3, max_per_class=8) == root  # cached
-    train_tf, val_tf = build_transforms(AUGMENTATIONS["deit"])
-    train, val, names = build_datasets("imagefolder", root, train_transform=train_tf, val_transform=val_tf,
-                                       fraction=0.5)
-    assert train.classes == sorted(train.classes) and len(names) == 3 and names[0] == "goldfish"
-    assert len(train) == 3 * 4 and len(val) == 3 * 8
-    loader = build_loader(train, 4, RepeatAugSampler(len(train), repeats=3), num_workers=0, seed=0,
-                          drop_last=True)
-    mix = build_mixup(AUGMENTATIONS["deit"], len(names))
-    for images, labels in loader:
-        mixed, targets = mix(images, labels)
-        assert mixed.shape == (4, 3, 224, 224) and targets.shape == (4, 3)
-    with pytest.raises(FileExistsError, match="is not empty"):
-        extract_subset(TINY_IMAGENET, tmp_path / "tin", max_classes=2)
-
-
-def test_first_classes_extracts_an_archive_when_there_is_one_and_falls_back_to_synthetic_images(folder, tmp_path):
-    archive = tmp_path / "small.tar.gz"
-    with tarfile.open(archive, "w:gz") as tf:
-        tf.add(folder / "train", arcname="small/train")
-        tf.add(folder / "val", arcname="small/val")
-    real = first_classes(archive, tmp_path / "first2", 2)
-    assert real == {"data": "imagefolder", "data_root": str(tmp_path / "first2"), "data_args": {}}
-    train, _, names = build_datasets(real["data"], real["data_root"], **real["data_args"])
-    assert names == sorted(CLASSES)[:2] and len(train) == 2 * TRAIN_PER_CLASS
-    fake = first_classes(tmp_path / "absent.tar.gz", tmp_path / "unused", 3, num_train=30, num_val=6, image_size=8)
-    train, val, names = build_datasets(fake["data"], fake["data_root"], **fake["data_args"])
-    assert fake["data"] == "fake" and len(names) == 3 and (len(train), len(val)) == (30, 6)
-    assert not (tmp_path / "unused").exists()
 
 
 def test_sample_keys_are_places_in_the_global_stream_whatever_the_number_of_processes():
