@@ -383,15 +383,15 @@ def extract_atomically(write: Callable[[Path], dict], dest: str | Path) -> dict:
     partial = dest.parent / f".{dest.name}.partial-{host}-{os.getpid()}"
     try:
         result = write(partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    try:
         partial.rename(dest)
     except OSError:
         shutil.rmtree(partial, ignore_errors=True)
         if not dest.is_dir():
-            raise
-        return result  # another process renamed its complete copy there first: the same tree
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+            raise  # else another process renamed its complete copy there first: the same tree
     return result
 
 
@@ -435,6 +435,7 @@ def _write_all(todo: list, tree: Path, read: Callable) -> None:
     for path, member in progress_bar(todo, leave=False):
         (tree / path).parent.mkdir(parents=True, exist_ok=True)
         (tree / path).write_bytes(read(member))
+
 
 def _process_alive(pid: int) -> bool:
     try:
