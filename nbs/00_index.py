@@ -264,15 +264,16 @@ for track, chapters in (("core path", CORE), ("engineering track", ENGINEERING))
 # ## How to run the notebooks
 #
 # ```bash
-# pip install -e ".[dev]"                       # the package, editable, with the notebook and test tools
-# jupyter lab nbs/                              # read and run (install jupyterlab; jupytext pairs on save)
-# python -m convit_edu._nbtools run             # or execute every notebook in place, in full mode
+# pip install -e ".[course]"                    # the package, editable, with JupyterLab ([dev]: the test tools)
+# convit-edu data tiny-imagenet                 # the course's photographs into data/ (248 MB download, once)
+# jupyter lab nbs/                              # read and run
+# python -m convit_edu._nbtools run             # or execute every notebook in place, in full mode ([dev])
 # ```
 #
 # Every notebook starts with a `parameters` cell that sets `FAST` from the environment variable
 # `CONVIT_EDU_FAST` (falling back to `CI`). FAST mode shrinks data and epochs so the whole course runs in a few
-# minutes in CI; full mode is what a student runs, and what the committed outputs come from (a few minutes
-# per notebook on a 2-core laptop CPU).
+# minutes in CI; full mode is what a student runs, and what the committed outputs come from: on a 2-core CPU,
+# seconds for chapters 01–09 and minutes for those that train (about 6 for chapter 10; the README lists them).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
