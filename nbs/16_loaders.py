@@ -32,10 +32,12 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| export
+import atexit
 import math
 import os
 import signal
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Callable
@@ -86,7 +88,11 @@ print(names)
 # `num_workers=0` the augmentations draw from the main process's global torch RNG instead, which a checkpoint
 # saves and restores like any other RNG state. Workers also ignore SIGTERM and SIGINT: SLURM signals every
 # process of a job, and a worker killed by the signal would crash the main process in the middle of the step
-# it must finish before saving (chapter 25).
+# it must finish before saving (chapter 25). The main process stops them itself, and at its exit too: Python
+# ends its daemonic children with SIGTERM and then waits for them, which a worker that ignores SIGTERM would make
+# a wait without end (a script that iterated a loader printed its result, then hung). So every loader with
+# workers is remembered (weakly), and before that wait the workers of each are told to stop, as PyTorch does
+# when a loader's iterator is deleted.
 
 # %%
 #| export
@@ -98,20 +104,36 @@ def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, 
     if drop_last and sampler is not None and len(sampler) < batch_size:
         raise ValueError(f"batch_size {batch_size} with drop_last=True leaves no batch: this rank's epoch holds "
                          f"only {len(sampler)} samples")
-    return DataLoader(
+    loader = DataLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=drop_last,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         generator=torch.Generator().manual_seed(seed), persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers > 0 else None, worker_init_fn=_ignore_stop_signals if num_workers else None,
     )
+    if num_workers:
+        _WITH_WORKERS.add(loader)
+    return loader
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
     """SLURM and a terminal send SIGTERM / SIGINT to every process of a job, loader workers included; a worker that
     died of it would crash the main process mid-step. Workers ignore both: the main process stops them itself
-    after it has saved its checkpoint."""
+    after it has saved its checkpoint, or at its exit (``_stop_workers_at_exit``)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+_WITH_WORKERS: weakref.WeakSet = weakref.WeakSet()  # the loaders build_loader made with workers, while they live
+
+
+@atexit.register  # registered after multiprocessing's exit function (torch imported it), so it runs before it
+def _stop_workers_at_exit() -> None:
+    """Stop the live workers of every loader before multiprocessing, at exit, sends its daemonic children SIGTERM
+    and waits for them (forever, for workers that ignore SIGTERM)."""
+    for loader in list(_WITH_WORKERS):
+        iterator = getattr(loader, "_iterator", None)  # the persistent workers' iterator; None before an epoch
+        if iterator is not None:
+            iterator._shutdown_workers()  # what deleting the iterator does: a stop message, then a join
 
 # %% [markdown]
 # ### How many workers?
@@ -429,7 +451,7 @@ def plot_loader_benchmarks(results: dict[str, LoaderBenchmark]) -> Figure:
 
 # %% [markdown]
 # The benchmark on this machine (its numbers change from run to run, and with the CPU; the committed ones come
-# from an Intel Xeon (model 207, AVX-512 without AVX-512 BF16 or AMX, 2 cores), with nothing else running).
+# from an AMD EPYC (Zen 3, AVX2, 2 cores), with nothing else running).
 # Decoding a 64×64 JPEG is cheap; the augmentations at 224 px dominate — RandomResizedCrop's bicubic upsampling
 # and RandAugment — so `num_workers` should be as large as the CPU cores allow (DeiT used 10 per GPU). At 32 px
 # the same pipeline is an order of magnitude faster.

@@ -281,8 +281,9 @@ class DaliEvalBatches:
 # %% [markdown]
 # One batch from each loader on the same folder, side by side, and images/s of each — the torchvision loader
 # with as many workers as DALI has threads (the numbers change from run to run and with the CPU; the committed
-# ones come from an Intel Xeon (model 207, AVX-512 without AVX-512 BF16 or AMX, 2 cores), with nothing else running: 2,321 img/s for torchvision against 2,237 for DALI, level,
-# as on the AMD EPYC (Zen 3, AVX2) of earlier runs; this cell runs only where DALI is installed).
+# ones come from an AMD EPYC (Zen 3, AVX2, 2 cores) with nothing else running: 1,330 img/s for torchvision against
+# 1,239 for DALI; three runs gave 1,330–1,614 and 1,154–1,240, and an Intel Xeon (model 207, AVX-512) 2,321 against
+# 2,237: about level on a CPU; this cell runs only where DALI is installed).
 
 # %%
 # NBVAL_IGNORE_OUTPUT

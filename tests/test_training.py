@@ -470,6 +470,40 @@ def test_sigterm_to_the_whole_process_group_with_loader_workers_still_saves_and_
     assert read_checkpoint(tmp_path / "last.pt")["global_step"] >= 1
 
 
+USER_SCRIPTS = {  # a user's few lines, no Trainer: the interpreter must exit once they are done
+    "loaders": """
+from convit_edu.datasets import build_datasets
+from convit_edu.loaders import build_loaders
+train, val, _ = build_datasets("fake", num_train=64, num_val=32, image_size=16,
+                               train_transform=TO_TENSOR, val_transform=TO_TENSOR)
+data = build_loaders(train, val, batch_size=16, num_workers=2)
+print("batches", sum(1 for _ in data.epoch(0)), flush=True)
+""",
+    "evaluate": """
+import torch
+from convit_edu.datasets import build_datasets
+from convit_edu.evaluation import evaluate
+_, val, _ = build_datasets("fake", num_train=8, num_val=32, image_size=16, val_transform=TO_TENSOR)
+model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 10))
+print("top-1", evaluate(model, val, batch_size=8, num_workers=2)["top1"] >= 0, flush=True)
+""",
+}
+
+
+@pytest.mark.parametrize("script", sorted(USER_SCRIPTS))
+def test_a_script_that_uses_loader_workers_exits_when_it_is_done(tmp_path, script):
+    """Workers ignore SIGTERM (so that a job's signal reaches only the main process); at exit, Python ends its
+    daemonic children with SIGTERM and waits for them: without the package stopping them first, it waits forever
+    (the tests above check that a process group's SIGTERM still leaves the workers alive mid-run)."""
+    prelude = ("import torch\nfrom torchvision.transforms import v2\n"
+               "TO_TENSOR = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])\n")
+    (tmp_path / "script.py").write_text(prelude + USER_SCRIPTS[script])
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "script.py")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=tmp_path)
+    out = output_or_kill(proc, timeout=120)  # a liveness bound: before the fix it never returned
+    assert proc.returncode == 0 and ("batches 4" in out or "top-1 True" in out), out
+
+
 def test_sigterm_to_the_whole_process_group_during_evaluation_with_loader_workers_saves_and_exits_cleanly(tmp_path):
     """Pre-emption during an evaluation: evaluate's loader workers get SIGTERM too and must not die of it."""
     proc = run_worker("eval-workers", tmp_path, new_session=True)
