@@ -3,7 +3,7 @@
 Usage::
 
     python -m convit_edu._nbtools sync   [NB ...]   # pair NN_x.py <-> NN_x.ipynb (the newer one wins)
-    python -m convit_edu._nbtools export [NB ...]   # write convit_edu/<default_exp>.py from the .py
+    python -m convit_edu._nbtools export [NB ...]   # write convit_edu/<default_exp>.py (and #| export NAME)
     python -m convit_edu._nbtools run    [NB ...]   # execute notebooks in place (cwd nbs/, full mode)
     python -m convit_edu._nbtools check             # what CI checks: pairs, clean runs, fresh exports
 
@@ -12,8 +12,9 @@ The authoring loop is: edit ``nbs/NN_x.py`` -> ``sync`` -> ``export`` -> ``run``
 
 Export reads nbdev-style markers from the ``.py`` (the reviewable source): ``#| default_exp NAME`` once per
 notebook, ``#| export`` on cells whose code goes into ``convit_edu/NAME.py`` and whose public names go into
-``__all__``, ``#| exporti`` on cells exported without joining ``__all__``. The module's docstring is the
-comment below ``#| default_exp`` when there is one, else the notebook's title.
+``__all__``, ``#| exporti`` on cells exported without joining ``__all__``, ``#| export OTHER`` on cells whose
+code goes into ``convit_edu/OTHER.py`` instead. The module's docstring is the comment below ``#| default_exp``
+(for OTHER: a comment-only ``#| export OTHER`` cell) when there is one, else the notebook's title.
 The top-level imports of the exported cells move to one block above ``__all__``, merged, deduplicated and
 grouped as isort would (``__future__``, standard library, third-party, ``convit_edu``); nested imports stay.
 
@@ -29,7 +30,7 @@ import ast
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -357,11 +358,28 @@ def module_text(doc: str, source: str, names: list[str], imports: set[Imported],
     return header + "\n\n" + "\n\n\n".join(chunks) + "\n"
 
 
-def export_text(py: Path, root: Path) -> tuple[str, str] | None:
-    """The module a notebook exports, as ``(module name, source text)``; None without ``default_exp``."""
+@dataclass
+class ModuleParts:
+    """What the cells of one notebook give one module: docstring, chunks of code, names, imports."""
+
+    doc: str = ""
+    chunks: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    found: list[tuple[str, ast.Import | ast.ImportFrom]] = field(default_factory=list)
+    defined: dict[str, str] = field(default_factory=dict)
+
+
+def export_text(py: Path, root: Path) -> dict[str, str]:
+    """The modules a notebook exports, module name -> source text; {} without ``default_exp``.
+
+    ``#| export`` and ``#| exporti`` cells go into the ``default_exp`` module, ``#| export NAME`` cells into
+    ``convit_edu/NAME.py`` (nbdev's form), so a chapter can keep its story while the package is cut by what
+    it holds. A comment-only ``#| export NAME`` cell gives NAME's docstring, as the comment below
+    ``default_exp`` gives the default module's.
+    """
     nb = read_py(py)
     starts = cell_lines(py)
-    module, title, doc, chunks, all_names, found, defined = None, "", "", [], [], [], {}
+    default, title, parts = None, "", {}
     for n, cell in enumerate(nb.cells, 1):
         if cell.cell_type == "markdown" and not title:
             title = cell.source.strip().splitlines()[0].lstrip("# ").strip()
@@ -369,31 +387,54 @@ def export_text(py: Path, root: Path) -> tuple[str, str] | None:
             continue
         marks, code = directives(cell.source)
         if "default_exp" in marks:
-            if module:
+            if default:
                 raise NbToolsError(f"{rel(py, root)}: `#| default_exp` given twice (cell {n})")
-            module, doc = marks["default_exp"], module_doc(code)
-            if not re.fullmatch(r"[a-z_][a-z0-9_]*", module):
-                raise NbToolsError(f"{rel(py, root)}, cell {n}: bad module name {module!r}")
+            default = checked_module_name(marks["default_exp"], f"{rel(py, root)}, cell {n}")
+            parts.setdefault(default, ModuleParts()).doc = module_doc(code)
         if "export" not in marks and "exporti" not in marks:
             continue
         where = f"{rel(py, root)}, cell {n}" + (
             f" (line {starts[n - 1]})" if len(starts) == len(nb.cells) else ""
         )
-        tree = parse_cell(code, where)
-        names = defined_names(tree)
-        if "export" in marks:
-            all_names += [name for name in names if not name.startswith("_")]
-        defined.update(dict.fromkeys(names, where))
-        imports, code = take_imports(tree, code)
-        found += [(where, node) for node in imports]
-        if code:
-            chunks.append(f"# %% {rel(py, root)} {n}\n{code}")
-    if module is None:
-        if chunks or found:
+        target = checked_module_name(marks["export"], where) if marks.get("export") else default
+        if target is None:
+            raise NbToolsError(f"{rel(py, root)}: cells marked for export but no `#| default_exp NAME` above them")
+        part = parts.setdefault(target, ModuleParts())
+        if target != default and module_doc(code):
+            part.doc = module_doc(code)
+            continue
+        add_cell(part, code, where, public="export" in marks, tag=f"# %% {rel(py, root)} {n}")
+    if default is None:
+        if parts:
             raise NbToolsError(f"{rel(py, root)}: cells marked for export but no `#| default_exp NAME`")
-        return None
-    imports = merge_imports(found, defined)
-    return module, module_text(doc or f"{title or module}.", rel(py, root), all_names, imports, chunks)
+        return {}
+    return {
+        module: module_text(
+            part.doc or f"{title or module}.", rel(py, root), part.names,
+            merge_imports(part.found, part.defined), part.chunks,
+        )
+        for module, part in parts.items()
+    }
+
+
+def checked_module_name(module: str, where: str) -> str:
+    """``module`` when it is a valid module name, else an error that names the cell."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", module):
+        raise NbToolsError(f"{where}: bad module name {module!r}")
+    return module
+
+
+def add_cell(part: ModuleParts, code: str, where: str, public: bool, tag: str) -> None:
+    """One exported cell into ``part``: its code without top-level imports, its names, its imports."""
+    tree = parse_cell(code, where)
+    names = defined_names(tree)
+    if public:
+        part.names += [name for name in names if not name.startswith("_")]
+    part.defined.update(dict.fromkeys(names, where))
+    imports, code = take_imports(tree, code)
+    part.found += [(where, node) for node in imports]
+    if code:
+        part.chunks.append(f"{tag}\n{code}")
 
 
 def module_doc(code: str) -> str:
@@ -404,15 +445,15 @@ def module_doc(code: str) -> str:
     return "\n".join(line[2:] if line.startswith("# ") else line[1:] for line in lines).strip()
 
 
-def export(stem: Path, root: Path) -> Path | None:
-    result = export_text(stem.with_suffix(".py"), root)
-    if result is None:
-        return None
-    module, text = result
-    target = root / "convit_edu" / f"{module}.py"
-    if not target.exists() or target.read_text() != text:
-        target.write_text(text)
-    return target
+def export(stem: Path, root: Path) -> list[Path]:
+    """Write the modules a notebook exports (those that changed); their paths, [] when it exports none."""
+    targets = []
+    for module, text in export_text(stem.with_suffix(".py"), root).items():
+        target = root / "convit_edu" / f"{module}.py"
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+        targets.append(target)
+    return targets
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -488,8 +529,7 @@ def check_notebook(stem: Path, root: Path) -> list[str]:
         result = export_text(py, root)
     except NbToolsError as e:
         return problems + [str(e)]
-    if result is not None:
-        module, text = result
+    for module, text in result.items():
         target = root / "convit_edu" / f"{module}.py"
         if not target.exists() or target.read_text() != text:
             problems.append(
@@ -508,7 +548,7 @@ def check(root: Path) -> list[str]:
         if py.exists():
             for line in py.read_text().splitlines():
                 m = DIRECTIVE.match(line)
-                if m and m.group(1) == "default_exp":
+                if m and (m.group(1) == "default_exp" or (m.group(1) == "export" and m.group(2))):
                     exported.add(m.group(2))
     for module in sorted((root / "convit_edu").glob("*.py")):
         head = module.read_text().split("\n", 4)[:4]
@@ -543,8 +583,9 @@ def main(argv: list[str] | None = None) -> int:
                 done = sync(stem)
                 print(done or f"{stem.name}: in sync")
             elif args.command == "export":
-                target = export(stem, root)
-                print(f"{stem.name}.py -> {rel(target, root)}" if target else f"{stem.name}: exports nothing")
+                targets = export(stem, root)
+                written = ", ".join(rel(t, root) for t in targets)
+                print(f"{stem.name}.py -> {written}" if targets else f"{stem.name}: exports nothing")
             else:
                 print(f"running {rel(stem, root)}.ipynb ...", flush=True)
                 run(stem, root)

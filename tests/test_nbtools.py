@@ -90,7 +90,7 @@ def load_module(path: Path):
 
 def test_export_round_trip_writes_header_all_and_working_code(tmp_path):
     root = make_project(tmp_path)
-    target = nbt.export(root / "nbs" / "01_toy", root)
+    [target] = nbt.export(root / "nbs" / "01_toy", root)
     assert target == root / "convit_edu" / "toy.py"
     text = target.read_text()
     assert text.startswith('"""Toy chapter."""')
@@ -101,7 +101,45 @@ def test_export_round_trip_writes_header_all_and_working_code(tmp_path):
     assert module.circle_area(2.0) == pytest.approx(4 * 3.141592653589793)
     assert module.helper_not_public(3) == 3
     # exporting again is a no-op, and depends only on the .py text
-    assert nbt.export(root / "nbs" / "01_toy", root).read_text() == text
+    assert nbt.export(root / "nbs" / "01_toy", root)[0].read_text() == text
+
+
+OTHER_MODULE = SOURCE + '''
+# %%
+#| export shapes
+# Shapes other than circles: a second module this chapter exports.
+
+# %%
+#| export shapes
+from convit_edu.toy import circle_area
+
+
+def ring_area(outer: float, inner: float) -> float:
+    """Area between two circles."""
+    return circle_area(outer) - circle_area(inner)
+'''
+
+
+def test_export_name_sends_a_cell_into_another_module_with_its_own_docstring_and_all(tmp_path):
+    root = make_project(tmp_path, OTHER_MODULE)
+    targets = nbt.export(root / "nbs" / "01_toy", root)
+    assert sorted(t.name for t in targets) == ["shapes.py", "toy.py"]
+    shapes = (root / "convit_edu" / "shapes.py").read_text()
+    assert shapes.startswith('"""Shapes other than circles: a second module this chapter exports."""')
+    assert "__all__ = ['ring_area']" in shapes and "from convit_edu.toy import circle_area" in shapes
+    assert "ring_area" not in (root / "convit_edu" / "toy.py").read_text()
+    stem = root / "nbs" / "01_toy"
+    nbt.sync(stem)
+    fake_clean_run(stem.with_suffix(".ipynb"))
+    assert nbt.check(root) == []  # the second module counts as exported by its notebook
+    (root / "convit_edu" / "shapes.py").write_text(shapes + "\n# edited by hand\n")
+    assert any("convit_edu/shapes.py differs" in p for p in nbt.check(root))
+
+
+def test_export_name_refuses_a_bad_module_name(tmp_path):
+    root = make_project(tmp_path, SOURCE + "\n# %%\n#| export Bad-Name\nx = 1\n")
+    with pytest.raises(nbt.NbToolsError, match="bad module name 'Bad-Name'"):
+        nbt.export(root / "nbs" / "01_toy", root)
 
 
 def test_sync_creates_the_pair_in_both_directions(tmp_path):
@@ -315,7 +353,7 @@ from convit_edu._nbtools import (
 def imports_module(tmp_path) -> Path:
     """The module that IMPORTS_SOURCE exports."""
     root = make_project(tmp_path, IMPORTS_SOURCE)
-    return nbt.export(root / "nbs" / "01_toy", root)
+    return nbt.export(root / "nbs" / "01_toy", root)[0]
 
 
 def test_export_moves_the_imports_of_every_cell_to_one_grouped_block_at_the_top(imports_module):
