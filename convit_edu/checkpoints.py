@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +22,7 @@ from convit_edu.layers import resize_pos_embed
 from convit_edu.models import VisionTransformer
 from convit_edu.zoo import MODEL_ZOO
 
-__all__ = ['load_file', 'read_state_dict', 'guess_architecture', 'load_weights', 'CHECKPOINT_FORMAT', 'atomic_write', 'write_json', 'save_checkpoint', 'read_checkpoint', 'rng_states', 'set_rng_states']
+__all__ = ['load_file', 'read_state_dict', 'guess_architecture', 'load_weights', 'CHECKPOINT_FORMAT', 'atomic_write', 'write_json', 'save_checkpoint', 'keep_as', 'read_checkpoint', 'rng_states', 'set_rng_states']
 
 
 # %% nbs/11_checkpoints.py 8
@@ -175,6 +176,22 @@ def write_json(path: str | Path, value: Any) -> Path:
 def save_checkpoint(checkpoint: dict, path: str | Path) -> Path:
     """Write `checkpoint` to `path` atomically (`atomic_write`)."""
     return atomic_write(path, lambda f: torch.save(checkpoint, f))
+
+
+def keep_as(path: str | Path, kept: str | Path) -> Path:
+    """Make `kept` a second name of the file `path`, atomically: a hard link, which writes no bytes (a run keeps
+    its best epoch's `last.pt` as `best.pt` so; `last.pt` is later replaced by a new file, never rewritten in
+    place, so `kept` keeps these bytes). Where the file system has no hard links, an atomic copy."""
+    path, kept = Path(path), Path(kept)
+    tmp = kept.with_name(f".{kept.name}.link.tmp")  # a `*.tmp` left by a kill is removed when a run starts
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(path, tmp)
+    except OSError:  # no hard links here (some network and FAT file systems)
+        with open(path, "rb") as source:
+            return atomic_write(kept, lambda f: shutil.copyfileobj(source, f))
+    os.replace(tmp, kept)
+    return kept
 
 
 def read_checkpoint(path: str | Path) -> dict:

@@ -67,15 +67,32 @@ def init_world(device: str) -> World:
     rank, world_size, local_rank, _ = _world_from_env()
     dev = resolve_device(device)
     if dev.type == "cuda":
-        # one process per GPU; with one GPU visible per task (SLURM's --gpus-per-task) every local rank gets cuda:0
-        dev = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
+        dev = _process_gpu(dev, local_rank, world_size)
         torch.cuda.set_device(dev)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 matmuls on tensor cores
     owns = world_size > 1 and not dist.is_initialized()
-    if owns:
+    if owns:  # NCCL told its GPU (`device_id`) connects at once, not lazily at the first collective
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method="env://", rank=rank,
-                                world_size=world_size, timeout=PROCESS_GROUP_TIMEOUT)
+                                world_size=world_size, timeout=PROCESS_GROUP_TIMEOUT,
+                                **({"device_id": dev} if dev.type == "cuda" else {}))
     return World(rank, world_size, dev, owns)
+
+
+def _process_gpu(dev: torch.device, local_rank: int, world_size: int) -> torch.device:
+    """The GPU of this process: the one `dev` names (`cuda:3`) for a single process; with several processes one
+    each, the local rank's (modulo the visible GPUs: with one GPU per task, as SLURM's --gpus-per-task gives,
+    every local rank gets cuda:0)."""
+    count = torch.cuda.device_count()
+    if dev.index is None:
+        return torch.device(f"cuda:{local_rank % count}")
+    if world_size > 1:
+        raise ValueError(f"device {str(dev)!r} names one GPU for {world_size} processes, which need one each: use "
+                         "--device cuda (each process takes its local rank's GPU), and CUDA_VISIBLE_DEVICES to "
+                         "choose which GPUs")
+    if dev.index >= count:
+        raise ValueError(f"device {str(dev)!r} asked for but this machine shows {count} GPU(s) (cuda:0 to "
+                         f"cuda:{count - 1}): choose one of them")
+    return dev
 
 
 def all_reduce(t: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,8 @@ def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset | Iterabl
     else:  # this process's batches already (the DALI loader's `val`)
         loader = dataset
     modes = {name: m.training for name, m in models.items()}
-    sums = torch.zeros(len(models), 4, dtype=torch.float64, device=device)  # loss, top-1, top-5 hits, images
+    sums = torch.zeros(len(models), 3, dtype=torch.float64, device=device)  # loss, top-1 and top-5 hits
+    images_seen = 0  # counted on the host: a count made on the device would cost a host-to-device copy per batch
     with torch.no_grad():
         for m in models.values():
             m.eval()
@@ -49,10 +50,12 @@ def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset | Iterabl
                 top = logits.topk(min(5, logits.shape[1]), dim=1).indices
                 sums[i] += torch.stack([
                     F.cross_entropy(logits, labels, reduction="sum"), (top[:, 0] == labels).sum(),
-                    (top == labels[:, None]).any(dim=1).sum(), torch.tensor(len(labels), device=device)]).double()
+                    (top == labels[:, None]).any(dim=1).sum()]).double()
+            images_seen += len(labels)
     for name, m in models.items():
         m.train(modes[name])
-    rows = all_reduce(sums).tolist()  # the one host sync of an evaluation
+    counts = torch.full((len(models), 1), float(images_seen), dtype=torch.float64, device=device)
+    rows = all_reduce(torch.cat([sums, counts], dim=1)).tolist()  # the one host sync of an evaluation
     if rows[0][3] == 0:
         raise ValueError("the evaluation set is empty")
     scores = {name: {"loss": loss / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n}

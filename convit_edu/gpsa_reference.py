@@ -13,10 +13,35 @@ from convit_edu.checks import positive_int
 from convit_edu.conv_init import local_init
 from convit_edu.positional import rel_indices
 
-__all__ = ['PositionalAttention', 'gate_values', 'gate_means', 'GatedAttention', 'GPSAReference']
+__all__ = ['softmax_without_denormals', 'PositionalAttention', 'gate_values', 'gate_means', 'GatedAttention', 'GPSAReference']
 
 
 # %% nbs/05_gpsa_reference.py 10
+class _SoftmaxWithoutDenormals(torch.autograd.Function):
+    """Softmax over the last dim with denormal entries set to 0 in its output and in the gradient it sends back."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor) -> Tensor:
+        tiny = torch.finfo(scores.dtype).tiny
+        probs = scores.softmax(dim=-1)
+        probs = probs.masked_fill(probs < tiny, 0.0)
+        ctx.save_for_backward(probs)  # the flushed P: softmax's own backward would reuse the unflushed one
+        return probs
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (probs,) = ctx.saved_tensors
+        grad_scores = probs * (grad - (grad * probs).sum(dim=-1, keepdim=True))  # softmax's Jacobian, applied
+        return grad_scores.masked_fill(grad_scores.abs() < torch.finfo(grad_scores.dtype).tiny, 0.0)
+
+
+def softmax_without_denormals(scores: Tensor) -> Tensor:
+    """``scores.softmax(-1)`` with every denormal number (below about 1.2e-38 in fp32) set to 0, in the forward
+    and in the backward pass: such numbers change no sum they enter, but x86 CPUs multiply them many times
+    slower (chapter 05, "Denormal numbers")."""
+    return _SoftmaxWithoutDenormals.apply(scores)
+
+
 def _grid(length: int, grid_size: tuple[int, int] | None) -> tuple[int, int]:
     """The patch grid (rows, cols) of a sequence of ``length`` patch tokens; a clear error when they differ."""
     if grid_size is None:
@@ -110,13 +135,10 @@ class PositionalAttention(nn.Module):
             return rearrange(self.pos_proj(rel), "q k h -> h q k")
 
     def positional_softmax(self, grid_size: tuple[int, int]) -> Tensor:
-        """P = softmax over keys of the positional scores, (heads, L, L), in at least fp32 (also under autocast).
-
-        Entries below the smallest normal number of P's dtype (denormals, about 1.2e-38 in fp32) are set to 0:
-        they change no sum they enter, but a CPU multiplies them many times slower (chapter 05, "Denormal numbers")."""
+        """P = softmax over keys of the positional scores, (heads, L, L), in at least fp32 (also under autocast),
+        without denormal numbers in P or in its gradient (`softmax_without_denormals`)."""
         scores = self.positional_scores(grid_size)
-        attn = scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(dim=-1)
-        return attn.masked_fill(attn < torch.finfo(attn.dtype).tiny, 0.0)
+        return softmax_without_denormals(scores.to(torch.promote_types(scores.dtype, torch.float32)))
 
     def _check_input(self, x: Tensor, grid_size: tuple[int, int] | None) -> tuple[int, int]:
         if x.ndim != 3 or x.shape[-1] != self.embed_dim:

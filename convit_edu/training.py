@@ -14,12 +14,11 @@ from typing import Iterator, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel
 
 from convit_edu.augment import build_mixup
 from convit_edu.callbacks import Callback, Progress, TrainResult, TrainState, plot_history, write_logs
-from convit_edu.checkpoints import CHECKPOINT_FORMAT, rng_states, save_checkpoint
+from convit_edu.checkpoints import CHECKPOINT_FORMAT, keep_as, rng_states, save_checkpoint
 from convit_edu.config import TrainConfig, per_device_batch
 from convit_edu.dali import DaliLoaders
 from convit_edu.devices import autocast, resolve_precision
@@ -31,10 +30,12 @@ from convit_edu.optimisation import build_optimizer, check_resume, seed_step, tr
 from convit_edu.run_parts import (
     build_models,
     check_output,
+    compile_cache,
     config_datasets,
     dali_states,
     restore_run,
     resume_checkpoint,
+    wrap_model,
     write_run_info,
 )
 
@@ -63,11 +64,11 @@ class Trainer:
                                                          world.device)
         self.scaler = torch.amp.GradScaler(world.device.type, enabled=self.precision == "fp16")
         self.ema = AveragedModel(self.model, use_buffers=True) if cfg.ema_decay else None  # see `update_ema`
-        self.ddp = (DistributedDataParallel(self.model, device_ids=[world.device] if world.device.type == "cuda"
-                                            else None) if world.world_size > 1 else self.model)
-        self.forward = torch.compile(self.ddp) if cfg.compile else self.ddp  # what the step calls
+        self.ddp, self.forward = wrap_model(self.model, world, cfg.compile)  # forward: what the step calls
         self.state = TrainState(cfg, self.model, self.optimizer, world.rank, world.world_size, self.steps_per_epoch)
         self.best_top1, self.data_wait = -1.0, 0.0  # data_wait: seconds this epoch's steps waited for the loader
+        self.compile_s, self.compiled = 0.0, False  # seconds of this epoch's first compiled step; done yet?
+        self.evaluated_since_checkpoint = False  # a score that last.pt does not hold yet
         self.unread: list[torch.Tensor] = []  # (loss, non-finite) of each step not read back yet, on the device
         self.progress = Progress(cfg.progress if world.main else "none", cfg.epochs, cfg.log_every)
         self.signals = StopSignals()
@@ -104,12 +105,11 @@ class Trainer:
                                        num_threads=max(1, self.num_workers), num_replicas=world.world_size,
                                        rank=world.rank, seed=cfg.seed,
                                        device_id=world.device.index if world.device.type == "cuda" else None)
-            val_set = self.loaders.val  # this process's validation batches
         else:
             self.loaders = build_loaders(train_set, val_set, batch_size=self.batch_size, num_workers=self.num_workers,
                                          repeats=cfg.repeats, num_replicas=world.world_size, rank=world.rank,
                                          seed=cfg.seed)
-        self.val_set, self.num_classes = val_set, len(classes)
+        self.val_batches, self.num_classes = self.loaders.val, len(classes)  # this process's, workers kept
         self.mixup = build_mixup(aug, len(classes)) if aug else None
         self.finish = DeviceTransforms(aug) if aug else None  # normalises and erases the uint8 batches on the device
         self.smoothing = aug.label_smoothing if aug else 0.0
@@ -175,10 +175,13 @@ class Trainer:
         cfg, s = self.cfg, self.state
         batches = self.loaders.epoch(s.epoch, start=s.step * cfg.accum_steps * self.batch_size)
         self.model.train()
-        t0, images, self.data_wait = time.perf_counter(), 0, 0.0
+        t0, images, self.data_wait, self.compile_s = time.perf_counter(), 0, 0.0, 0.0
         last = (t0, 0.0)  # time and data wait at the last read-back
         for _ in self.progress.steps_of(range(s.step, self.steps_per_epoch)):
+            compiling = cfg.compile and not self.compiled
             self.step(batches)
+            if compiling:  # the host waited for the compiler, not for the device (which runs ahead)
+                self.compile_s, self.compiled = time.perf_counter() - t0 - self.data_wait, True
             images += self.global_batch
             self._callback("on_step_end")
             checkpoint = bool(cfg.ckpt_every) and s.global_step % cfg.ckpt_every == 0
@@ -202,7 +205,7 @@ class Trainer:
         row = {"epoch": s.epoch + 1, "step": s.global_step,
                "train_loss": sum(s.epoch_losses) / max(1, len(s.epoch_losses)),
                "lr": self.optimizer.param_groups[0]["lr"], "images_per_s": images / seconds, "epoch_time_s": seconds,
-               "data_wait_s": self.data_wait, "data_wait_share": self.data_wait / seconds}
+               "data_wait_s": self.data_wait, "data_wait_share": self.data_wait / seconds, "compile_s": self.compile_s}
         s.epoch, s.step, s.epoch_losses, s.seconds = s.epoch + 1, 0, [], s.seconds + seconds
         if s.epoch % self.cfg.eval_every and s.epoch < self.cfg.epochs:  # not evaluated: no row
             self.checkpoint()
@@ -213,8 +216,9 @@ class Trainer:
         self.evaluate_epoch()
 
     def evaluate_epoch(self) -> None:
-        """Score the pending epoch and log it; save `best.pt` first when the top-1 improved, then `last.pt` — so
-        that a stop or a kill at any moment leaves a `last.pt` whose best score is the one `best.pt` holds."""
+        """Score the pending epoch (saved in `last.pt` just before) and log it; when the top-1 improved, keep that
+        `last.pt` as `best.pt` (a second name: no bytes written). The score reaches `last.pt` with the next
+        checkpoint, or when `fit` returns."""
         s, t0 = self.state, time.perf_counter()
         row = {**s.pending, **self._scores()}
         s.seconds += time.perf_counter() - t0
@@ -224,25 +228,24 @@ class Trainer:
         self.progress.epoch_end(row)
         if row["val_top1"] > self.best_top1:
             self.best_top1 = row["val_top1"]
-            self.checkpoint("best.pt")
+            run_on_main(self.world, f"keep {self.output / 'last.pt'} as best.pt",
+                        lambda: keep_as(self.output / "last.pt", self.output / "best.pt"))
         run_on_main(self.world, f"write the logs in {self.output}", lambda: write_logs(s.history, self.output))
-        self.checkpoint()
+        self.evaluated_since_checkpoint = True
         self._callback("on_epoch_end")
 
     def _scores(self) -> dict:
         """Validation loss, top-1 and top-5 of the model (and of its EMA), and the mean gate σ(λ) of each layer."""
         world = self.world
         models = {"val": self.model, **({"ema": self.ema.module} if self.ema is not None else {})}
-        # inference keeps no activations for a backward pass: twice the training batch fits, with the run's workers
-        result = evaluate(models, self.val_set, batch_size=2 * self.batch_size, device=world.device,
-                          precision=self.precision, num_workers=self.num_workers, rank=world.rank,
-                          world_size=world.world_size, finish=self.finish)
+        result = evaluate(models, self.val_batches, device=world.device, precision=self.precision,
+                          finish=self.finish)
         scores = {f"{name}_{key}": value for name, metrics in result.items() for key, value in metrics.items()}
         return {**scores, "gates": gate_means(self.model)}
 
-    def checkpoint(self, name: str = "last.pt") -> None:
-        """Save everything the run needs to continue as `output/name` (rank 0, atomically); non-finite weights are
-        refused on every process, with the last good checkpoint named."""
+    def checkpoint(self) -> None:
+        """Save everything the run needs to continue as `output/last.pt` (rank 0, atomically); non-finite weights
+        are refused on every process, with the last good checkpoint named."""
         s = self.state
         weights = self.model.state_dict()
         floats = {k: t for k, t in weights.items() if t.is_floating_point()}
@@ -253,7 +256,7 @@ class Trainer:
                 f"optimiser step {s.global_step} and were not saved; {self._last_good()}: lower --lr, set "
                 "--clip-grad, or use bf16/fp32 instead of fp16")
         dali = dali_states(self.loaders, self.world)
-        run_on_main(self.world, f"write the checkpoint {self.output / name}", lambda: save_checkpoint({
+        run_on_main(self.world, f"write the checkpoint {self.output / 'last.pt'}", lambda: save_checkpoint({
             "format": CHECKPOINT_FORMAT, "config": asdict(self.cfg), "model": weights,
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
@@ -262,7 +265,8 @@ class Trainer:
             "dali": dali, "world_size": self.world.world_size, "global_batch": self.global_batch, "rng": rng_states(),
             "epoch_losses": s.epoch_losses, "history": s.history, "pending": s.pending, "best_top1": self.best_top1,
             "seconds": s.seconds, "num_classes": self.num_classes,
-        }, self.output / name))
+        }, self.output / "last.pt"))
+        self.evaluated_since_checkpoint = False
 
     def _last_good(self) -> str:
         path = self.output / "last.pt"
@@ -281,8 +285,9 @@ class Trainer:
         cfg, s = self.cfg, self.state
         self._callback("on_train_begin")
         stopped = None
-        with self.signals:
+        with self.signals, compile_cache(self.output, cfg.compile):
             if s.pending is not None:  # resumed from a checkpoint written before its epoch was evaluated
+                self.checkpoint()  # this run's own last.pt, which evaluate_epoch may keep as best.pt
                 self.evaluate_epoch()
             for _ in self.progress.epochs_of(range(s.epoch, cfg.epochs)):  # each epoch_end moves s.epoch on
                 stopped, images, seconds = self.train_epoch()
@@ -295,6 +300,8 @@ class Trainer:
                 if stopped or signalled or s.stop:
                     stopped = stopped or self._why(bool(signalled))
                     break
+            if self.evaluated_since_checkpoint:  # a run that returns leaves a last.pt that holds its whole log
+                self.checkpoint()
         self._callback("on_train_end")
         if self.world.main:
             if s.history:

@@ -39,6 +39,7 @@ import json
 import math
 import os
 import random
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -307,6 +308,22 @@ def save_checkpoint(checkpoint: dict, path: str | Path) -> Path:
     return atomic_write(path, lambda f: torch.save(checkpoint, f))
 
 
+def keep_as(path: str | Path, kept: str | Path) -> Path:
+    """Make `kept` a second name of the file `path`, atomically: a hard link, which writes no bytes (a run keeps
+    its best epoch's `last.pt` as `best.pt` so; `last.pt` is later replaced by a new file, never rewritten in
+    place, so `kept` keeps these bytes). Where the file system has no hard links, an atomic copy."""
+    path, kept = Path(path), Path(kept)
+    tmp = kept.with_name(f".{kept.name}.link.tmp")  # a `*.tmp` left by a kill is removed when a run starts
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(path, tmp)
+    except OSError:  # no hard links here (some network and FAT file systems)
+        with open(path, "rb") as source:
+            return atomic_write(kept, lambda f: shutil.copyfileobj(source, f))
+    os.replace(tmp, kept)
+    return kept
+
+
 def read_checkpoint(path: str | Path) -> dict:
     """Load a training checkpoint on the CPU; ValueError naming the file when it is truncated, not loadable
     safely, or not a convit-edu training checkpoint."""
@@ -342,7 +359,9 @@ def set_rng_states(states: dict) -> None:
 
 # %% [markdown]
 # A round trip, then a write that fails half-way (a full disk): the previous checkpoint stays whole, and no
-# temporary file is left beside it.
+# temporary file is left beside it. Then `keep_as`, which keeps a run's best epoch as `best.pt` without writing
+# its hundreds of megabytes a second time: a hard link is a second name of the same bytes, and the next
+# `last.pt` is a new file renamed over the old name, so `best.pt` still holds the epoch it was given.
 
 # %%
 with tempfile.TemporaryDirectory() as folder:
@@ -355,4 +374,7 @@ with tempfile.TemporaryDirectory() as folder:
 
     message = expect_error(lambda: atomic_write(path, half_then_full_disk), OSError)
     assert read_checkpoint(path)["step"] == 1 and [p.name for p in Path(folder).iterdir()] == ["last.pt"]
+    keep_as(path, Path(folder) / "best.pt")  # the best epoch so far: a second name, no bytes written
+    save_checkpoint({"format": CHECKPOINT_FORMAT, "step": 2, "rng": rng_states()}, path)  # the next epoch
+    assert read_checkpoint(Path(folder) / "best.pt")["step"] == 1 and read_checkpoint(path)["step"] == 2
 print(message)

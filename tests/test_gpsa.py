@@ -237,3 +237,38 @@ def test_positional_softmax_sets_denormals_to_zero_and_keeps_every_other_entry()
     assert denormal.any()
     assert not ((flushed > 0) & (flushed < tiny)).any()
     assert torch.equal(flushed[~denormal], raw[~denormal]) and (flushed[denormal] == 0).all()
+
+
+class DenormalInputs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts, per operation, the denormal fp32 numbers that enter it (every op of forward, backward, optimiser)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    OVERWRITING = {"fill_.Scalar", "zero_.default"}  # they read no value (memory from torch.empty holds any bits)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        tiny = torch.finfo(torch.float32).tiny
+        for t in [] if func.__name__ in self.OVERWRITING else torch.utils._pytree.tree_flatten((args, kwargs))[0]:
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.numel():
+                n = int(((t != 0) & (t.abs() < tiny)).sum())
+                if n:
+                    self.counts[func.__name__] = self.counts.get(func.__name__, 0) + n
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_convit_training_step_multiplies_no_denormal_number_by_a_batch():
+    from convit_edu.zoo import create_model
+
+    torch.manual_seed(0)
+    model = create_model("convit_tiny", img_size=224, num_classes=10, depth=2, local_up_to_layer=1)
+    optimizer = torch.optim.AdamW(model.parameters())
+    x, y = torch.randn(2, 3, 224, 224), torch.randint(0, 10, (2,))
+    with DenormalInputs() as seen:
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    # on a 14 x 14 grid far keys get probabilities below 1e-38: they may enter only the flush itself, elementwise
+    # on (heads, L, L) tensors (its comparisons, and the backward's product and sum before their flush)
+    assert seen.counts, "no denormal made at all: the check would see nothing"
+    assert set(seen.counts) <= {"lt.Scalar", "masked_fill.Scalar", "abs.default", "sum.dim_IntList"}, seen.counts

@@ -282,33 +282,59 @@ def test_best_pt_keeps_the_best_epoch_after_a_stop_at_an_epoch_end_and_a_resume(
     monkeypatch.setattr(training, "evaluate", scripted(50.0, 40.0, 30.0))
     first = train(cfg, model=make_model(), datasets=make_data(), callbacks=[StopAtEpochEnd()])
     assert first.stopped == "callback" and len(first.history) == 1
+    assert read_checkpoint(tmp_path / "last.pt")["best_top1"] == 50.0  # a stopped run's last.pt holds its score
     epoch_1 = read_checkpoint(tmp_path / "best.pt")["model"]
-    train(replace(cfg, resume="auto"), model=make_model(), datasets=make_data())
+    train(replace(cfg, resume="auto"), model=make_model(), datasets=make_data())  # epochs 2 and 3, no re-evaluation
     best = read_checkpoint(tmp_path / "best.pt")
-    assert best["best_top1"] == 50.0 and read_checkpoint(tmp_path / "last.pt")["best_top1"] == 50.0
+    assert read_checkpoint(tmp_path / "last.pt")["best_top1"] == 50.0 and best["epoch"] == 1
     assert all(torch.equal(best["model"][k], epoch_1[k]) for k in epoch_1)
 
 
-def test_a_kill_while_best_pt_is_written_leaves_best_and_last_in_agreement(tmp_path, monkeypatch):
+class Writes:
+    """Counts the checkpoint files a run writes (`save_checkpoint`) and the names it keeps (`keep_as`)."""
+
+    def __init__(self, monkeypatch):
+        self.saved, self.kept = [], []
+        real_save, real_keep = training.save_checkpoint, training.keep_as
+        monkeypatch.setattr(training, "save_checkpoint",
+                            lambda ckpt, path: self.saved.append((ckpt["epoch"], Path(path).name)) or real_save(ckpt, path))
+        monkeypatch.setattr(training, "keep_as",
+                            lambda path, kept: self.kept.append(Path(kept).name) or real_keep(path, kept))
+
+
+def test_an_evaluated_epoch_writes_last_pt_once_and_keeps_it_as_best_pt_only_when_it_improved(tmp_path, monkeypatch):
+    monkeypatch.setattr(training, "evaluate", scripted(10.0, 5.0, 20.0))
+    writes = Writes(monkeypatch)
+    result = train(config(tmp_path, epochs=3, ema_decay=None), model=make_model(), datasets=make_data())
+    # one file per epoch, before its evaluation; once more when the run returns, so last.pt holds the whole log
+    assert writes.saved == [(1, "last.pt"), (2, "last.pt"), (3, "last.pt"), (3, "last.pt")]
+    assert writes.kept == ["best.pt", "best.pt"]  # epochs 1 and 3 improved; no bytes written for them
+    best, last = read_checkpoint(tmp_path / "best.pt"), read_checkpoint(tmp_path / "last.pt")
+    assert best["epoch"] == 3 and last["history"] == result.history and last["best_top1"] == 20.0
+    assert all(torch.equal(best["model"][k], last["model"][k]) for k in last["model"])
+
+
+def test_a_kill_before_best_pt_is_kept_leaves_a_run_that_resumes_to_the_right_best_pt(tmp_path, monkeypatch):
     cfg = config(tmp_path, epochs=2, ema_decay=None)
     monkeypatch.setattr(training, "evaluate", scripted(10.0, 60.0))
-    real_save = checkpoints.save_checkpoint
+    real_keep = training.keep_as
 
-    def killed_on_the_second_best(checkpoint, path):
-        if Path(path).name == "best.pt" and checkpoint["epoch"] == 2:
-            raise KeyboardInterrupt("killed while writing best.pt")
-        return real_save(checkpoint, path)
+    def killed_on_the_second_best(path, kept):
+        if read_checkpoint(path)["epoch"] == 2:
+            raise KeyboardInterrupt("killed while keeping best.pt")
+        return real_keep(path, kept)
 
-    monkeypatch.setattr(training, "save_checkpoint", killed_on_the_second_best)
+    monkeypatch.setattr(training, "keep_as", killed_on_the_second_best)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, model=make_model(), datasets=make_data())
     assert read_checkpoint(tmp_path / "last.pt")["pending"] is not None  # epoch 2 trained, not yet evaluated
-    monkeypatch.setattr(training, "save_checkpoint", real_save)
+    assert read_checkpoint(tmp_path / "best.pt")["epoch"] == 1
+    monkeypatch.setattr(training, "keep_as", real_keep)
     monkeypatch.setattr(training, "evaluate", scripted(60.0))  # the resumed run evaluates epoch 2 first
     result = train(replace(cfg, resume="auto"), model=make_model(), datasets=make_data())
     best, last = read_checkpoint(tmp_path / "best.pt"), read_checkpoint(tmp_path / "last.pt")
     assert [row["val_top1"] for row in result.history] == [10.0, 60.0]
-    assert best["best_top1"] == last["best_top1"] == 60.0 and best["epoch"] == 2
+    assert last["best_top1"] == 60.0 and best["epoch"] == 2
     assert all(torch.equal(best["model"][k], last["model"][k]) for k in last["model"])
 
 
@@ -616,6 +642,34 @@ def test_each_process_takes_gpu_local_rank_mod_visible_gpus_and_a_process_group_
     assert world.device == torch.device("cuda:1") == calls["device"]
     assert (calls["backend"], calls["rank"], calls["world_size"]) == ("nccl", 3, 4)
     assert calls["timeout"] == distributed.PROCESS_GROUP_TIMEOUT
+    assert calls["device_id"] == torch.device("cuda:1")  # NCCL connects at once, on this process's GPU
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """A machine that shows two GPUs (no CUDA work is done: `set_device` is recorded)."""
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    return chosen
+
+
+def test_a_single_process_keeps_the_gpu_its_device_names(two_gpus):
+    assert distributed.init_world("cuda:1").device == torch.device("cuda:1") == two_gpus[0]
+    assert distributed.init_world("cuda").device == torch.device("cuda:0")
+
+
+@pytest.mark.parametrize("device, env, match", [
+    ("cuda:1", {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "names one GPU for 2 processes"),
+    ("cuda:5", {}, r"'cuda:5' asked for but this machine shows 2 GPU\(s\) \(cuda:0 to cuda:1\)"),
+])
+def test_a_gpu_index_that_cannot_be_honoured_is_refused(two_gpus, monkeypatch, device, env, match):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=match):
+        distributed.init_world(device)
+    assert two_gpus == []  # refused before any GPU was chosen
 
 
 def test_checkpoints_hold_no_cuda_generator_states(tmp_path):
