@@ -827,3 +827,27 @@ def test_the_runs_own_datasets_ship_uint8_and_a_uint8_batch_needs_its_finish(tmp
         finish_batch(images, None, train=False)
     floats = torch.rand(2, 3, 16, 16)
     assert finish_batch(floats, None, train=True) is floats
+
+
+def test_a_compiled_run_reports_its_compile_seconds_and_keeps_its_compile_cache_in_the_run_folder(tmp_path,
+                                                                                                  monkeypatch):
+    class SlowFirstCall(nn.Module):  # stands in for torch.compile: the first call pays 0.3 s, and sees the cache
+        def __init__(self, module):
+            super().__init__()
+            self.module, self.calls, self.cache_dirs = module, 0, []
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls == 1:
+                self.cache_dirs.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+                time.sleep(0.3)
+            return self.module(x)
+
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda m: compiled.append(SlowFirstCall(m)) or compiled[-1])
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    result = train(config(tmp_path, compile=True), model=make_model(), datasets=make_data())
+    assert [len(compiled), compiled[0].cache_dirs] == [1, [str((tmp_path / "compile-cache").resolve())]]
+    assert result.history[0]["compile_s"] >= 0.3 and result.history[1]["compile_s"] == 0.0
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ  # set for the run only
+    assert train(config(tmp_path / "eager"), model=make_model(), datasets=make_data()).history[0]["compile_s"] == 0
