@@ -13,42 +13,60 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import torch
+from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from convit_edu.augment import build_transforms
 from convit_edu.benchmarks import (
+    device_timer,
     format_table,
     gpsa_layer_bench,
     interleaved_times,
     measure_model,
     median,
+    model_steps,
     model_throughput,
     resolution_sweep,
     train_step,
+    training_model,
 )
 from convit_edu.checkpoints import write_json
 from convit_edu.config import TrainConfig
 from convit_edu.datasets import build_datasets
+from convit_edu.devices import resolve_device, resolve_precision
 from convit_edu.loaders import benchmark_loader
 from convit_edu.models import VisionTransformer
 from convit_edu.training import train
-from convit_edu.zoo import count_macs, create_model, model_config
+from convit_edu.zoo import count_macs, model_config
 
-__all__ = ['compiled_throughput', 'peak_matmul_flops', 'training_flops_per_image', 'H100_BF16_DENSE_FLOPS', 'h100_estimate', 'profile_step', 'pipeline_bench', 'BenchSizes', 'save_results', 'run_benchmarks']
+__all__ = ['compile_seconds', 'compiled_throughput', 'PRECISION_DTYPES', 'peak_matmul_flops', 'training_flops_per_image', 'profile_step', 'pipeline_bench', 'BenchSizes', 'save_results', 'bench_model', 'run_benchmarks']
 
 
 # %% nbs/36_benchmark_suite.py 7
-def compiled_throughput(name: str, batch: int, img_size: int, reps: int, timeout_s: float) -> dict:
-    """Eager vs ``torch.compile`` training images/s of zoo model ``name``, measured in a child process killed
-    after ``timeout_s`` seconds (Inductor's C++ compilation can be slow); raises ``TimeoutError`` then. The
-    child compiles into a fresh Inductor cache, removed afterwards: a compile killed mid-way leaves truncated
-    libraries behind, which would make every later compile from that cache fail."""
-    args = json.dumps({"name": name, "batch": batch, "img_size": img_size, "reps": reps,
-                       "threads": torch.get_num_threads()})
+def compile_seconds(eager: dict[str, Callable[[], object]], compiled: dict[str, Callable[[], object]],
+                    timer: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds ``torch.compile`` adds before the steps ``compiled`` run: the first call of each (which compiles)
+    less one call of its twin in ``eager`` (the same names), warmed up."""
+    plain = interleaved_times(eager, reps=1, warmup=1, timer=timer)
+    first = interleaved_times(compiled, reps=1, warmup=0, timer=timer)
+    return sum(first[name][0] - plain[name][0] for name in compiled)
+
+
+def compiled_throughput(name: str, batch: int, img_size: int, reps: int, timeout_s: float,
+                        device: str | torch.device = "cpu", precision: str = "fp32") -> dict:
+    """Eager vs ``torch.compile`` training images/s of zoo model ``name`` on ``device`` at ``precision``, and the
+    compile's seconds (``compile_seconds``), measured in a child process killed after ``timeout_s`` seconds
+    (Inductor's C++ compilation can be slow); raises ``TimeoutError`` then. The child compiles into a fresh Inductor
+    cache, removed afterwards: a compile killed mid-way leaves truncated libraries behind, which would make every
+    later compile from that cache fail."""
+    precision = resolve_precision(precision, device)
+    args = json.dumps({"name": name, "batch": batch, "img_size": img_size, "reps": reps, "device": str(device),
+                       "precision": precision, "threads": torch.get_num_threads()})
     code = f"from convit_edu.benchmark_suite import _compiled_child; _compiled_child({args!r})"
     # a session of its own, so that a timeout ends the child *and* Inductor's compile workers
     with tempfile.TemporaryDirectory(prefix="convit-edu-inductor-") as cache, subprocess.Popen(
@@ -70,23 +88,29 @@ def _compiled_child(args: str) -> None:
     a = json.loads(args)
     torch.set_num_threads(a["threads"])
     torch.manual_seed(0)
-    model = create_model(a["name"], img_size=a["img_size"], num_classes=10)
-    start = time.perf_counter()
-    compiled_step = train_step(torch.compile(model), a["batch"], a["img_size"], 10, "fp32")
-    compiled_step()  # compiles forward and backward
-    compile_s = time.perf_counter() - start
-    eager_step = train_step(model, a["batch"], a["img_size"], 10, "fp32")
-    times = interleaved_times({"eager": eager_step, "compiled": compiled_step}, a["reps"], warmup=1)
+    device = torch.device(a["device"])
+    timer = device_timer(device)
+    model = training_model(a["name"], a["img_size"], 10).to(device)
+    eager, compiled = (train_step(model, a["batch"], a["img_size"], 10, a["precision"], device, compile=c)
+                       for c in (False, True))
+    compile_s = compile_seconds({"step": eager}, {"step": compiled}, timer)
+    times = interleaved_times({"eager": eager, "compiled": compiled}, a["reps"], warmup=1, timer=timer)
     rates = {k: a["batch"] / median(t) for k, t in times.items()}
-    print(json.dumps({"model": a["name"], "batch": a["batch"], "img_size": a["img_size"], "compile_s": compile_s,
-                      "eager_images_per_s": rates["eager"], "compiled_images_per_s": rates["compiled"]}))
+    print(json.dumps({"model": a["name"], "device": a["device"], "precision": a["precision"], "batch": a["batch"],
+                      "img_size": a["img_size"], "compile_s": compile_s, "eager_images_per_s": rates["eager"],
+                      "compiled_images_per_s": rates["compiled"]}))
 
 
 # %% nbs/36_benchmark_suite.py 10
-def peak_matmul_flops(n: int, reps: int, dtype: torch.dtype = torch.float32) -> float:
-    """FLOP/s of an n×n @ n×n matmul (2n³ FLOPs), best of ``reps`` after one warm-up."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    best = min(interleaved_times({"matmul": lambda: a @ b}, reps)["matmul"])
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # a matmul's, per precision
+
+
+def peak_matmul_flops(n: int, reps: int, dtype: torch.dtype = torch.float32,
+                      device: str | torch.device = "cpu") -> float:
+    """FLOP/s of an n×n @ n×n matmul (2n³ FLOPs) in ``dtype`` on ``device``, best of ``reps`` after one warm-up."""
+    device = torch.device(device)
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
+    best = min(interleaved_times({"matmul": lambda: a @ b}, reps, timer=device_timer(device))["matmul"])
     return 2 * n**3 / best
 
 
@@ -95,22 +119,11 @@ def training_flops_per_image(name: str, img_size: int) -> float:
     return 6.0 * count_macs(model_config(name, img_size=img_size)).total()
 
 
-H100_BF16_DENSE_FLOPS = 989e12  # H100 SXM, dense bf16 tensor cores (NVIDIA's datasheet; 1979e12 is with sparsity)
-
-
-def h100_estimate(name: str, img_size: int = 224, utilisation: float = 0.4) -> float:
-    """ESTIMATED (not measured) training images/s on one H100 SXM in bf16, if training reached
-    ``utilisation`` of its dense bf16 peak: utilisation × peak / training FLOPs per image."""
-    if not 0 < utilisation <= 1:
-        raise ValueError(f"utilisation must be in (0, 1], got {utilisation}")
-    return utilisation * H100_BF16_DENSE_FLOPS / training_flops_per_image(name, img_size)
-
-
 # %% nbs/36_benchmark_suite.py 18
 def profile_step(name: str, batch: int, img_size: int, top: int = 10) -> str:
     """The ``top`` operators of one training step of zoo model ``name``, by self CPU time (torch.profiler)."""
     torch.manual_seed(0)
-    step = train_step(create_model(name, img_size=img_size), batch, img_size, 1000, "fp32")
+    step = train_step(training_model(name, img_size, 1000), batch, img_size, 1000, "fp32")
     step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
@@ -119,11 +132,11 @@ def profile_step(name: str, batch: int, img_size: int, top: int = 10) -> str:
 
 # %% nbs/36_benchmark_suite.py 21
 def pipeline_bench(cfg: TrainConfig, steps: int, num_workers: int = 1) -> dict:
-    """The data pipeline against the model for the run ``cfg`` (an ImageFolder or CIFAR run), on this process's
-    threads: loader images/s per worker and bytes per image, float32 vs uint8; images/s of the model's
-    training step alone and of ``train`` end to end over ``steps`` optimiser steps of real batches, with the share of
-    that run's time its steps waited for the loader; the share of the end-to-end step the pipeline costs."""
-    aug = cfg.aug_config()
+    """The data pipeline against the model for the run ``cfg`` (an ImageFolder or CIFAR run): loader images/s per
+    worker and bytes per image, float32 vs uint8; images/s of the model's training step alone (on the run's device,
+    precision and compile) and of ``train`` end to end over ``steps`` optimiser steps of real batches, with the share
+    of that run's time its steps waited for the loader; the share of the end-to-end step the pipeline costs."""
+    aug, device = cfg.aug_config(), resolve_device(cfg.device)
     train_set, _, classes = build_datasets(cfg.data, cfg.data_root, max_classes=cfg.classes, download=False,
                                            **cfg.data_args)
     batch = cfg.global_batch or cfg.batch_size
@@ -135,8 +148,9 @@ def pipeline_bench(cfg: TrainConfig, steps: int, num_workers: int = 1) -> dict:
         result[f"loader_{name}_images_per_s_per_worker"] = loader.loader / num_workers
         result[f"{name}_bytes_per_image"] = transform(train_set[0][0]).nbytes
     model = VisionTransformer(cfg.model_config(num_classes=len(classes), distilled=False))
-    result["model_images_per_s"] = measure_model(model, batch, cfg.img_size, steps=max(2, steps // 4),
-                                                 num_classes=len(classes), precision=cfg.precision)["train_images_per_s"]
+    result["model_images_per_s"] = measure_model(
+        model, batch, cfg.img_size, steps=max(2, steps // 4), num_classes=len(classes), device=device,
+        precision=resolve_precision(cfg.precision, device), compile=cfg.compile)["train_images_per_s"]
     smallest_class = min(Counter(train_set.targets).values())  # a fraction must keep an image of each class
     fraction = min(1.0, max(steps * batch / len(train_set), 1 / smallest_class))
     with tempfile.TemporaryDirectory() as output:
@@ -165,19 +179,27 @@ class BenchSizes:
     small_batch: int  # batch of ConViT-S / DeiT-S
     model_reps: int  # timed training steps per model
     bf16_img_size: int  # image side of the fp32 vs bf16 comparison (and of the compiled step)
+    bf16_batch: int  # batch of the fp32 vs bf16 comparison
     matmul_n: int  # side of the square matmul that measures the peak
     matmul_reps: int  # its repetitions (the best counts)
 
     @classmethod
     def full(cls) -> "BenchSizes":
         return cls(layer_batch=32, layer_reps=5, lengths=(64, 144, 196, 256, 400, 576), sweep_batch=8, sweep_reps=3,
-                   img_size=224, tiny_batch=8, small_batch=4, model_reps=3, bf16_img_size=64, matmul_n=2048,
-                   matmul_reps=3)
+                   img_size=224, tiny_batch=8, small_batch=4, model_reps=3, bf16_img_size=64, bf16_batch=2,
+                   matmul_n=2048, matmul_reps=3)
 
     @classmethod
     def fast(cls) -> "BenchSizes":
         return cls(layer_batch=2, layer_reps=1, lengths=(64, 144), sweep_batch=1, sweep_reps=1, img_size=32,
-                   tiny_batch=2, small_batch=2, model_reps=1, bf16_img_size=32, matmul_n=256, matmul_reps=1)
+                   tiny_batch=2, small_batch=2, model_reps=1, bf16_img_size=32, bf16_batch=2, matmul_n=256,
+                   matmul_reps=1)
+
+    def with_batch(self, batch: int) -> "BenchSizes":
+        """These sizes with every timed step at ``batch`` images (``bench --suite --batch-size``); the activation
+        memory keeps its own batch (the ``mem_B`` column), so that it compares across runs."""
+        return replace(self, layer_batch=batch, sweep_batch=batch, tiny_batch=batch, small_batch=batch,
+                       bf16_batch=batch)
 
 
 def save_results(results: dict, path: str | Path) -> Path:
@@ -187,41 +209,64 @@ def save_results(results: dict, path: str | Path) -> Path:
     return write_json(path, {"meta": meta, **results})
 
 
+def bench_model(model: nn.Module, batch_size: int, img_size: int, *, steps: int, num_classes: int,
+                device: str | torch.device, precision: str, compile: bool = False) -> dict[str, float]:
+    """`convit-edu bench`'s figures of one model: ``measure_model``'s on ``device`` at ``precision`` (with
+    ``compile``, of the compiled model, after ``compile_s``, what compiling added to its first training and
+    inference steps); on a CPU, the training images/s in fp32 and in bf16 too: does bf16 pay on this CPU?"""
+    device = torch.device(device)
+    model, precision, result = model.to(device), resolve_precision(precision, device), {}
+    if compile:  # measure_model's compiled steps then find this compiled code in torch.compile's cache
+        steps_of = partial(model_steps, model, batch_size, img_size, num_classes, precision, device)
+        result["compile_s"] = compile_seconds(steps_of(), steps_of(compile=True), device_timer(device))
+    measure = partial(measure_model, model, batch_size, img_size, steps=steps, num_classes=num_classes,
+                      device=device, compile=compile)
+    result |= measure(precision=precision)
+    if device.type == "cpu":  # precision auto decides from the CPU's flags; this measures it
+        for other in ("fp32", "bf16"):
+            result[f"train_images_per_s_{other}"] = measure(precision=other)["train_images_per_s"]
+    return result
+
+
 def run_benchmarks(
     sizes: BenchSizes, compile_timeout_s: float | None = None, json_path: str | Path | None = None,
-    print_fn: Callable[[str], None] = print,
+    print_fn: Callable[[str], None] = print, device: str | torch.device = "cpu", precision: str = "fp32",
 ) -> dict:
-    """Every benchmark of chapters 27-36 at ``sizes``, printed as tables; ``torch.compile`` too when
-    ``compile_timeout_s`` is given; written as JSON to ``json_path`` when given. Returns the results."""
-    s = sizes
-    results: dict = {"sizes": asdict(s)}
-    results["gpsa_layer"] = gpsa_layer_bench(192, 4, s.layer_batch, 196, s.layer_reps)
-    results["gpsa_layer"] += gpsa_layer_bench(432, 9, s.layer_batch, 196, s.layer_reps)
-    results["resolution"] = resolution_sweep(192, 4, s.sweep_batch, s.lengths, s.sweep_reps, memory_batch=8)
-    results["throughput"] = model_throughput(["convit_tiny", "deit_tiny"], s.tiny_batch, s.img_size, s.model_reps)
-    results["throughput"] += model_throughput(["convit_small", "deit_small"], s.small_batch, s.img_size, s.model_reps)
-    for precision in ("fp32", "bf16"):
-        results["throughput"] += model_throughput(["convit_tiny", "deit_tiny"], 2, s.bf16_img_size, 1, precision)
+    """Every benchmark of chapters 27-36 at ``sizes`` on ``device`` at ``precision`` (the fp32 against bf16 rows
+    run both), printed as tables; ``torch.compile`` too when ``compile_timeout_s`` is given; written as JSON to
+    ``json_path`` when given. Returns the results."""
+    s, device = sizes, torch.device(device)
+    on = {"device": device, "precision": resolve_precision(precision, device)}
+    results: dict = {"sizes": asdict(s), "device": str(device), "precision": on["precision"]}
+    results["gpsa_layer"] = gpsa_layer_bench(192, 4, s.layer_batch, 196, s.layer_reps, **on)
+    results["gpsa_layer"] += gpsa_layer_bench(432, 9, s.layer_batch, 196, s.layer_reps, **on)
+    results["resolution"] = resolution_sweep(192, 4, s.sweep_batch, s.lengths, s.sweep_reps, memory_batch=8, **on)
+    results["throughput"] = model_throughput(["convit_tiny", "deit_tiny"], s.tiny_batch, s.img_size, s.model_reps,
+                                             **on)
+    results["throughput"] += model_throughput(["convit_small", "deit_small"], s.small_batch, s.img_size, s.model_reps,
+                                              **on)
+    for other in ("fp32", "bf16"):
+        results["throughput"] += model_throughput(["convit_tiny", "deit_tiny"], s.bf16_batch, s.bf16_img_size, 1,
+                                                  precision=other, device=device)
     if compile_timeout_s is not None:
         try:
             results["compiled"] = compiled_throughput("convit_tiny", s.tiny_batch, s.bf16_img_size, s.model_reps,
-                                                      compile_timeout_s)
+                                                      compile_timeout_s, **on)
         except (TimeoutError, RuntimeError) as e:
             results["compiled"] = {"error": str(e)}
-    peak = peak_matmul_flops(s.matmul_n, s.matmul_reps)
+    peak = peak_matmul_flops(s.matmul_n, s.matmul_reps, PRECISION_DTYPES[on["precision"]], device)
     results["peak_matmul_gflops"] = peak / 1e9
     results["utilisation"] = [
         {"model": r["model"], "precision": r["precision"], "img_size": r["img_size"],
-         "fraction_of_peak": r["images_per_s"] * training_flops_per_image(r["model"], r["img_size"]) / peak,
-         "H100_est_images_per_s": h100_estimate(r["model"], r["img_size"])}
-        for r in results["throughput"]
+         "fraction_of_peak": r["images_per_s"] * training_flops_per_image(r["model"], r["img_size"]) / peak}
+        for r in results["throughput"] if r["precision"] == on["precision"]
     ]
+    print_fn(f"on {device} at {on['precision']}, {torch.get_num_threads()} thread(s):")
     for key in ("gpsa_layer", "resolution", "throughput", "utilisation"):
         print_fn(f"\n{key}:\n{format_table(results[key])}")
     if "compiled" in results:
         print_fn(f"\ncompiled:\n{format_table([results['compiled']])}")
-    print_fn(f"\nfp32 matmul peak: {peak / 1e9:.1f} GFLOP/s; H100 column: estimate at 40% of "
-             f"{H100_BF16_DENSE_FLOPS / 1e12:.0f} TFLOP/s dense bf16, not a measurement")
+    print_fn(f"\n{on['precision']} matmul peak: {peak / 1e9:.1f} GFLOP/s")
     if json_path is not None:
         save_results(results, json_path)
     return results

@@ -9,6 +9,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -16,13 +17,15 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from convit_edu.attention import MHSA
-from convit_edu.checks import one_of, positive_int
+from convit_edu.checks import positive_int
+from convit_edu.config import TrainConfig
 from convit_edu.devices import autocast, resolve_precision
 from convit_edu.gpsa import GPSA
 from convit_edu.gpsa_reference import GPSAReference
-from convit_edu.zoo import create_model
+from convit_edu.models import VisionTransformer
+from convit_edu.optimisation import build_optimizer
 
-__all__ = ['interleaved_times', 'median', 'spread', 'saved_activation_bytes', 'GPSAOfficialForm', 'format_table', 'gpsa_layer_bench', 'resolution_sweep', 'train_step', 'measure_model', 'model_throughput']
+__all__ = ['interleaved_times', 'median', 'spread', 'device_timer', 'saved_activation_bytes', 'GPSAOfficialForm', 'format_table', 'gpsa_layer_bench', 'resolution_sweep', 'training_model', 'train_step', 'model_steps', 'measure_model', 'model_throughput']
 
 
 # %% nbs/27_benchmarks.py 6
@@ -56,6 +59,17 @@ def median(times: Sequence[float]) -> float:
 def spread(times: Sequence[float]) -> float:
     """(max − min) / median: how noisy some repeated timings are (0 for one timing)."""
     return (max(times) - min(times)) / median(times)
+
+
+def device_timer(device: torch.device) -> Callable[[], float]:
+    """The clock of timings on ``device``: on a GPU, which works asynchronously, it waits for the queued work first."""
+
+    def timer() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return timer
 
 
 # %% nbs/27_benchmarks.py 8
@@ -115,37 +129,43 @@ def format_table(rows: Sequence[dict], floatfmt: str = ".2f") -> str:
 
 def gpsa_layer_bench(
     embed_dim: int, num_heads: int, batch: int, length: int, reps: int, warmup: int = 1, memory_batch: int = 32,
-    timer: Callable[[], float] = time.perf_counter,
+    timer: Callable[[], float] | None = None, device: str | torch.device = "cpu", precision: str = "fp32",
 ) -> list[dict]:
     """The official form, the reference and the fast GPSA (same weights), and plain multi-head
     self-attention (``MHSA``, the DeiT layer and the floor the fast GPSA can approach), on
-    (batch, length, embed_dim) inputs: median forward and forward+backward milliseconds and their noise; and
-    the activation memory (MiB) saved for backward at ``memory_batch`` images (the one positional P is shared
-    by the batch, so small batches flatter the reference)."""
+    (batch, length, embed_dim) inputs on ``device`` under ``precision``'s autocast: median forward and
+    forward+backward milliseconds (``timer``: ``device_timer``'s by default) and their noise; and the activation
+    memory (MiB) saved for backward at ``memory_batch`` images (the one positional P is shared by the batch, so
+    small batches flatter the reference)."""
+    device = torch.device(device)
+    precision = resolve_precision(precision, device)
     torch.manual_seed(0)
     layers = {"official": GPSAOfficialForm(embed_dim, num_heads), "reference": GPSAReference(embed_dim, num_heads),
               "fast": GPSA(embed_dim, num_heads)}
     for name in ("reference", "fast"):
         layers[name].load_state_dict(layers["official"].state_dict())
     layers["mhsa"] = MHSA(embed_dim, num_heads)
-    x = torch.randn(batch, length, embed_dim, requires_grad=True)
-    x_mem = torch.randn(memory_batch, length, embed_dim, requires_grad=True)
+    layers = {name: layer.to(device) for name, layer in layers.items()}
+    x = torch.randn(batch, length, embed_dim, device=device, requires_grad=True)
+    x_mem = torch.randn(memory_batch, length, embed_dim, device=device, requires_grad=True)
 
-    def forward(layer: nn.Module) -> Callable[[], object]:
-        return lambda: layer(x)
+    def forward(layer: nn.Module, inputs: Tensor) -> Tensor:
+        with autocast(device, precision):
+            return layer(inputs)
 
     def forward_backward(layer: nn.Module) -> Callable[[], object]:
-        return lambda: layer(x).sum().backward()
+        return lambda: forward(layer, x).sum().backward()
 
+    timer = timer or device_timer(device)
     with torch.no_grad():
-        fwd = interleaved_times({k: forward(m) for k, m in layers.items()}, reps, warmup, timer)
+        fwd = interleaved_times({k: partial(forward, m, x) for k, m in layers.items()}, reps, warmup, timer)
     fwd_bwd = interleaved_times({k: forward_backward(m) for k, m in layers.items()}, reps, warmup, timer)
     return [
         {
             "layer": name, "B": batch, "L": length, "D": embed_dim, "heads": num_heads,
             "fwd_ms": 1e3 * median(fwd[name]), "fwd_bwd_ms": 1e3 * median(fwd_bwd[name]),
-            "noise": max(spread(fwd[name]), spread(fwd_bwd[name])),
-            "mem_B": memory_batch, "act_MiB": saved_activation_bytes(lambda: layer(x_mem), layer.parameters()) / 2**20,
+            "noise": max(spread(fwd[name]), spread(fwd_bwd[name])), "mem_B": memory_batch,
+            "act_MiB": saved_activation_bytes(partial(forward, layer, x_mem), layer.parameters()) / 2**20,
         }
         for name, layer in layers.items()
     ]
@@ -154,16 +174,17 @@ def gpsa_layer_bench(
 # %% nbs/27_benchmarks.py 20
 def resolution_sweep(
     embed_dim: int, num_heads: int, batch: int, lengths: Sequence[int], reps: int, warmup: int = 1,
-    memory_batch: int = 32, timer: Callable[[], float] = time.perf_counter,
+    memory_batch: int = 32, timer: Callable[[], float] | None = None, device: str | torch.device = "cpu",
+    precision: str = "fp32",
 ) -> list[dict]:
     """Forward+backward time of the official form, the reference and the fast GPSA, the fast layer's speed-up
     over each (``vs_official``, ``vs_ref``), and the activation memory (at ``memory_batch``) of reference and
     fast, for each token count L (square grids: L = 64, 144, 196, 256, 400, 576 for 128-384 px images with
-    16 px patches)."""
+    16 px patches), on ``device`` at ``precision`` (``gpsa_layer_bench``)."""
     rows = []
     for length in lengths:
         official, ref, fast, _ = gpsa_layer_bench(embed_dim, num_heads, batch, length, reps, warmup, memory_batch,
-                                                  timer)
+                                                  timer, device, precision)
         rows.append({
             "L": length, "official_ms": official["fwd_bwd_ms"], "ref_ms": ref["fwd_bwd_ms"],
             "fast_ms": fast["fwd_bwd_ms"], "vs_official": official["fwd_bwd_ms"] / fast["fwd_bwd_ms"],
@@ -174,50 +195,65 @@ def resolution_sweep(
 
 
 # %% nbs/27_benchmarks.py 26
+def training_model(name: str, img_size: int, num_classes: int) -> nn.Module:
+    """Zoo model ``name`` as a default training run builds it (``TrainConfig.model_config``: drop path included)."""
+    return VisionTransformer(TrainConfig(model=name, img_size=img_size).model_config(num_classes, distilled=False))
+
+
 def train_step(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str,
-               device: torch.device = torch.device("cpu")) -> Callable[[], None]:
-    """One training step (forward under the precision's autocast, cross-entropy, backward, AdamW) on fixed random
-    images, as a closure to time. A distilled model's class head takes the loss."""
+               device: torch.device = torch.device("cpu"), compile: bool = False) -> Callable[[], None]:
+    """One training step as ``train`` takes it, on fixed random images, as a closure to time: the forward (of
+    ``torch.compile(model)`` with ``compile``) under the precision's autocast, cross-entropy (a distilled model's
+    class head), backward through fp16's gradient scaler, and the optimiser and schedule ``build_optimizer`` makes."""
     x = torch.randn(batch, 3, img_size, img_size, device=device)
     y = torch.randint(0, num_classes, (batch,), device=device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    forward = torch.compile(model) if compile else model
+    optimizer, scheduler = build_optimizer(TrainConfig(), model, batch, steps_per_epoch=1, device=device)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
     def step() -> None:
         model.train()
         with autocast(device, precision):
-            out = model(x)
+            out = forward(x)
             loss = F.cross_entropy(out[0] if isinstance(out, tuple) else out, y)
-        loss.backward()
-        optimizer.step()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
         optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
 
     return step
 
 
-def measure_model(model: nn.Module, batch_size: int, img_size: int, *, steps: int = 10, num_classes: int = 1000,
-                  device: str | torch.device = "cpu", precision: str = "fp32") -> dict[str, float]:
-    """Training and inference images/s of one model (median of ``steps`` interleaved steps after one warm-up) and
-    its peak memory: CUDA's peak allocation on a GPU, the process's peak resident size on a CPU (MiB)."""
-    device = torch.device(device)
-    precision = resolve_precision(precision, device)
-    model = model.to(device)
-    x = torch.randn(batch_size, 3, img_size, img_size, device=device)
+def model_steps(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str,
+                device: torch.device, compile: bool = False) -> dict[str, Callable[[], None]]:
+    """A training step (``train_step``) and an inference forward (eval mode, no autograd, the precision's autocast)
+    of ``model`` on fixed random images, as closures to time; with ``compile``, both call ``torch.compile(model)``."""
+    x = torch.randn(batch, 3, img_size, img_size, device=device)
+    forward = torch.compile(model) if compile else model
 
     @torch.no_grad()
     def infer() -> None:
         model.eval()
         with autocast(device, precision):
-            model(x)
+            forward(x)
 
-    def timer() -> float:  # GPU work is asynchronous: wait for it before reading the clock
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter()
+    return {"train": train_step(model, batch, img_size, num_classes, precision, device, compile), "infer": infer}
 
+
+def measure_model(
+    model: nn.Module, batch_size: int, img_size: int, *, steps: int = 10, num_classes: int = 1000,
+    device: str | torch.device = "cpu", precision: str = "fp32", compile: bool = False,
+) -> dict[str, float]:
+    """Training and inference images/s of one model (``model_steps``, median of ``steps`` interleaved steps after one
+    warm-up; with ``compile``, of ``torch.compile(model)``) and its peak memory: CUDA's peak allocation on a GPU,
+    the process's peak resident size on a CPU (MiB)."""
+    device = torch.device(device)
+    precision = resolve_precision(precision, device)
+    fns = model_steps(model.to(device), batch_size, img_size, num_classes, precision, device, compile)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    fns = {"train": train_step(model, batch_size, img_size, num_classes, precision, device), "infer": infer}
-    times = interleaved_times(fns, positive_int("steps", steps), warmup=1, timer=timer)
+    times = interleaved_times(fns, positive_int("steps", steps), warmup=1, timer=device_timer(device))
     result = {f"{k}_images_per_s": batch_size / median(t) for k, t in times.items()}
     if device.type == "cuda":
         result["peak_memory_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
@@ -229,17 +265,19 @@ def measure_model(model: nn.Module, batch_size: int, img_size: int, *, steps: in
 
 def model_throughput(
     names: Sequence[str], batch: int, img_size: int, reps: int, precision: str = "fp32", warmup: int = 1,
-    num_classes: int = 1000, timer: Callable[[], float] = time.perf_counter,
+    num_classes: int = 1000, timer: Callable[[], float] | None = None, device: str | torch.device = "cpu",
 ) -> list[dict]:
-    """Training images/s (forward + backward + AdamW step, median of ``reps`` interleaved steps) of each zoo
-    model in ``names`` at the same batch and image size; ``vs_last`` is each rate over the last model's."""
-    one_of("precision", precision, ("fp32", "bf16"))
+    """Training images/s (``train_step``, median of ``reps`` interleaved steps) of each zoo model in ``names``
+    (``training_model``) at the same batch and image size on ``device`` at ``precision``; ``vs_last`` is each
+    rate over the last model's."""
+    device = torch.device(device)
+    precision = resolve_precision(precision, device)
     steps = {}
     for name in names:
         torch.manual_seed(0)
-        model = create_model(name, img_size=img_size, num_classes=num_classes)
-        steps[name] = train_step(model, batch, img_size, num_classes, precision)
-    times = interleaved_times(steps, reps, warmup, timer)
+        model = training_model(name, img_size, num_classes).to(device)
+        steps[name] = train_step(model, batch, img_size, num_classes, precision, device)
+    times = interleaved_times(steps, reps, warmup, timer or device_timer(device))
     rates = {name: batch / median(t) for name, t in times.items()}
     return [
         {"model": name, "precision": precision, "batch": batch, "img_size": img_size,

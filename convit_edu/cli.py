@@ -12,9 +12,8 @@ from pathlib import Path
 
 import torch
 
-from convit_edu.augment import AugConfig, augmentation, build_mixup, build_transforms
-from convit_edu.benchmark_suite import BenchSizes, pipeline_bench, run_benchmarks, save_results
-from convit_edu.benchmarks import measure_model
+from convit_edu.augment import AugConfig, build_mixup, build_transforms
+from convit_edu.benchmark_suite import BenchSizes, bench_model, pipeline_bench, run_benchmarks, save_results
 from convit_edu.checkpoints import read_checkpoint, read_state_dict
 from convit_edu.checks import number, positive_int
 from convit_edu.config import TrainConfig, add_config_flags, config_from_args, parse_key_value, recipe
@@ -26,7 +25,7 @@ from convit_edu.experiments import fixed_test_split, run_grid
 from convit_edu.loaders import benchmark_loader, default_num_workers
 from convit_edu.models import VisionTransformer
 from convit_edu.training import train
-from convit_edu.zoo import create_model, mask_at_test_time
+from convit_edu.zoo import mask_at_test_time
 
 __all__ = ['run_train', 'run_eval', 'run_bench', 'run_experiment', 'run_data', 'build_parser', 'main']
 
@@ -92,47 +91,43 @@ def run_eval(args: argparse.Namespace) -> int:
 def run_bench(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(positive_int("--threads", args.threads))
+    device = resolve_device(args.device)  # every part runs here (a GPU asked for and absent: one line, now)
+    precision = resolve_precision(args.precision, device)
     if args.suite:  # chapters 27 and 36: GPSA layer, resolution sweep, ConViT vs DeiT throughput, peak fraction
-        run_benchmarks(BenchSizes.fast() if args.suite == "fast" else BenchSizes.full(),
-                       compile_timeout_s=args.compile_timeout if args.compile else None, json_path=args.json)
+        sizes = BenchSizes.fast() if args.suite == "fast" else BenchSizes.full()
+        if args.batch_size is not None:
+            sizes = sizes.with_batch(positive_int("--batch-size", args.batch_size))
+        run_benchmarks(sizes, compile_timeout_s=args.compile_timeout if args.compile else None, json_path=args.json,
+                       device=device, precision=precision)
         return 0
-    positive_int("--batch-size", args.batch_size)
+    batch = positive_int("--batch-size", 64 if args.batch_size is None else args.batch_size)
     positive_int("--steps", args.steps)
-    device = resolve_device(args.device)
     model_args = dict(parse_key_value(item, "--model-arg") for item in args.model_arg)
-    model = create_model(args.model, img_size=args.img_size, num_classes=args.num_classes, **model_args)
-    if args.compile:
-        model = torch.compile(model)
-    print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, "
-          f"{resolve_precision(args.precision, device)} on {device}:")
-    measured = measure_model(model, args.batch_size, args.img_size, steps=args.steps, device=device,
-                             precision=args.precision, num_classes=args.num_classes)
-    if device.type == "cpu":  # is bf16 worth it on this CPU? (precision auto decides from its flags)
-        for precision in ("fp32", "bf16"):
-            measured[f"train_images_per_s_{precision}"] = measure_model(
-                model, args.batch_size, args.img_size, steps=args.steps, precision=precision,
-                num_classes=args.num_classes)["train_images_per_s"]
+    data_args = dict(parse_key_value(item, "--data-arg") for item in args.data_arg)
+    workers = _workers(args)
+    cfg = TrainConfig(model=args.model, model_args=model_args, img_size=args.img_size, data=args.data,
+                      data_root=str(args.data_root), data_args=data_args, aug=args.aug, batch_size=batch,
+                      num_workers=workers, precision=args.precision, device=args.device, compile=args.compile)
+    print(f"{args.model} at {args.img_size} px, batch {batch}, {precision} on {device}:")
+    measured = bench_model(VisionTransformer(cfg.model_config(args.num_classes, distilled=False)), batch,
+                           args.img_size, steps=args.steps, num_classes=args.num_classes, device=device,
+                           precision=precision, compile=args.compile)
     for key, value in measured.items():
         print(f"  {key:<28}{value:>10.1f}")
-    aug = augmentation(args.aug, args.img_size)
+    aug = cfg.aug_config()
     train_tf, _ = build_transforms(aug)
-    data_args = dict(parse_key_value(item, "--data-arg") for item in args.data_arg)
     train_set, _, classes = build_datasets(args.data, args.data_root, download=False, **data_args)
-    workers = _workers(args)
     print(f"data loader on {args.data} ({args.aug} augmentation, {workers} workers):")
-    loader = benchmark_loader(train_set, train_tf, batch_size=args.batch_size, num_workers=workers,
+    loader = benchmark_loader(train_set, train_tf, batch_size=batch, num_workers=workers,
                               mixup=build_mixup(aug, len(classes)) if len(classes) > 1 else None)
     print(loader)
-    cfg = TrainConfig(model=args.model, model_args=model_args, img_size=args.img_size, data=args.data,
-                      data_root=str(args.data_root), data_args=data_args, aug=args.aug, batch_size=args.batch_size,
-                      num_workers=workers, precision=args.precision, device=args.device)
     print(f"data pipeline against the model ({args.steps} steps of real batches through train):")
     pipeline = pipeline_bench(cfg, steps=args.steps, num_workers=max(1, workers))
     for key, value in pipeline.items():
         print(f"  {key:<42}{value:>10.2f}")
     if args.json:
-        save_results({"model": args.model, "img_size": args.img_size, "batch_size": args.batch_size,
-                    "device": str(device), **measured, "loader": str(loader), "pipeline": pipeline}, args.json)
+        save_results({"model": args.model, "img_size": args.img_size, "batch_size": batch, "device": str(device),
+                      "precision": precision, **measured, "loader": str(loader), "pipeline": pipeline}, args.json)
     return 0
 
 
@@ -237,11 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="ModelConfig override")
     b.add_argument("--img-size", type=int, default=224)
     b.add_argument("--num-classes", type=int, default=1000)
-    b.add_argument("--batch-size", type=int, default=64)
+    b.add_argument("--batch-size", type=int, help="images per step (default: 64; with --suite: of every timed "
+                   "step, default: the suite's own sizes)")
     b.add_argument("--steps", type=int, default=10, help="timed steps after one warm-up step")
-    b.add_argument("--precision", choices=PRECISIONS, default="auto")
-    b.add_argument("--compile", action="store_true", help="torch.compile the model first")
-    b.add_argument("--device", default="auto")
+    b.add_argument("--precision", choices=PRECISIONS, default="auto", help="of every part, --suite's too")
+    b.add_argument("--compile", action="store_true", help="torch.compile the model first; reports compile_s")
+    b.add_argument("--device", default="auto", help="where every part runs, --suite's too")
     b.add_argument("--data", default="fake", help="dataset for the loader benchmark")
     b.add_argument("--data-root", default="data")
     b.add_argument("--data-arg", action="append", default=[], metavar="KEY=VALUE", help="e.g. num_train=512")

@@ -18,9 +18,9 @@
 #
 # The ConViT has about the DeiT's parameters and multiply-accumulates (Table 1), yet the official code and timm's port
 # train it at about half the DeiT's speed. Here: where that time goes, chapter 06's fast `GPSA` derived and measured
-# (one layer, resolution, whole model) against two targets: 2× the official layer, which this CPU's committed run meets,
-# and 0.90× the DeiT's images/s, which it misses. Chapter 36 adds `torch.compile`, the peak, the data pipeline,
-# `convit-edu bench`, the targets.
+# (one layer, resolution, whole model) against two targets: 2× the official layer, which this CPU's committed run meets
+# (at ConViT-Ti size only just), and 0.90× the DeiT's images/s, which it misses by a hair. Chapter 36 adds
+# `torch.compile`, the peak, the data pipeline, `convit-edu bench`, the targets.
 
 # %% tags=["parameters"]
 import os
@@ -55,34 +55,24 @@ torch.set_num_threads(1)  # see "Measuring honestly" below
 #    attention matrix must exist to be mixed.
 #
 # So memory grows as B·H·L², not B·H·L·d, and elementwise passes run over B·H·L² numbers a fused kernel never stores.
-#
-# ## The reformulation
-#
-# Matrix products distribute over sums, so for each head
-#
-# $$\mathbf{A}^h\mathbf{V}^h = (1-\sigma_h)\,\underbrace{\mathrm{softmax}(\mathbf{Q}^h\mathbf{K}^{h\top}/\sqrt{d})
-# \,\mathbf{V}^h}_{\texttt{SDPA}(Q,K,V)} + \sigma_h\,\underbrace{\mathrm{softmax}(\mathbf{v}^{h\top}_{pos}
-# \mathbf{r})}_{P^h\ (L\times L)}\,\mathbf{V}^h .$$
-#
-# Eq. 6's renormalisation is a no-op: both softmaxes sum to one, so does their convex mix. The first term is exactly
-# what a fused kernel computes; the second's P, independent of the image, is computed once per forward, (H, L, L), and
-# applied to the whole batch as one (H, L, L) @ (H, L, B·d) product. `torch.lerp(content, position, σ)` mixes the two.
-# That is `convit_edu.gpsa.GPSA` (chapter 06 checks it equals `GPSAReference` in fp32, to a relative 1e-5).
+# Chapter 06's fast `GPSA` avoids all three: A·V distributes over Eq. 7's sum, so the content term is one fused
+# attention call, and P, the same for every image, is computed once per forward and applied to the whole batch as one
+# (H, L, L) @ (H, L, B·d) product; `torch.lerp` mixes the two outputs.
 #
 # ## Measuring honestly on a shared machine
 #
 # Timings on a shared CPU are noisy. Three habits keep them useful: **warm up** first (allocations, thread pools,
 # kernel choice), call the things being compared **in turn** (A B A B ..., so a slow second hurts both) and report
 # **medians**, with the spread (max − min over median) as a noise estimate. `interleaved_times` does this with an
-# injectable timer, so the tests check the order and the medians without timing anything.
+# injectable timer, so the tests check the order and the medians without timing anything. On a GPU, which works
+# asynchronously, the clock must first wait for the queued work: `device_timer`'s does.
 #
 # A fourth habit is this machine's: 2 cores and, while this chapter was written, about ten runnable processes.
 # PyTorch's two intra-op threads then wait for each other at every operator when one is descheduled; with **one
 # thread** the same GPSA layer ran about 4× faster, with less spread. So every measurement uses
 # `torch.set_num_threads(1)`, even the peak matmul the achieved fraction is taken against, and the JSON output records
-# the thread count. The committed outputs come from an Intel Xeon (model 207, AVX-512 without AVX-512 BF16 or AMX,
-# 2 cores), one thread, nothing else running; chapter 36's findings set them beside other runs, on this CPU and on the
-# AMD EPYC (Zen 3, AVX2, no AVX-512) of earlier runs.
+# the thread count. The committed outputs come from an AMD EPYC (Zen 3, 2 cores, AVX2), one thread, on a machine
+# shared with other work while they ran; chapter 36's findings set them beside other runs, here and on an Intel Xeon.
 
 # %%
 #| export
@@ -91,17 +81,20 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from convit_edu.attention import MHSA
-from convit_edu.checks import one_of, positive_int
+from convit_edu.checks import positive_int
+from convit_edu.config import TrainConfig
 from convit_edu.devices import autocast, resolve_precision
 from convit_edu.gpsa import GPSA
 from convit_edu.gpsa_reference import GPSAReference
-from convit_edu.zoo import create_model
+from convit_edu.models import VisionTransformer
+from convit_edu.optimisation import build_optimizer
 
 
 def interleaved_times(
@@ -134,6 +127,17 @@ def median(times: Sequence[float]) -> float:
 def spread(times: Sequence[float]) -> float:
     """(max − min) / median: how noisy some repeated timings are (0 for one timing)."""
     return (max(times) - min(times)) / median(times)
+
+
+def device_timer(device: torch.device) -> Callable[[], float]:
+    """The clock of timings on ``device``: on a GPU, which works asynchronously, it waits for the queued work first."""
+
+    def timer() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return timer
 
 
 # %% [markdown]
@@ -237,37 +241,43 @@ def format_table(rows: Sequence[dict], floatfmt: str = ".2f") -> str:
 
 def gpsa_layer_bench(
     embed_dim: int, num_heads: int, batch: int, length: int, reps: int, warmup: int = 1, memory_batch: int = 32,
-    timer: Callable[[], float] = time.perf_counter,
+    timer: Callable[[], float] | None = None, device: str | torch.device = "cpu", precision: str = "fp32",
 ) -> list[dict]:
     """The official form, the reference and the fast GPSA (same weights), and plain multi-head
     self-attention (``MHSA``, the DeiT layer and the floor the fast GPSA can approach), on
-    (batch, length, embed_dim) inputs: median forward and forward+backward milliseconds and their noise; and
-    the activation memory (MiB) saved for backward at ``memory_batch`` images (the one positional P is shared
-    by the batch, so small batches flatter the reference)."""
+    (batch, length, embed_dim) inputs on ``device`` under ``precision``'s autocast: median forward and
+    forward+backward milliseconds (``timer``: ``device_timer``'s by default) and their noise; and the activation
+    memory (MiB) saved for backward at ``memory_batch`` images (the one positional P is shared by the batch, so
+    small batches flatter the reference)."""
+    device = torch.device(device)
+    precision = resolve_precision(precision, device)
     torch.manual_seed(0)
     layers = {"official": GPSAOfficialForm(embed_dim, num_heads), "reference": GPSAReference(embed_dim, num_heads),
               "fast": GPSA(embed_dim, num_heads)}
     for name in ("reference", "fast"):
         layers[name].load_state_dict(layers["official"].state_dict())
     layers["mhsa"] = MHSA(embed_dim, num_heads)
-    x = torch.randn(batch, length, embed_dim, requires_grad=True)
-    x_mem = torch.randn(memory_batch, length, embed_dim, requires_grad=True)
+    layers = {name: layer.to(device) for name, layer in layers.items()}
+    x = torch.randn(batch, length, embed_dim, device=device, requires_grad=True)
+    x_mem = torch.randn(memory_batch, length, embed_dim, device=device, requires_grad=True)
 
-    def forward(layer: nn.Module) -> Callable[[], object]:
-        return lambda: layer(x)
+    def forward(layer: nn.Module, inputs: Tensor) -> Tensor:
+        with autocast(device, precision):
+            return layer(inputs)
 
     def forward_backward(layer: nn.Module) -> Callable[[], object]:
-        return lambda: layer(x).sum().backward()
+        return lambda: forward(layer, x).sum().backward()
 
+    timer = timer or device_timer(device)
     with torch.no_grad():
-        fwd = interleaved_times({k: forward(m) for k, m in layers.items()}, reps, warmup, timer)
+        fwd = interleaved_times({k: partial(forward, m, x) for k, m in layers.items()}, reps, warmup, timer)
     fwd_bwd = interleaved_times({k: forward_backward(m) for k, m in layers.items()}, reps, warmup, timer)
     return [
         {
             "layer": name, "B": batch, "L": length, "D": embed_dim, "heads": num_heads,
             "fwd_ms": 1e3 * median(fwd[name]), "fwd_bwd_ms": 1e3 * median(fwd_bwd[name]),
-            "noise": max(spread(fwd[name]), spread(fwd_bwd[name])),
-            "mem_B": memory_batch, "act_MiB": saved_activation_bytes(lambda: layer(x_mem), layer.parameters()) / 2**20,
+            "noise": max(spread(fwd[name]), spread(fwd_bwd[name])), "mem_B": memory_batch,
+            "act_MiB": saved_activation_bytes(partial(forward, layer, x_mem), layer.parameters()) / 2**20,
         }
         for name, layer in layers.items()
     ]
@@ -301,10 +311,9 @@ for i in (0, 4):
 #
 # * **Denormal numbers** (chapter 05). Far keys get positional probabilities below 10⁻³⁸, and a CPU multiplies such
 #   denormal floats many times slower. `positional_softmax` sets them to zero for the reference and the fast layer;
-#   the official form, like the official code, keeps them, once per image. Before that flush, on this chapter's Xeon,
-#   the fast layer was *slower* than the reference at Ti size (0.74×), only 1.53× faster than the official form, and
-#   cost 2.69× an MHSA layer: most of what looked like a slow fused-attention kernel was the P @ V products over
-#   denormals (chapter 36 keeps those figures).
+#   the official form, like the official code, keeps them, once per image. Before that flush the fast layer was
+#   *slower* than the reference at Ti size (chapter 36 keeps the figures): most of what looked like a slow
+#   fused-attention kernel was the P @ V products over denormals.
 #
 # * **The shared work dominates.** The MHSA row (the linear maps and SDPA every form shares) bounds what *any* GPSA
 #   built on SDPA could gain here (the last line of each size). The fast form does *more* matmul arithmetic: three
@@ -317,9 +326,10 @@ for i in (0, 4):
 #   the baselines' times — and the ratios — move by tens of percent from run to run on this shared 2-core CPU.
 # * **It grows with L**, as the resolution sweep below shows.
 #
-# Memory does not depend on the machine or the mode (measured at 32 images, a realistic per-device batch), so it is
-# printed and checked in every mode: the reference saves several (B, H, L, L) tensors per layer (the official form one
-# more, its per-image positional softmax), the fast layer one (H, L, L) P for the batch plus O(B·H·L·d) activations.
+# Memory does not depend on the mode, and barely on the CPU (1–2 % more on the AVX-512 Xeon; measured at 32 images, a
+# realistic per-device batch), so it is printed and checked in every mode: the reference saves several (B, H, L, L)
+# tensors per layer (the official form one more, its per-image positional softmax), the fast layer one (H, L, L) P for
+# the batch plus O(B·H·L·d) activations.
 
 # %%
 for row in layer_rows:
@@ -340,16 +350,17 @@ print("fast GPSA saves at most half the reference's activations (and the referen
 #| export
 def resolution_sweep(
     embed_dim: int, num_heads: int, batch: int, lengths: Sequence[int], reps: int, warmup: int = 1,
-    memory_batch: int = 32, timer: Callable[[], float] = time.perf_counter,
+    memory_batch: int = 32, timer: Callable[[], float] | None = None, device: str | torch.device = "cpu",
+    precision: str = "fp32",
 ) -> list[dict]:
     """Forward+backward time of the official form, the reference and the fast GPSA, the fast layer's speed-up
     over each (``vs_official``, ``vs_ref``), and the activation memory (at ``memory_batch``) of reference and
     fast, for each token count L (square grids: L = 64, 144, 196, 256, 400, 576 for 128-384 px images with
-    16 px patches)."""
+    16 px patches), on ``device`` at ``precision`` (``gpsa_layer_bench``)."""
     rows = []
     for length in lengths:
         official, ref, fast, _ = gpsa_layer_bench(embed_dim, num_heads, batch, length, reps, warmup, memory_batch,
-                                                  timer)
+                                                  timer, device, precision)
         rows.append({
             "L": length, "official_ms": official["fwd_bwd_ms"], "ref_ms": ref["fwd_bwd_ms"],
             "fast_ms": fast["fwd_bwd_ms"], "vs_official": official["fwd_bwd_ms"] / fast["fwd_bwd_ms"],
@@ -389,57 +400,73 @@ print("the fast layer's activation-memory ratio falls as L grows")
 # %% [markdown]
 # ## Whole-model training throughput
 #
-# `model_throughput` times full training steps (forward, cross-entropy, backward, AdamW step) of two models at the
-# same batch and image size, interleaved, and reports images/s and the ratio to the last model's. `precision="bf16"`
-# runs the forward under `torch.autocast(dtype=torch.bfloat16)`. The same step closure serves `measure_model`, which
-# `convit-edu bench` calls for one model on any device: training and inference images/s and peak memory.
+# `model_throughput` times full training steps of two models at the same batch and image size, interleaved, and
+# reports images/s and the ratio to the last model's. A step is `train`'s, neither optimistic nor pessimistic: the model
+# a default run builds (drop path 0.1), the forward under the precision's autocast, cross-entropy, backward, and
+# `build_optimizer`'s AdamW (chapter 20: two parameter groups, fused into one kernel on a GPU). The same step serves
+# `measure_model`, which `convit-edu bench` calls for one model on any device (images/s and peak memory).
 
 # %%
 #| export
+def training_model(name: str, img_size: int, num_classes: int) -> nn.Module:
+    """Zoo model ``name`` as a default training run builds it (``TrainConfig.model_config``: drop path included)."""
+    return VisionTransformer(TrainConfig(model=name, img_size=img_size).model_config(num_classes, distilled=False))
+
+
 def train_step(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str,
-               device: torch.device = torch.device("cpu")) -> Callable[[], None]:
-    """One training step (forward under the precision's autocast, cross-entropy, backward, AdamW) on fixed random
-    images, as a closure to time. A distilled model's class head takes the loss."""
+               device: torch.device = torch.device("cpu"), compile: bool = False) -> Callable[[], None]:
+    """One training step as ``train`` takes it, on fixed random images, as a closure to time: the forward (of
+    ``torch.compile(model)`` with ``compile``) under the precision's autocast, cross-entropy (a distilled model's
+    class head), backward through fp16's gradient scaler, and the optimiser and schedule ``build_optimizer`` makes."""
     x = torch.randn(batch, 3, img_size, img_size, device=device)
     y = torch.randint(0, num_classes, (batch,), device=device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    forward = torch.compile(model) if compile else model
+    optimizer, scheduler = build_optimizer(TrainConfig(), model, batch, steps_per_epoch=1, device=device)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
     def step() -> None:
         model.train()
         with autocast(device, precision):
-            out = model(x)
+            out = forward(x)
             loss = F.cross_entropy(out[0] if isinstance(out, tuple) else out, y)
-        loss.backward()
-        optimizer.step()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
         optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
 
     return step
 
 
-def measure_model(model: nn.Module, batch_size: int, img_size: int, *, steps: int = 10, num_classes: int = 1000,
-                  device: str | torch.device = "cpu", precision: str = "fp32") -> dict[str, float]:
-    """Training and inference images/s of one model (median of ``steps`` interleaved steps after one warm-up) and
-    its peak memory: CUDA's peak allocation on a GPU, the process's peak resident size on a CPU (MiB)."""
-    device = torch.device(device)
-    precision = resolve_precision(precision, device)
-    model = model.to(device)
-    x = torch.randn(batch_size, 3, img_size, img_size, device=device)
+def model_steps(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str,
+                device: torch.device, compile: bool = False) -> dict[str, Callable[[], None]]:
+    """A training step (``train_step``) and an inference forward (eval mode, no autograd, the precision's autocast)
+    of ``model`` on fixed random images, as closures to time; with ``compile``, both call ``torch.compile(model)``."""
+    x = torch.randn(batch, 3, img_size, img_size, device=device)
+    forward = torch.compile(model) if compile else model
 
     @torch.no_grad()
     def infer() -> None:
         model.eval()
         with autocast(device, precision):
-            model(x)
+            forward(x)
 
-    def timer() -> float:  # GPU work is asynchronous: wait for it before reading the clock
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter()
+    return {"train": train_step(model, batch, img_size, num_classes, precision, device, compile), "infer": infer}
 
+
+def measure_model(
+    model: nn.Module, batch_size: int, img_size: int, *, steps: int = 10, num_classes: int = 1000,
+    device: str | torch.device = "cpu", precision: str = "fp32", compile: bool = False,
+) -> dict[str, float]:
+    """Training and inference images/s of one model (``model_steps``, median of ``steps`` interleaved steps after one
+    warm-up; with ``compile``, of ``torch.compile(model)``) and its peak memory: CUDA's peak allocation on a GPU,
+    the process's peak resident size on a CPU (MiB)."""
+    device = torch.device(device)
+    precision = resolve_precision(precision, device)
+    fns = model_steps(model.to(device), batch_size, img_size, num_classes, precision, device, compile)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    fns = {"train": train_step(model, batch_size, img_size, num_classes, precision, device), "infer": infer}
-    times = interleaved_times(fns, positive_int("steps", steps), warmup=1, timer=timer)
+    times = interleaved_times(fns, positive_int("steps", steps), warmup=1, timer=device_timer(device))
     result = {f"{k}_images_per_s": batch_size / median(t) for k, t in times.items()}
     if device.type == "cuda":
         result["peak_memory_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
@@ -451,17 +478,19 @@ def measure_model(model: nn.Module, batch_size: int, img_size: int, *, steps: in
 
 def model_throughput(
     names: Sequence[str], batch: int, img_size: int, reps: int, precision: str = "fp32", warmup: int = 1,
-    num_classes: int = 1000, timer: Callable[[], float] = time.perf_counter,
+    num_classes: int = 1000, timer: Callable[[], float] | None = None, device: str | torch.device = "cpu",
 ) -> list[dict]:
-    """Training images/s (forward + backward + AdamW step, median of ``reps`` interleaved steps) of each zoo
-    model in ``names`` at the same batch and image size; ``vs_last`` is each rate over the last model's."""
-    one_of("precision", precision, ("fp32", "bf16"))
+    """Training images/s (``train_step``, median of ``reps`` interleaved steps) of each zoo model in ``names``
+    (``training_model``) at the same batch and image size on ``device`` at ``precision``; ``vs_last`` is each
+    rate over the last model's."""
+    device = torch.device(device)
+    precision = resolve_precision(precision, device)
     steps = {}
     for name in names:
         torch.manual_seed(0)
-        model = create_model(name, img_size=img_size, num_classes=num_classes)
-        steps[name] = train_step(model, batch, img_size, num_classes, precision)
-    times = interleaved_times(steps, reps, warmup, timer)
+        model = training_model(name, img_size, num_classes).to(device)
+        steps[name] = train_step(model, batch, img_size, num_classes, precision, device)
+    times = interleaved_times(steps, reps, warmup, timer or device_timer(device))
     rates = {name: batch / median(t) for name, t in times.items()}
     return [
         {"model": name, "precision": precision, "batch": batch, "img_size": img_size,
@@ -472,7 +501,7 @@ def model_throughput(
 
 # %% [markdown]
 # At 224 px in fp32, small batches on this slow CPU (full mode: 8 for the tiny models, 4 for the small ones); FAST
-# mode runs 32 px images (a 2×2 patch grid) just to exercise the code.
+# mode runs 32 px images (a 2×2 patch grid) just to exercise the code. (bf16 on a CPU, and where it pays: chapter 36.)
 
 # %%
 img = 32 if FAST else 224
@@ -485,23 +514,3 @@ throughput += model_throughput(["convit_small", "deit_small"], small_batch, img,
 print(format_table(throughput))
 print(f"ConViT-Ti trains at {throughput[0]['vs_last']:.2f}x DeiT-Ti's images/s (target >= 0.90x; "
       f"timm's ConViT: 0.42-0.57x), ConViT-S at {throughput[2]['vs_last']:.2f}x DeiT-S's")
-
-# %% [markdown]
-# ### bf16 autocast on this CPU
-#
-# On GPUs bf16 roughly doubles matmul throughput. This CPU (AVX-512 without AVX-512 BF16 or AMX) has no bf16
-# arithmetic: bf16 matmuls run on slow fallback kernels. So the comparison is tiny (64 px images, 16 tokens, batch 2,
-# one timed step): its point is the ratio, not the rate (chapter 36 measures the bf16 matmul rate beside fp32's).
-
-# %%
-bf16_img = 32 if FAST else 64
-precision_rows = []
-for precision in ("fp32", "bf16"):
-    precision_rows += model_throughput(["convit_tiny", "deit_tiny"], 2, bf16_img, 1, precision=precision)
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-print(format_table(precision_rows))
-for i, name in enumerate(("ConViT-Ti", "DeiT-Ti")):
-    fp32, bf16 = precision_rows[i]["images_per_s"], precision_rows[i + 2]["images_per_s"]
-    print(f"{name}: bf16 autocast runs at {bf16 / fp32:.2f}x the fp32 rate on this CPU")

@@ -41,16 +41,19 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import torch
+from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from convit_edu.checkpoints import write_json
-from convit_edu.benchmarks import (format_table, gpsa_layer_bench, interleaved_times, measure_model, median,
-                                   model_throughput, resolution_sweep, train_step)
-from convit_edu.zoo import count_macs, create_model, model_config
+from convit_edu.benchmarks import (device_timer, format_table, gpsa_layer_bench, interleaved_times, measure_model,
+                                   median, model_steps, model_throughput, resolution_sweep, train_step, training_model)
+from convit_edu.devices import resolve_device, resolve_precision
+from convit_edu.zoo import count_macs, model_config
 
 # %%
 import torch
@@ -67,19 +70,32 @@ torch.set_num_threads(1)  # see "Measuring honestly" below
 # into generated C++ kernels. On a CPU, Inductor compiles those kernels with gcc, which takes minutes on a
 # loaded 2-core machine, so `compiled_throughput` runs the compiled training step in a **child process with
 # a hard time limit** and reports what it got (or that it ran out of time). The child gets an Inductor cache
-# of its own: when a compile is killed, the half-written libraries it leaves in the shared cache make the
-# next compile fail with "file too short" (it happened while this chapter was written). It is measured only
-# in full mode, for ConViT-Ti at a small size.
+# of its own: a killed compile leaves half-written libraries that make the next compile from a shared cache
+# fail ("file too short"). Compiling is paid before the first step, where a warm-up would hide it, so
+# `compile_seconds` reports it apart: the first compiled step's time less an eager step's. It is measured
+# only in full mode, for ConViT-Ti at a small size.
 
 # %%
 #| export
-def compiled_throughput(name: str, batch: int, img_size: int, reps: int, timeout_s: float) -> dict:
-    """Eager vs ``torch.compile`` training images/s of zoo model ``name``, measured in a child process killed
-    after ``timeout_s`` seconds (Inductor's C++ compilation can be slow); raises ``TimeoutError`` then. The
-    child compiles into a fresh Inductor cache, removed afterwards: a compile killed mid-way leaves truncated
-    libraries behind, which would make every later compile from that cache fail."""
-    args = json.dumps({"name": name, "batch": batch, "img_size": img_size, "reps": reps,
-                       "threads": torch.get_num_threads()})
+def compile_seconds(eager: dict[str, Callable[[], object]], compiled: dict[str, Callable[[], object]],
+                    timer: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds ``torch.compile`` adds before the steps ``compiled`` run: the first call of each (which compiles)
+    less one call of its twin in ``eager`` (the same names), warmed up."""
+    plain = interleaved_times(eager, reps=1, warmup=1, timer=timer)
+    first = interleaved_times(compiled, reps=1, warmup=0, timer=timer)
+    return sum(first[name][0] - plain[name][0] for name in compiled)
+
+
+def compiled_throughput(name: str, batch: int, img_size: int, reps: int, timeout_s: float,
+                        device: str | torch.device = "cpu", precision: str = "fp32") -> dict:
+    """Eager vs ``torch.compile`` training images/s of zoo model ``name`` on ``device`` at ``precision``, and the
+    compile's seconds (``compile_seconds``), measured in a child process killed after ``timeout_s`` seconds
+    (Inductor's C++ compilation can be slow); raises ``TimeoutError`` then. The child compiles into a fresh Inductor
+    cache, removed afterwards: a compile killed mid-way leaves truncated libraries behind, which would make every
+    later compile from that cache fail."""
+    precision = resolve_precision(precision, device)
+    args = json.dumps({"name": name, "batch": batch, "img_size": img_size, "reps": reps, "device": str(device),
+                       "precision": precision, "threads": torch.get_num_threads()})
     code = f"from convit_edu.benchmark_suite import _compiled_child; _compiled_child({args!r})"
     # a session of its own, so that a timeout ends the child *and* Inductor's compile workers
     with tempfile.TemporaryDirectory(prefix="convit-edu-inductor-") as cache, subprocess.Popen(
@@ -101,16 +117,17 @@ def _compiled_child(args: str) -> None:
     a = json.loads(args)
     torch.set_num_threads(a["threads"])
     torch.manual_seed(0)
-    model = create_model(a["name"], img_size=a["img_size"], num_classes=10)
-    start = time.perf_counter()
-    compiled_step = train_step(torch.compile(model), a["batch"], a["img_size"], 10, "fp32")
-    compiled_step()  # compiles forward and backward
-    compile_s = time.perf_counter() - start
-    eager_step = train_step(model, a["batch"], a["img_size"], 10, "fp32")
-    times = interleaved_times({"eager": eager_step, "compiled": compiled_step}, a["reps"], warmup=1)
+    device = torch.device(a["device"])
+    timer = device_timer(device)
+    model = training_model(a["name"], a["img_size"], 10).to(device)
+    eager, compiled = (train_step(model, a["batch"], a["img_size"], 10, a["precision"], device, compile=c)
+                       for c in (False, True))
+    compile_s = compile_seconds({"step": eager}, {"step": compiled}, timer)
+    times = interleaved_times({"eager": eager, "compiled": compiled}, a["reps"], warmup=1, timer=timer)
     rates = {k: a["batch"] / median(t) for k, t in times.items()}
-    print(json.dumps({"model": a["name"], "batch": a["batch"], "img_size": a["img_size"], "compile_s": compile_s,
-                      "eager_images_per_s": rates["eager"], "compiled_images_per_s": rates["compiled"]}))
+    print(json.dumps({"model": a["name"], "device": a["device"], "precision": a["precision"], "batch": a["batch"],
+                      "img_size": a["img_size"], "compile_s": compile_s, "eager_images_per_s": rates["eager"],
+                      "compiled_images_per_s": rates["compiled"]}))
 
 
 # %%
@@ -133,31 +150,25 @@ else:
 # A training step costs about 3× the forward's MACs (the backward computes gradients for both the inputs and
 # the weights), i.e. 6 FLOPs per forward MAC. `count_macs` (chapter 09) counts every matmul, including the
 # attention ones a fused kernel hides from FLOP counters. The peak is measured in the same run with a large
-# fp32 matmul, so the fraction is "achieved / what this machine can do right now".
+# matmul in the run's precision (fp32 here), so the fraction is "achieved / what this machine can do right now".
 
 # %%
 #| export
-def peak_matmul_flops(n: int, reps: int, dtype: torch.dtype = torch.float32) -> float:
-    """FLOP/s of an n×n @ n×n matmul (2n³ FLOPs), best of ``reps`` after one warm-up."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    best = min(interleaved_times({"matmul": lambda: a @ b}, reps)["matmul"])
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # a matmul's, per precision
+
+
+def peak_matmul_flops(n: int, reps: int, dtype: torch.dtype = torch.float32,
+                      device: str | torch.device = "cpu") -> float:
+    """FLOP/s of an n×n @ n×n matmul (2n³ FLOPs) in ``dtype`` on ``device``, best of ``reps`` after one warm-up."""
+    device = torch.device(device)
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
+    best = min(interleaved_times({"matmul": lambda: a @ b}, reps, timer=device_timer(device))["matmul"])
     return 2 * n**3 / best
 
 
 def training_flops_per_image(name: str, img_size: int) -> float:
     """FLOPs of one training step per image: 3 forward MACs (forward, input and weight gradients) × 2."""
     return 6.0 * count_macs(model_config(name, img_size=img_size)).total()
-
-
-H100_BF16_DENSE_FLOPS = 989e12  # H100 SXM, dense bf16 tensor cores (NVIDIA's datasheet; 1979e12 is with sparsity)
-
-
-def h100_estimate(name: str, img_size: int = 224, utilisation: float = 0.4) -> float:
-    """ESTIMATED (not measured) training images/s on one H100 SXM in bf16, if training reached
-    ``utilisation`` of its dense bf16 peak: utilisation × peak / training FLOPs per image."""
-    if not 0 < utilisation <= 1:
-        raise ValueError(f"utilisation must be in (0, 1], got {utilisation}")
-    return utilisation * H100_BF16_DENSE_FLOPS / training_flops_per_image(name, img_size)
 
 
 # %%
@@ -168,8 +179,7 @@ peak = peak_matmul_flops(512 if FAST else 2048, 2 if FAST else 3)
 utilisation_rows = [
     {"model": r["model"], "img_size": r["img_size"], "GFLOP_per_img": training_flops_per_image(r["model"], img) / 1e9,
      "images_per_s": r["images_per_s"],
-     "fraction_of_peak": r["images_per_s"] * training_flops_per_image(r["model"], img) / peak,
-     "H100_est_images_per_s": h100_estimate(r["model"], r["img_size"])}
+     "fraction_of_peak": r["images_per_s"] * training_flops_per_image(r["model"], img) / peak}
     for r in throughput
 ]
 
@@ -181,8 +191,6 @@ fp32_flops, bf16_flops = peak_matmul_flops(matmul_n, 2), peak_matmul_flops(matmu
 print(f"{matmul_n}x{matmul_n} matmul: fp32 {fp32_flops / 1e9:.1f} GFLOP/s, bf16 {bf16_flops / 1e9:.2f} GFLOP/s "
       f"({fp32_flops / bf16_flops:.0f}x slower)")
 print(format_table(utilisation_rows))
-print("H100 column: an ESTIMATE at 40% of 989 TFLOP/s dense bf16 at the same image size, from the MAC count"
-      " — not a measurement")
 
 # %% [markdown]
 # The MAC counts themselves are deterministic and say how much slower the ConViT *must* be if both models ran
@@ -225,7 +233,7 @@ assert 0.9 < fast_bound < 0.95
 def profile_step(name: str, batch: int, img_size: int, top: int = 10) -> str:
     """The ``top`` operators of one training step of zoo model ``name``, by self CPU time (torch.profiler)."""
     torch.manual_seed(0)
-    step = train_step(create_model(name, img_size=img_size), batch, img_size, 1000, "fp32")
+    step = train_step(training_model(name, img_size, 1000), batch, img_size, 1000, "fp32")
     step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
@@ -260,11 +268,11 @@ from convit_edu.training import train
 
 
 def pipeline_bench(cfg: TrainConfig, steps: int, num_workers: int = 1) -> dict:
-    """The data pipeline against the model for the run ``cfg`` (an ImageFolder or CIFAR run), on this process's
-    threads: loader images/s per worker and bytes per image, float32 vs uint8; images/s of the model's
-    training step alone and of ``train`` end to end over ``steps`` optimiser steps of real batches, with the share of
-    that run's time its steps waited for the loader; the share of the end-to-end step the pipeline costs."""
-    aug = cfg.aug_config()
+    """The data pipeline against the model for the run ``cfg`` (an ImageFolder or CIFAR run): loader images/s per
+    worker and bytes per image, float32 vs uint8; images/s of the model's training step alone (on the run's device,
+    precision and compile) and of ``train`` end to end over ``steps`` optimiser steps of real batches, with the share
+    of that run's time its steps waited for the loader; the share of the end-to-end step the pipeline costs."""
+    aug, device = cfg.aug_config(), resolve_device(cfg.device)
     train_set, _, classes = build_datasets(cfg.data, cfg.data_root, max_classes=cfg.classes, download=False,
                                            **cfg.data_args)
     batch = cfg.global_batch or cfg.batch_size
@@ -276,8 +284,9 @@ def pipeline_bench(cfg: TrainConfig, steps: int, num_workers: int = 1) -> dict:
         result[f"loader_{name}_images_per_s_per_worker"] = loader.loader / num_workers
         result[f"{name}_bytes_per_image"] = transform(train_set[0][0]).nbytes
     model = VisionTransformer(cfg.model_config(num_classes=len(classes), distilled=False))
-    result["model_images_per_s"] = measure_model(model, batch, cfg.img_size, steps=max(2, steps // 4),
-                                                 num_classes=len(classes), precision=cfg.precision)["train_images_per_s"]
+    result["model_images_per_s"] = measure_model(
+        model, batch, cfg.img_size, steps=max(2, steps // 4), num_classes=len(classes), device=device,
+        precision=resolve_precision(cfg.precision, device), compile=cfg.compile)["train_images_per_s"]
     smallest_class = min(Counter(train_set.targets).values())  # a fraction must keep an image of each class
     fraction = min(1.0, max(steps * batch / len(train_set), 1 / smallest_class))
     with tempfile.TemporaryDirectory() as output:
@@ -317,8 +326,9 @@ for key, value in pipeline.items():
 # %% [markdown]
 # ## `convit-edu bench` and JSON
 #
-# `run_benchmarks` runs all of the above at a `BenchSizes` (full or FAST), prints the tables, and can write
-# everything as JSON together with the machine it ran on (`tests/test_bench.py` runs it at tiny sizes).
+# `run_benchmarks` runs all of the above at a `BenchSizes` (full or FAST) on one device at one precision, prints the
+# tables and can write them as JSON with the machine (`tests/test_bench.py`: at tiny sizes); `bench_model` is
+# `convit-edu bench`'s figures of one model.
 
 # %%
 #| export
@@ -336,19 +346,27 @@ class BenchSizes:
     small_batch: int  # batch of ConViT-S / DeiT-S
     model_reps: int  # timed training steps per model
     bf16_img_size: int  # image side of the fp32 vs bf16 comparison (and of the compiled step)
+    bf16_batch: int  # batch of the fp32 vs bf16 comparison
     matmul_n: int  # side of the square matmul that measures the peak
     matmul_reps: int  # its repetitions (the best counts)
 
     @classmethod
     def full(cls) -> "BenchSizes":
         return cls(layer_batch=32, layer_reps=5, lengths=(64, 144, 196, 256, 400, 576), sweep_batch=8, sweep_reps=3,
-                   img_size=224, tiny_batch=8, small_batch=4, model_reps=3, bf16_img_size=64, matmul_n=2048,
-                   matmul_reps=3)
+                   img_size=224, tiny_batch=8, small_batch=4, model_reps=3, bf16_img_size=64, bf16_batch=2,
+                   matmul_n=2048, matmul_reps=3)
 
     @classmethod
     def fast(cls) -> "BenchSizes":
         return cls(layer_batch=2, layer_reps=1, lengths=(64, 144), sweep_batch=1, sweep_reps=1, img_size=32,
-                   tiny_batch=2, small_batch=2, model_reps=1, bf16_img_size=32, matmul_n=256, matmul_reps=1)
+                   tiny_batch=2, small_batch=2, model_reps=1, bf16_img_size=32, bf16_batch=2, matmul_n=256,
+                   matmul_reps=1)
+
+    def with_batch(self, batch: int) -> "BenchSizes":
+        """These sizes with every timed step at ``batch`` images (``bench --suite --batch-size``); the activation
+        memory keeps its own batch (the ``mem_B`` column), so that it compares across runs."""
+        return replace(self, layer_batch=batch, sweep_batch=batch, tiny_batch=batch, small_batch=batch,
+                       bf16_batch=batch)
 
 
 def save_results(results: dict, path: str | Path) -> Path:
@@ -358,41 +376,64 @@ def save_results(results: dict, path: str | Path) -> Path:
     return write_json(path, {"meta": meta, **results})
 
 
+def bench_model(model: nn.Module, batch_size: int, img_size: int, *, steps: int, num_classes: int,
+                device: str | torch.device, precision: str, compile: bool = False) -> dict[str, float]:
+    """`convit-edu bench`'s figures of one model: ``measure_model``'s on ``device`` at ``precision`` (with
+    ``compile``, of the compiled model, after ``compile_s``, what compiling added to its first training and
+    inference steps); on a CPU, the training images/s in fp32 and in bf16 too: does bf16 pay on this CPU?"""
+    device = torch.device(device)
+    model, precision, result = model.to(device), resolve_precision(precision, device), {}
+    if compile:  # measure_model's compiled steps then find this compiled code in torch.compile's cache
+        steps_of = partial(model_steps, model, batch_size, img_size, num_classes, precision, device)
+        result["compile_s"] = compile_seconds(steps_of(), steps_of(compile=True), device_timer(device))
+    measure = partial(measure_model, model, batch_size, img_size, steps=steps, num_classes=num_classes,
+                      device=device, compile=compile)
+    result |= measure(precision=precision)
+    if device.type == "cpu":  # precision auto decides from the CPU's flags; this measures it
+        for other in ("fp32", "bf16"):
+            result[f"train_images_per_s_{other}"] = measure(precision=other)["train_images_per_s"]
+    return result
+
+
 def run_benchmarks(
     sizes: BenchSizes, compile_timeout_s: float | None = None, json_path: str | Path | None = None,
-    print_fn: Callable[[str], None] = print,
+    print_fn: Callable[[str], None] = print, device: str | torch.device = "cpu", precision: str = "fp32",
 ) -> dict:
-    """Every benchmark of chapters 27-36 at ``sizes``, printed as tables; ``torch.compile`` too when
-    ``compile_timeout_s`` is given; written as JSON to ``json_path`` when given. Returns the results."""
-    s = sizes
-    results: dict = {"sizes": asdict(s)}
-    results["gpsa_layer"] = gpsa_layer_bench(192, 4, s.layer_batch, 196, s.layer_reps)
-    results["gpsa_layer"] += gpsa_layer_bench(432, 9, s.layer_batch, 196, s.layer_reps)
-    results["resolution"] = resolution_sweep(192, 4, s.sweep_batch, s.lengths, s.sweep_reps, memory_batch=8)
-    results["throughput"] = model_throughput(["convit_tiny", "deit_tiny"], s.tiny_batch, s.img_size, s.model_reps)
-    results["throughput"] += model_throughput(["convit_small", "deit_small"], s.small_batch, s.img_size, s.model_reps)
-    for precision in ("fp32", "bf16"):
-        results["throughput"] += model_throughput(["convit_tiny", "deit_tiny"], 2, s.bf16_img_size, 1, precision)
+    """Every benchmark of chapters 27-36 at ``sizes`` on ``device`` at ``precision`` (the fp32 against bf16 rows
+    run both), printed as tables; ``torch.compile`` too when ``compile_timeout_s`` is given; written as JSON to
+    ``json_path`` when given. Returns the results."""
+    s, device = sizes, torch.device(device)
+    on = {"device": device, "precision": resolve_precision(precision, device)}
+    results: dict = {"sizes": asdict(s), "device": str(device), "precision": on["precision"]}
+    results["gpsa_layer"] = gpsa_layer_bench(192, 4, s.layer_batch, 196, s.layer_reps, **on)
+    results["gpsa_layer"] += gpsa_layer_bench(432, 9, s.layer_batch, 196, s.layer_reps, **on)
+    results["resolution"] = resolution_sweep(192, 4, s.sweep_batch, s.lengths, s.sweep_reps, memory_batch=8, **on)
+    results["throughput"] = model_throughput(["convit_tiny", "deit_tiny"], s.tiny_batch, s.img_size, s.model_reps,
+                                             **on)
+    results["throughput"] += model_throughput(["convit_small", "deit_small"], s.small_batch, s.img_size, s.model_reps,
+                                              **on)
+    for other in ("fp32", "bf16"):
+        results["throughput"] += model_throughput(["convit_tiny", "deit_tiny"], s.bf16_batch, s.bf16_img_size, 1,
+                                                  precision=other, device=device)
     if compile_timeout_s is not None:
         try:
             results["compiled"] = compiled_throughput("convit_tiny", s.tiny_batch, s.bf16_img_size, s.model_reps,
-                                                      compile_timeout_s)
+                                                      compile_timeout_s, **on)
         except (TimeoutError, RuntimeError) as e:
             results["compiled"] = {"error": str(e)}
-    peak = peak_matmul_flops(s.matmul_n, s.matmul_reps)
+    peak = peak_matmul_flops(s.matmul_n, s.matmul_reps, PRECISION_DTYPES[on["precision"]], device)
     results["peak_matmul_gflops"] = peak / 1e9
     results["utilisation"] = [
         {"model": r["model"], "precision": r["precision"], "img_size": r["img_size"],
-         "fraction_of_peak": r["images_per_s"] * training_flops_per_image(r["model"], r["img_size"]) / peak,
-         "H100_est_images_per_s": h100_estimate(r["model"], r["img_size"])}
-        for r in results["throughput"]
+         "fraction_of_peak": r["images_per_s"] * training_flops_per_image(r["model"], r["img_size"]) / peak}
+        for r in results["throughput"] if r["precision"] == on["precision"]
     ]
+    print_fn(f"on {device} at {on['precision']}, {torch.get_num_threads()} thread(s):")
     for key in ("gpsa_layer", "resolution", "throughput", "utilisation"):
         print_fn(f"\n{key}:\n{format_table(results[key])}")
     if "compiled" in results:
         print_fn(f"\ncompiled:\n{format_table([results['compiled']])}")
-    print_fn(f"\nfp32 matmul peak: {peak / 1e9:.1f} GFLOP/s; H100 column: estimate at 40% of "
-             f"{H100_BF16_DENSE_FLOPS / 1e12:.0f} TFLOP/s dense bf16, not a measurement")
+    print_fn(f"\n{on['precision']} matmul peak: {peak / 1e9:.1f} GFLOP/s")
     if json_path is not None:
         save_results(results, json_path)
     return results
@@ -426,52 +467,34 @@ for label, value, target in targets:
 
 # %% [markdown]
 # **Findings.** Timings on these 2-core CPUs (one thread) move by tens of percent between runs, and more between
-# CPUs. Each finding gives the value of the suite run shown above, made on an Intel Xeon (model 207, AVX-512
-# without AVX-512 BF16 or AMX, 2 cores) with nothing else running, then, in brackets, chapter 27's run on the
-# same machine and the range of the earlier runs on an AMD EPYC (Zen 3, AVX2 without AVX-512), on which this
-# chapter was first written.
+# CPUs. Each gives the suite run above (AMD EPYC, Zen 3, 2 cores, AVX2, shared with other work), then in brackets
+# chapter 27's run just before it, an earlier run of both, and the last committed run (an idle Intel Xeon, AVX-512
+# without AVX-512 BF16 or AMX), whose timed step was not yet `train`'s (no drop path, another AdamW).
 #
-# - *Activation memory*: **met**, and deterministic (the same on both CPUs). The fast layer saves 0.47× the
-#   reference's activations at ConViT-Ti and ConViT-S sizes (B = 32, 224 px), and 0.34× the official form's at
-#   Ti size; its share falls with resolution, from 0.89× the reference's at L = 64 to 0.34× at L = 400 and 0.28×
-#   at L = 576, because the reference's saved tensors grow as B·H·L² and the fast layer's as B·L·D plus two shared
-#   H·L² (P as the softmax made it and with its denormals set to zero, chapter 05: the flush costs one more H·L²
-#   per layer, 0.31× and 0.24× before it).
-# - *Layer speed* (target: forward+backward ≥ 2× the official/timm form): **met at both sizes**: 2.92× at Ti
-#   size and 2.77× at S size [chapter 27: 2.81× and 2.85×]. It was missed here, at 1.53× and 1.85× [1.42× and
-#   1.84×; AMD EPYC 1.47–2.11× and 2.19–2.51×], until chapter 05's `positional_softmax` set P's denormal entries
-#   (probabilities below 10⁻³⁸, 8.6 % of P on this 14 × 14 grid) to zero: a CPU multiplies denormal floats many
-#   times slower, and P @ V multiplied every one of them with every image, forward and backward. The official form
-#   keeps them, as the official code does, once per image, which is part of the margin. Over our reference (P once
-#   per forward, flushed too) the fast layer is 1.29× faster at Ti size and 1.76× at S size [1.42× and 1.81×]
-#   where it was 0.74× and 1.18×, and in the resolution sweep it now wins at every L, 1.08× to 2.75× [from L = 144
-#   on, 1.11× to 2.78×], where it lost up to L = 400. The `mhsa` row, the floor: the fast GPSA layer costs 1.34× an MHSA layer of the same size
-#   at Ti size [1.34×; AMD EPYC 1.16–1.37×], where it cost 2.69× — what this chapter once put down to PyTorch's
-#   CPU flash-attention kernel was the denormals. On a GPU, where fused attention is much faster than
-#   materialised attention, the reformulation should gain more; no GPU was available to measure it.
-# - *Model throughput* (target ≥ 0.90×): **missed on this CPU, by less** — ConViT-Ti trained at 0.80× DeiT-Ti's
-#   images/s [0.80×], up from 0.58× [0.59×] before the flush and above timm's ConViT (0.42–0.57× its DeiT); the
-#   arithmetic bound set by the P @ V work is 0.95×, and the rest of the gap is the GPSA layers' 1.3× an MHSA
-#   layer above. At 64 px it trained at 0.91× (chapter 27: 0.94×). The AMD EPYC's 0.80–0.92× predate the flush.
-#   ConViT-S is wider than DeiT-S (432 vs 384), so its bound is 0.80×; it measured 0.70× [0.66×].
-# - *Data pipeline* (target: end to end ≥ 0.90× model only, for the Tiny ImageNet configuration chapter 33's
-#   grid trains): **missed in this run, at the edge**, 0.88× [0.92× in this chapter's previous run; AMD EPYC
-#   0.86–1.00×] — `train` ran 204 images/s over an epoch of real 64-px JPEG batches against 233 for the model's
-#   step alone on random tensors, with one thread and one loader worker sharing the two cores with the training
-#   thread, and the steps waited for data 2 % of the epoch. Shipping uint8 instead of float32 cuts a 64-px image
-#   from 49 152 to 12 288 bytes (a 224-px one from 602 KB to 150 KB), and a worker made 1 700 instead of 1 264
-#   images/s without the per-image conversion and normalisation, which run once per batch on the device.
-# - *bf16 autocast* is slower than fp32 here: 0.53× the fp32 rate for both ConViT-Ti and DeiT-Ti at 64 px (0.45×
-#   in chapter 27) [AMD EPYC 0.17–0.27×], and a 512×512 bf16 matmul ran 5× slower than in fp32 [AMD EPYC 57–120×]:
-#   AVX-512 makes the emulation far less costly than on an AVX2-only CPU, but this CPU has no bf16 arithmetic (no
-#   AVX-512 BF16, no AMX), so `--precision auto` picks fp32 on it; on a CPU whose flags show AVX-512 BF16 or AMX
-#   (chapter 18's `cpu_has_native_bf16`) it picks bf16, measured there at about 2× fp32 on a ConViT-Ti training
-#   step (the issue's measurement on such a machine; not repeated here).
-# - *`torch.compile`* could **not** be measured: Inductor's C++ compilation of a ConViT-Ti training step did
-#   not finish within the 60 s limit (nor within 5 minutes in a separate trial when the chapter was written).
-#   Each compile child gets an Inductor cache of its own, since a killed compile once left a truncated library
-#   in the shared cache.
-# - *Fraction of peak*: whole-model fp32 training at 224 px reached 0.49 (ConViT-Ti; 0.36 before the flush) and
-#   0.61 (DeiT-Ti) of this run's single-thread large-matmul rate (162 GFLOP/s) [AMD EPYC 0.53–0.91], DeiT more
-#   than ConViT. The H100 column is an **estimate**, not a measurement (40 % of 989 TFLOP/s dense bf16, H100 SXM):
-#   about 5.2×10⁴ training images/s for ConViT-Ti and DeiT-Ti at 224 px. No GPU was available for this chapter.
+# - *Activation memory*: **met**, and deterministic: the fast layer saves 0.47× the reference's activations at
+#   ConViT-Ti and ConViT-S sizes (B = 32, 224 px) and 0.34× the official form's at Ti size; its share falls with
+#   resolution, 0.89× at L = 64 to 0.24× at L = 576 (the reference's saved tensors grow as B·H·L², the fast's as B·L·D).
+# - *Layer speed* (target: forward+backward ≥ 2× the official/timm form): **met at S size, missed at Ti size in this
+#   run**: 1.80× and 2.22× [chapter 27: 2.06× and 2.51×; earlier 1.64–1.88× and 2.39–2.59×; Xeon 2.92× and 2.77×, up
+#   from 1.53× and 1.85× once chapter 05's `positional_softmax` set P's denormal entries, below 10⁻³⁸ and multiplied
+#   many times slower, to zero]. Over our reference the fast layer is 1.32× and 1.72× faster [1.24× and 1.77×; Xeon
+#   1.29× and 1.76×, 0.74× and 1.18× before the flush] and costs 1.18× an MHSA layer, the floor of any GPSA built on
+#   SDPA, at Ti size [1.36×; Xeon 1.34×, 2.69× before the flush]. In the resolution sweep it beats the official form
+#   at every L (1.05× to 4.07×), the reference only from L = 256 on (up to 2.75×).
+# - *Model throughput* (target ≥ 0.90×): **missed in this run, at the edge** — ConViT-Ti trained at 0.88× DeiT-Ti's
+#   images/s [chapter 27: 0.90× (0.897); earlier 0.85–0.92×; Xeon 0.80×], above timm's ConViT (0.42–0.57× its DeiT),
+#   below the 0.95× bound of the P @ V work; 0.86× at 64 px. ConViT-S, wider than DeiT-S (432 vs 384; bound 0.80×),
+#   measured 0.70× [0.71×; Xeon 0.70×]. Ti models: 0.64 and 0.73 of the matmul peak [Xeon 0.49 and 0.61].
+# - *Data pipeline* (target: end to end ≥ 0.90× model only, on chapter 33's Tiny ImageNet run): **missed in this
+#   run**, 0.84× [earlier 0.91×; Xeon 0.88×] — `train` ran 108 images/s over an epoch of real 64-px JPEG batches
+#   against 129 for the model's step alone, one thread and one loader worker sharing the two cores; the steps waited
+#   for data 3 % of the epoch. Shipping uint8, not float32, a worker made 1 125 instead of 789 images/s (¼ the bytes).
+# - *bf16 autocast* (the suite's 64-px rows): 0.24× the fp32 rate for ConViT-Ti, 0.21× for DeiT-Ti [earlier 0.25× and
+#   0.21×; Xeon 0.53×], a 512×512 bf16 matmul 66× slower [46×; Xeon 5×]: neither CPU computes in bf16, so `--precision
+#   auto` picks fp32 on both; on one with AVX-512 BF16 or AMX (chapter 18) it picks bf16, about 2× fp32 on a step.
+# - *`torch.compile`* could **not** be measured: Inductor's C++ compilation of a ConViT-Ti training step did not finish
+#   within the 60 s limit (nor in 5 minutes when the chapter was written); when it does, `compile_s` gives its cost.
+# - *On a GPU* nothing was measured. The "40 % of the H100's bf16 peak" once printed here predicted about 5.2×10⁴
+#   images/s for the Ti models, 3–5× what a ViT of that size reaches. A reading estimated, for one H100 SXM, bf16,
+#   compiled, 224 px, batch 256: ConViT-S 5–7.5k, DeiT-S 7–10k, the Ti models 10–20k images/s — **estimates, not
+#   measurements**, until the GPU check's results (`convit-edu bench --device cuda`) exist under `nbs/results/gpu/`.

@@ -1,20 +1,24 @@
 """Tests of convit_edu.benchmark_suite: the official GPSA form (timm's computation), interleaving and medians (with fake
-timers), activation memory, tables, JSON, the benchmark functions on tiny sizes and the H100 estimate. No timing
-is asserted."""
+timers), activation memory, tables, JSON, the benchmark functions on tiny sizes, the training step they time (the
+optimiser and model training builds), the compile's seconds, and every part on the device and precision asked for.
+No timing is asserted."""
 
 import itertools
 import json
 import os
+import time
 
 import pytest
 import torch
 from gpsa_checks import grads, perturb, rel_err
 
 from convit_edu import benchmark_suite as bench
-from convit_edu.benchmark_suite import (BenchSizes, H100_BF16_DENSE_FLOPS, compiled_throughput, h100_estimate,
+from convit_edu import benchmarks
+from convit_edu.benchmark_suite import (BenchSizes, bench_model, compile_seconds, compiled_throughput,
                                         peak_matmul_flops, run_benchmarks, training_flops_per_image)
 from convit_edu.benchmarks import (GPSAOfficialForm, format_table, gpsa_layer_bench, interleaved_times, median,
-                                   model_throughput, resolution_sweep, saved_activation_bytes, spread)
+                                   model_throughput, resolution_sweep, saved_activation_bytes, spread, train_step)
+from convit_edu.config import TrainConfig
 from convit_edu.gpsa import GPSA
 from convit_edu.gpsa_reference import GPSAReference
 from convit_edu.zoo import count_macs, model_config
@@ -153,13 +157,6 @@ def test_training_flops_are_six_per_forward_mac():
     assert training_flops_per_image("convit_tiny", 224) == 6 * macs
 
 
-def test_h100_estimate_is_utilisation_times_peak_over_flops():
-    flops = training_flops_per_image("deit_small", 224)
-    assert h100_estimate("deit_small", 224, utilisation=0.5) == pytest.approx(0.5 * H100_BF16_DENSE_FLOPS / flops)
-    with pytest.raises(ValueError, match="utilisation"):
-        h100_estimate("deit_small", 224, utilisation=1.5)
-
-
 def test_peak_matmul_flops_is_positive():
     assert peak_matmul_flops(64, 1) > 0
 
@@ -197,12 +194,16 @@ def test_compiled_throughput_gives_the_child_a_fresh_inductor_cache(monkeypatch)
 def test_run_benchmarks_prints_tables_and_writes_json(tmp_path):
     printed = []
     sizes = BenchSizes(layer_batch=1, layer_reps=1, lengths=(16,), sweep_batch=1, sweep_reps=1, img_size=32,
-                       tiny_batch=1, small_batch=1, model_reps=1, bf16_img_size=32, matmul_n=32, matmul_reps=1)
+                       tiny_batch=1, small_batch=1, model_reps=1, bf16_img_size=32, bf16_batch=1, matmul_n=32,
+                       matmul_reps=1)
     results = run_benchmarks(sizes, json_path=tmp_path / "out" / "bench.json", print_fn=printed.append)
     saved = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert set(saved) == {"meta", *results} and saved["meta"]["threads"] == torch.get_num_threads()
-    assert saved["sizes"]["lengths"] == [16] and len(saved["throughput"]) == 8 and len(saved["utilisation"]) == 8
+    assert saved["device"] == "cpu" and saved["precision"] == "fp32"
+    assert saved["sizes"]["lengths"] == [16] and len(saved["throughput"]) == 8
     assert [r["precision"] for r in saved["throughput"]] == ["fp32"] * 6 + ["bf16"] * 2
+    assert [r["precision"] for r in saved["utilisation"]] == ["fp32"] * 6  # against the fp32 peak: fp32 rows only
+    assert not any("H100" in p for p in printed)  # no estimate passed off beside measurements
     assert any("throughput:" in p and "convit_small" in p for p in printed)
     assert "compiled" not in results
 
@@ -225,3 +226,95 @@ def test_pipeline_bench_compares_float_and_uint8_loaders_and_the_model_with_trai
     assert 0 <= result["pipeline_share_of_step"] <= 1
     assert "end_to_end_data_wait_share" in result  # bench reports how long the end-to-end steps waited for data
     assert not (tmp_path / "x").exists()  # the end-to-end run trains in a temporary folder
+
+
+def test_pipeline_bench_times_the_model_on_the_runs_device_at_its_precision(tmp_path, monkeypatch):
+    """The model-only figure and the end-to-end run must share device and precision, or their ratio means nothing."""
+    from convit_edu.benchmark_suite import pipeline_bench
+
+    seen = {}
+
+    def spy(model, batch, img_size, **kwargs):
+        seen.update(kwargs)
+        raise InterruptedError  # enough seen: skip the timing and the end-to-end run
+
+    monkeypatch.setattr(bench, "measure_model", spy)
+    cfg = TrainConfig(model="deit_tiny", model_args={"patch_size": 8, "embed_dim": 16, "num_heads": 2, "depth": 1},
+                      img_size=16, data="fake", data_args={"num_train": 16, "num_val": 4, "num_classes": 2,
+                                                             "image_size": 16},
+                      batch_size=4, num_workers=0, precision="bf16", device="auto", output=str(tmp_path / "x"))
+    with pytest.raises(InterruptedError):
+        pipeline_bench(cfg, steps=1, num_workers=1)
+    assert seen["device"] == torch.device("cpu") and seen["precision"] == "bf16" and seen["compile"] is False
+
+
+def test_model_throughput_times_the_model_a_training_run_builds(monkeypatch):
+    models = []
+    monkeypatch.setattr(benchmarks, "train_step", lambda model, *args: models.append(model) or (lambda: None))
+    model_throughput(["deit_tiny"], batch=1, img_size=32, reps=1, warmup=0, num_classes=3)
+    assert models[0].config.drop_path_rate == TrainConfig().drop_path_rate > 0
+
+
+def test_the_timed_training_step_uses_the_optimiser_training_builds(monkeypatch):
+    built = []
+    real = benchmarks.build_optimizer
+    monkeypatch.setattr(benchmarks, "build_optimizer", lambda *a, **k: built.append((a, k)) or real(*a, **k))
+    model = benchmarks.training_model("deit_tiny", 16, 3)
+    train_step(model, 2, 16, 3, "fp32")()  # forward, backward, AdamW step and schedule step
+    (cfg, optimised, batch), kwargs = built[0]
+    assert optimised is model and batch == 2 and kwargs["device"] == torch.device("cpu")
+    assert cfg == TrainConfig()  # a default run's AdamW: two parameter groups, fused on a GPU
+
+
+def test_compile_seconds_is_the_first_compiled_call_less_a_warm_eager_call():
+    # eager: a warm-up call, then one timed (1 s); compiled: its first, compiling calls (5 s and 3 s)
+    clock = FakeClock([0.0, 1.0, 0.0, 1.0, 0.0, 5.0, 0.0, 3.0])
+    noop = {"train": lambda: None, "infer": lambda: None}
+    assert compile_seconds(noop, noop, clock) == (5.0 - 1.0) + (3.0 - 1.0)
+
+
+def test_bench_model_reports_the_compile_seconds_apart_from_the_rates(monkeypatch):
+    class SlowFirstCall(torch.nn.Module):  # stands in for torch.compile: the first call pays 0.2 s
+        def __init__(self, model):
+            super().__init__()
+            self.model, self.calls = model, 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls == 1:
+                time.sleep(0.2)
+            return self.model(x)
+
+    monkeypatch.setattr(torch, "compile", SlowFirstCall)
+    model = benchmarks.training_model("deit_tiny", 16, 3)
+    result = bench_model(model, 2, 16, steps=1, num_classes=3, device="cpu", precision="fp32", compile=True)
+    assert result["compile_s"] > 0.2  # two first calls, training and inference, 0.4 s between them
+    assert {"train_images_per_s", "infer_images_per_s", "train_images_per_s_bf16"} <= set(result)
+
+
+def test_run_benchmarks_runs_every_part_on_the_device_at_the_precision(monkeypatch):
+    calls = {}
+
+    def spy(part, rows):
+        def record(*args, **kwargs):
+            calls.setdefault(part, []).append((args, kwargs))
+            return rows(*args, **kwargs)
+        monkeypatch.setattr(bench, part, record)
+
+    layer = {"layer": "fast", "fwd_bwd_ms": 1.0, "act_MiB": 1.0}
+    spy("gpsa_layer_bench", lambda *a, **k: [layer] * 4)
+    spy("resolution_sweep", lambda *a, **k: [{"L": 16}])
+    spy("model_throughput", lambda names, batch, img_size, reps, precision, **k: [
+        {"model": n, "precision": precision, "img_size": img_size, "images_per_s": 1.0} for n in names])
+    spy("compiled_throughput", lambda *a, **k: {"model": "convit_tiny"})
+    spy("peak_matmul_flops", lambda *a: 1e9)
+    sizes = BenchSizes.fast().with_batch(3)
+    run_benchmarks(sizes, compile_timeout_s=1.0, print_fn=lambda _: None, device="cpu", precision="bf16")
+    cpu = torch.device("cpu")
+    for part in ("gpsa_layer_bench", "resolution_sweep", "compiled_throughput"):
+        assert all((k["device"], k["precision"]) == (cpu, "bf16") for _, k in calls[part]), part
+    assert [(a[1], k["precision"], k["device"]) for a, k in calls["model_throughput"]] == [
+        (3, "bf16", cpu), (3, "bf16", cpu), (3, "fp32", cpu), (3, "bf16", cpu)]  # the last two: the comparison
+    assert calls["peak_matmul_flops"][0][0][2:] == (torch.bfloat16, cpu)
+    batches = [a[2] for a, _ in calls["gpsa_layer_bench"] + calls["resolution_sweep"]]
+    assert batches + [calls["compiled_throughput"][0][0][1]] == [3] * 4  # every timed step at --batch-size

@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from test_tiny_imagenet import write_published_zip
 from torchvision import datasets
 
+from convit_edu.benchmark_suite import BenchSizes
 from convit_edu.checkpoints import read_checkpoint
 from convit_edu.cli import build_parser, main
 from convit_edu.config import RECIPES, RUN_OWNED, TrainConfig, config_from_words
@@ -152,6 +154,38 @@ def test_bench_suite_prints_the_chapter_11_tables_and_writes_json(tmp_path, caps
     written = json.loads((tmp_path / "bench.json").read_text())
     assert {"meta", "gpsa_layer", "resolution", "throughput", "utilisation"} <= set(written)
     assert {r["model"] for r in written["throughput"]} == {"convit_tiny", "deit_tiny", "convit_small", "deit_small"}
+
+
+def test_bench_suite_runs_on_the_device_at_the_precision_and_batch_size_asked_for(monkeypatch):
+    seen = {}
+    monkeypatch.setattr("convit_edu.cli.run_benchmarks", lambda sizes, **kwargs: seen.update(sizes=sizes, **kwargs))
+    assert main(["bench", "--suite", "fast", "--device", "cpu", "--precision", "fp32", "--batch-size", "3"]) == 0
+    assert seen["sizes"] == BenchSizes.fast().with_batch(3) and seen["sizes"].small_batch == 3
+    assert seen["device"] == torch.device("cpu") and seen["precision"] == "fp32"
+    assert main(["bench", "--suite", "full", "--precision", "bf16"]) == 0
+    assert seen["sizes"] == BenchSizes.full() and seen["precision"] == "bf16"  # no --batch-size: the suite's own
+
+
+@pytest.mark.parametrize("args", [["--suite", "fast"], []], ids=["suite", "model"])
+def test_bench_on_a_gpu_that_is_not_there_is_one_line_naming_it(monkeypatch, capsys, args):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", *args, "--device", "cuda"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "device 'cuda'" in err and "--device cpu" in err and "Traceback" not in err
+
+
+def test_bench_suite_refuses_a_batch_size_below_one(capsys):
+    assert main(["bench", "--suite", "fast", "--batch-size", "0"]) == 1
+    assert "--batch-size must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_bench_compile_reports_the_compile_seconds_on_their_own(monkeypatch, capsys):
+    monkeypatch.setattr(torch, "compile", lambda model: model)  # Inductor takes minutes on a CPU: the plumbing only
+    assert main(["bench", "--model", "deit_tiny", "--img-size", "16", "--model-arg", "patch_size=8",
+                 "--model-arg", "depth=1", "--num-classes", "4", "--batch-size", "2", "--steps", "1", "--compile",
+                 "--precision", "fp32", "--num-workers", "0", "--data-arg", "num_train=8",
+                 "--data-arg", "image_size=16"]) == 0
+    assert re.search(r"compile_s +-?\d+\.\d", capsys.readouterr().out)
 
 
 @pytest.fixture
