@@ -60,8 +60,8 @@ class TrainConfig:
     num_workers: int | None = setting(None, "data loader processes per GPU/process (loader dali: its CPU threads); "
                                             "none: the CPUs this process may use, shared among the node's "
                                             "processes, less one (loaders.default_num_workers)")
-    loader: str = setting("torchvision", "torchvision (workers decode with PIL) or dali (NVIDIA DALI decodes, on the "
-                                         f"GPU when there is one; imagefolder data only; {DALI_INSTALL})")
+    loader: str = setting("torchvision", "torchvision (workers decode with PIL), or for imagefolder data dali (NVIDIA "
+                                         f"DALI; {DALI_INSTALL}) or gpu-decode (the training device decodes)")
     epochs: int = setting(300, "training epochs")
     eval_every: int = setting(1, "evaluate, log a row and update best.pt every N epochs, and after the last")
     batch_size: int = setting(64, "images per process and step (ignored when --global-batch is set)")
@@ -114,8 +114,8 @@ class TrainConfig:
                              "teacher's model name)")
         self.model_config(num_classes=2, distilled=False)  # the model and augmentation it describes can be built
         aug = self.aug_config()
-        if self.loader == "dali":
-            _check_dali(self, aug)
+        if self.loader != "torchvision":
+            _check_loader(self, aug)
 
     def model_config(self, num_classes: int, distilled: bool) -> ModelConfig:
         """The model this run trains: zoo `model` with `model_args`, at the run's image size and drop path."""
@@ -156,18 +156,18 @@ def _check_names(values: dict[str, Any]) -> None:
                          f"{', '.join(f.name for f in fields(TrainConfig))}")
 
 
-def _check_dali(cfg: TrainConfig, aug: AugConfig | None) -> None:
-    """What the DALI loader (chapter 17) cannot do, refused when the config is made."""
+def _check_loader(cfg: TrainConfig, aug: AugConfig | None) -> None:
+    """What the loaders of chapter 17 (dali, gpu-decode: they read image folders) cannot do, refused when made."""
     if cfg.data != "imagefolder":
-        raise ValueError(f"loader 'dali' reads image files: it needs data 'imagefolder', not {cfg.data!r} "
+        raise ValueError(f"loader {cfg.loader!r} reads image files: it needs data 'imagefolder', not {cfg.data!r} "
                          "(use loader 'torchvision')")
     if aug is None or aug.crop != "random_resized":
-        raise ValueError(f"loader 'dali' implements the random-resized-crop recipe (aug 'deit'), not aug {cfg.aug!r} "
-                         "(use loader 'torchvision')")
-    if cfg.repeats != 1:
+        raise ValueError(f"loader {cfg.loader!r} implements the random-resized-crop recipe (aug 'deit'), not aug "
+                         f"{cfg.aug!r} (use loader 'torchvision')")
+    if cfg.loader == "dali" and cfg.repeats != 1:
         raise ValueError(f"loader 'dali' has no repeated augmentation: repeats {cfg.repeats} needs loader "
                          "'torchvision'")
-    if not dali_available():
+    if cfg.loader == "dali" and not dali_available():
         raise ImportError(f"loader 'dali' needs NVIDIA DALI, which is not installed: {DALI_INSTALL} (or use loader "
                           "'torchvision')")
 

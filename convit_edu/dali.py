@@ -18,8 +18,8 @@ from convit_edu.samplers import seed_from
 __all__ = ['LOADERS', 'DALI_INSTALL', 'dali_available', 'dali_train_pipeline', 'dali_eval_pipeline', 'DaliLoaders', 'DaliEvalBatches']
 
 
-# %% nbs/17_dali.py 10
-LOADERS = ("torchvision", "dali")
+# %% nbs/17_dali.py 8
+LOADERS = ("torchvision", "dali", "gpu-decode")
 DALI_INSTALL = 'pip install -e ".[dali]"'
 _DALI_INTERPOLATION = {"bicubic": "INTERP_CUBIC", "bilinear": "INTERP_LINEAR", "nearest": "INTERP_NN"}
 
@@ -108,7 +108,7 @@ def _dali_batch(pipe) -> tuple[torch.Tensor, torch.Tensor]:
     return out, labels
 
 
-# %% nbs/17_dali.py 12
+# %% nbs/17_dali.py 10
 class DaliLoaders:
     """Train and val batches of two ImageNet-style folders (``ImageFolderDataset``s: their file lists, with
     ``fraction`` and ``max_classes`` applied) from DALI pipelines, for rank ``rank`` of ``num_replicas``.

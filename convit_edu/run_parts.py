@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.optim.swa_utils import AveragedModel
+from torch.utils.data import Dataset
 
 import convit_edu
 from convit_edu.augment import AUGMENTATIONS, AugConfig, build_transforms
@@ -30,11 +31,12 @@ from convit_edu.config import TrainConfig
 from convit_edu.dali import DaliLoaders
 from convit_edu.datasets import build_datasets
 from convit_edu.distributed import World, all_reduce, run_on_main
-from convit_edu.loaders import DataLoaders
+from convit_edu.gpu_decode import build_gpu_decode_loaders
+from convit_edu.loaders import DataLoaders, build_loaders
 from convit_edu.models import VisionTransformer
 from convit_edu.optimisation import build_teacher, scaled_lr
 
-__all__ = ['config_datasets', 'build_models', 'resume_checkpoint', 'restore_run', 'dali_states', 'wrap_model', 'compile_cache', 'check_output', 'versions', 'write_run_info']
+__all__ = ['config_datasets', 'build_run_loaders', 'build_models', 'resume_checkpoint', 'restore_run', 'dali_states', 'wrap_model', 'compile_cache', 'check_output', 'versions', 'write_run_info']
 
 
 # %% nbs/24_run_parts.py 7
@@ -53,6 +55,20 @@ def config_datasets(cfg: TrainConfig, world: World, aug: AugConfig | None) -> tu
 
 
 # %% nbs/24_run_parts.py 11
+def build_run_loaders(cfg: TrainConfig, world: World, aug: AugConfig | None, train_set: Dataset, val_set: Dataset,
+                      batch_size: int, num_workers: int) -> DataLoaders | DaliLoaders:
+    """This process's loaders of the kind `cfg.loader` names, `batch_size` images a step (val: twice that)."""
+    common = dict(batch_size=batch_size, num_replicas=world.world_size, rank=world.rank, seed=cfg.seed)
+    if cfg.loader == "dali":
+        return DaliLoaders(train_set, val_set, aug, num_threads=max(1, num_workers), **common,
+                           device_id=world.device.index if world.device.type == "cuda" else None)
+    if cfg.loader == "gpu-decode":
+        return build_gpu_decode_loaders(train_set, val_set, aug, num_workers=num_workers, repeats=cfg.repeats,
+                                        device=world.device, **common)
+    return build_loaders(train_set, val_set, num_workers=num_workers, repeats=cfg.repeats, **common)
+
+
+# %% nbs/24_run_parts.py 14
 def build_models(cfg: TrainConfig, num_classes: int, device: torch.device, model: nn.Module | None = None,
                  teacher: nn.Module | None = None) -> tuple[nn.Module, nn.Module | None]:
     """(student, teacher or None) on `device`: `model`, else `cfg.model` (with a distillation head when there is
@@ -65,7 +81,7 @@ def build_models(cfg: TrainConfig, num_classes: int, device: torch.device, model
     return model.to(device), teacher.to(device).eval() if teacher is not None else None
 
 
-# %% nbs/24_run_parts.py 15
+# %% nbs/24_run_parts.py 18
 def resume_checkpoint(cfg: TrainConfig, world: World) -> tuple[dict | None, Path | None]:
     """(checkpoint, its path) that `cfg.resume` names — `auto`: `output/last.pt` when it exists — or (None,
     None); every process decides together, and one that sees the file while another does not is refused."""
@@ -125,7 +141,7 @@ def dali_states(loaders: DataLoaders | DaliLoaders, world: World) -> list[bytes]
     return states
 
 
-# %% nbs/24_run_parts.py 19
+# %% nbs/24_run_parts.py 22
 def wrap_model(model: nn.Module, world: World, compile: bool) -> tuple[nn.Module, nn.Module]:
     """(`model` in DDP when there are several processes, else `model`; what the step calls: that, compiled when
     `compile`). DDP reuses its buckets as gradients, and broadcasts buffers only when the model has state buffers."""
@@ -152,7 +168,7 @@ def compile_cache(output: Path, compile: bool):
         del os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
-# %% nbs/24_run_parts.py 23
+# %% nbs/24_run_parts.py 26
 def check_output(output: Path) -> None:
     """The run folder exists and is writable (else a ValueError naming it); temporary files that a killed run
     left behind are removed."""

@@ -51,6 +51,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.optim.swa_utils import AveragedModel
+from torch.utils.data import Dataset
 
 import convit_edu
 from convit_edu.augment import AUGMENTATIONS, AugConfig, build_transforms
@@ -60,7 +61,8 @@ from convit_edu.config import TrainConfig
 from convit_edu.dali import DaliLoaders
 from convit_edu.datasets import build_datasets
 from convit_edu.distributed import World, all_reduce, run_on_main
-from convit_edu.loaders import DataLoaders
+from convit_edu.gpu_decode import build_gpu_decode_loaders
+from convit_edu.loaders import DataLoaders, build_loaders
 from convit_edu.models import VisionTransformer
 from convit_edu.optimisation import build_teacher, scaled_lr
 
@@ -122,6 +124,32 @@ print(f"{len(train_set)} training and {len(val_set)} validation images of {len(c
 message = expect_error(lambda: config_datasets(replace(tiny, aug=None), world, None))
 assert "needs datasets passed to train()" in message
 print(message)
+
+# %% [markdown]
+# The loaders are of the config's kind (`loader`): chapter 16's workers, which decode and augment each image, the
+# GPU-decoding ones of chapter 17, whose workers only read file bytes, or DALI's pipelines (chapter 17). Each kind
+# gives the train batches of an epoch from a position (`epoch(e, start)`) and this process's evaluation batches
+# (`val`), whose workers, like the train loader's, are started once and kept.
+
+# %%
+#| export
+def build_run_loaders(cfg: TrainConfig, world: World, aug: AugConfig | None, train_set: Dataset, val_set: Dataset,
+                      batch_size: int, num_workers: int) -> DataLoaders | DaliLoaders:
+    """This process's loaders of the kind `cfg.loader` names, `batch_size` images a step (val: twice that)."""
+    common = dict(batch_size=batch_size, num_replicas=world.world_size, rank=world.rank, seed=cfg.seed)
+    if cfg.loader == "dali":
+        return DaliLoaders(train_set, val_set, aug, num_threads=max(1, num_workers), **common,
+                           device_id=world.device.index if world.device.type == "cuda" else None)
+    if cfg.loader == "gpu-decode":
+        return build_gpu_decode_loaders(train_set, val_set, aug, num_workers=num_workers, repeats=cfg.repeats,
+                                        device=world.device, **common)
+    return build_loaders(train_set, val_set, num_workers=num_workers, repeats=cfg.repeats, **common)
+
+# %%
+run_loaders = build_run_loaders(tiny, world, tiny.aug_config(), train_set, val_set, batch_size=8, num_workers=0)
+images, labels = next(run_loaders.epoch(0))
+print(f"train batch {tuple(images.shape)} {images.dtype}; val batches of {[len(y) for _, y in run_loaders.val]}")
+assert images.shape == (8, 3, 16, 16) and sum(len(y) for _, y in run_loaders.val) == len(val_set)
 
 # %% [markdown]
 # ## The model, the teacher, the resume checkpoint

@@ -77,15 +77,14 @@ from convit_edu.augment import build_mixup
 from convit_edu.callbacks import Callback, Progress, TrainResult, TrainState, plot_history, write_logs
 from convit_edu.checkpoints import CHECKPOINT_FORMAT, keep_as, rng_states, save_checkpoint
 from convit_edu.config import TrainConfig, per_device_batch
-from convit_edu.dali import DaliLoaders
 from convit_edu.devices import autocast, resolve_precision
 from convit_edu.distributed import StopSignals, World, all_reduce, init_world, run_on_main
 from convit_edu.evaluation import evaluate, finish_batch
 from convit_edu.gpsa_reference import gate_means
-from convit_edu.loaders import DeviceTransforms, build_loaders
+from convit_edu.loaders import DeviceTransforms
 from convit_edu.optimisation import build_optimizer, check_resume, seed_step, train_loss, update_ema
-from convit_edu.run_parts import (build_models, check_output, compile_cache, config_datasets, dali_states,
-                                  restore_run, resume_checkpoint, wrap_model, write_run_info)
+from convit_edu.run_parts import (build_models, build_run_loaders, check_output, compile_cache, config_datasets,
+                                  dali_states, restore_run, resume_checkpoint, wrap_model, write_run_info)
 
 # %%
 import tempfile
@@ -186,9 +185,9 @@ class Trainer:
         cfg, world, aug = self.cfg, self.world, self.cfg.aug_config()
         if datasets is None:
             datasets = config_datasets(cfg, world, aug)
-        elif cfg.loader == "dali":
-            raise ValueError("loader 'dali' reads the config's own image folder (data_root): datasets passed to "
-                             "train() need loader 'torchvision'")
+        elif cfg.loader != "torchvision":
+            raise ValueError(f"loader {cfg.loader!r} reads the config's own image folder (data_root): datasets "
+                             "passed to train() need loader 'torchvision'")
         train_set, val_set, classes = datasets
         if len(classes) < 2:
             raise ValueError(f"the dataset has {len(classes)} class(es) ({', '.join(map(str, classes))}): a "
@@ -202,15 +201,7 @@ class Trainer:
                              f"one optimiser step of batch {self.batch_size} × accum_steps {cfg.accum_steps}: lower "
                              "the batch")
         self.num_workers = cfg.loader_workers()  # loader processes (DALI: threads) of this process
-        if cfg.loader == "dali":
-            self.loaders = DaliLoaders(train_set, val_set, aug, batch_size=self.batch_size,
-                                       num_threads=max(1, self.num_workers), num_replicas=world.world_size,
-                                       rank=world.rank, seed=cfg.seed,
-                                       device_id=world.device.index if world.device.type == "cuda" else None)
-        else:
-            self.loaders = build_loaders(train_set, val_set, batch_size=self.batch_size, num_workers=self.num_workers,
-                                         repeats=cfg.repeats, num_replicas=world.world_size, rank=world.rank,
-                                         seed=cfg.seed)
+        self.loaders = build_run_loaders(cfg, world, aug, train_set, val_set, self.batch_size, self.num_workers)
         self.val_batches, self.num_classes = self.loaders.val, len(classes)  # this process's, workers kept
         self.mixup = build_mixup(aug, len(classes)) if aug else None
         self.finish = DeviceTransforms(aug) if aug else None  # normalises and erases the uint8 batches on the device
