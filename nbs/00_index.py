@@ -202,7 +202,7 @@ print("top-1 gain recomputed:", {f"{f:.0%}": f"{100 * (c1 - d1) / d1:.1f}%" for 
 # itself and of earlier chapters, so the package's imports run one way. The core path is chapters 01-10, then
 # 28-32, 34 and 35: chapter 10 writes a first training loop by hand, and from chapter 28 on the core path uses the
 # engineering track's tools — the loop of chapter 10, hardened in chapters 11-26 — as given; skip chapters
-# 11-27, 33 and 36-39 and come back when a tool's inside interests you. The cell below reads the module each
+# 11-27, 33 and 36-40 and come back when a tool's inside interests you. The cell below reads the module each
 # chapter exports from the chapter itself, and fails if a chapter is missing from the map.
 
 # %%
@@ -250,7 +250,8 @@ ENGINEERING = [
     ("36_benchmark_suite", "compile, the machine's peak, the data, the benchmark suite"),
     ("37_cli", "convit-edu train / eval / bench / experiment"),
     ("38_clusters", "launching at every scale: torchrun, many nodes, SLURM"),
-    ("39_gpu_check", "is this GPU set up right, and how fast does it train? `convit-edu-check-gpu`"),
+    ("39_gpu_check", "is this GPU set up right? Phases under a deadline; the step and GPSA against the CPU"),
+    ("40_gpu_speed", "how fast does it train? Compile, host syncs, throughput, JPEGs; `convit-edu-check-gpu`"),
 ]
 written = sorted(p.stem for p in Path(".").glob("[0-9][0-9]_*.py") if p.stem != "00_index")
 assert sorted(stem for stem, _ in CORE + ENGINEERING) == written, "the map and nbs/ differ"
