@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 from matplotlib.figure import Figure
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset, default_collate
 
 from convit_edu.augment import AugConfig
 from convit_edu.checks import positive_int
@@ -33,7 +33,7 @@ def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, 
     if drop_last and sampler is not None and len(sampler) < batch_size:
         raise ValueError(f"batch_size {batch_size} with drop_last=True leaves no batch: this rank's epoch holds "
                          f"only {len(sampler)} samples")
-    loader = DataLoader(
+    loader = _WorkerTrackingLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=drop_last,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         generator=torch.Generator().manual_seed(seed), persistent_workers=num_workers > 0,
@@ -53,6 +53,16 @@ def _ignore_stop_signals(worker_id: int) -> None:
 
 
 _WITH_WORKERS: weakref.WeakSet = weakref.WeakSet()  # the loaders build_loader made with workers, while they live
+_WORKERS: weakref.WeakSet = weakref.WeakSet()  # their worker processes, while multiprocessing holds them
+
+
+class _WorkerTrackingLoader(DataLoader):
+    """A DataLoader that remembers the worker processes of each iterator it starts (in ``_WORKERS``)."""
+
+    def _get_iterator(self):
+        iterator = super()._get_iterator()
+        _WORKERS.update(getattr(iterator, "_workers", ()))
+        return iterator
 
 
 @atexit.register  # registered after multiprocessing's exit function (torch imported it), so it runs before it
@@ -63,6 +73,10 @@ def _stop_workers_at_exit() -> None:
         iterator = getattr(loader, "_iterator", None)  # the persistent workers' iterator; None before an epoch
         if iterator is not None:
             iterator._shutdown_workers()  # what deleting the iterator does: a stop message, then a join
+    for worker in list(_WORKERS):  # workers whose loader is gone: SIGTERM would not end them
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
 
 
 # %% nbs/16_loaders.py 12
@@ -159,18 +173,20 @@ class DataLoaders:
 
 def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_workers: int = 4,
                   repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> DataLoaders:
-    """Loaders for rank ``rank`` of ``num_replicas``: ``batch_size`` images per rank, the train loader seeded per
-    sample and dropping the last incomplete batch, the val loader in dataset order keeping it (with several
-    ranks, val pads to equal lengths)."""
+    """Loaders for rank ``rank`` of ``num_replicas``: the train loader ``batch_size`` images per rank, seeded per
+    sample and dropping the last incomplete batch; the val loader every ``num_replicas``-th image from ``rank`` on,
+    each once (no padding: chapter 22's sums stay exact), in dataset order, ``2 * batch_size`` a batch (inference
+    keeps no activations for a backward pass). Both keep their workers between epochs, so an evaluation starts
+    none."""
     if len(train_set) < num_replicas:
         raise ValueError(f"{num_replicas} processes but the training set has only {len(train_set)} samples: "
                          f"use at most {len(train_set)} processes")
     sampler = KeyedSampler(RepeatAugSampler(len(train_set), num_replicas, rank, repeats=repeats, seed=seed))
-    val_sampler = RepeatAugSampler(len(val_set), num_replicas, rank, shuffle=False)
+    val_part = Subset(val_set, range(rank, len(val_set), num_replicas))
     return DataLoaders(
         train=build_loader(SeededSamples(train_set, seed), batch_size, sampler, num_workers=num_workers, seed=seed,
                            drop_last=True),
-        val=build_loader(val_set, batch_size, val_sampler, num_workers=num_workers, seed=seed, drop_last=False),
+        val=build_loader(val_part, 2 * batch_size, None, num_workers=num_workers, seed=seed, drop_last=False),
         sampler=sampler)
 
 

@@ -250,8 +250,8 @@ ENGINEERING = [
     ("36_benchmark_suite", "compile, the machine's peak, the data, the benchmark suite"),
     ("37_cli", "convit-edu train / eval / bench / experiment"),
     ("38_clusters", "launching at every scale: torchrun, many nodes, SLURM"),
-    ("39_gpu_check", "is this GPU set up right? Phases under a deadline; the step and GPSA against the CPU"),
-    ("40_gpu_speed", "how fast does it train? Compile, host syncs, throughput, JPEGs; `convit-edu-check-gpu`"),
+    ("39_gpu_correctness", "is this GPU set up right? Phases under a deadline; the step and GPSA against the CPU"),
+    ("40_gpu_check", "how fast does it train? Compile, host syncs, throughput, JPEGs; `convit-edu-check-gpu`"),
 ]
 written = sorted(p.stem for p in Path(".").glob("[0-9][0-9]_*.py") if p.stem != "00_index")
 assert sorted(stem for stem, _ in CORE + ENGINEERING) == written, "the map and nbs/ differ"

@@ -513,6 +513,26 @@ _, val, _ = build_datasets("fake", num_train=8, num_val=32, image_size=16, val_t
 model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 10))
 print("top-1", evaluate(model, val, batch_size=8, num_workers=2)["top1"] >= 0, flush=True)
 """,
+    "worker-error": """
+import gc
+from torch.utils.data import Dataset
+from convit_edu.loaders import build_loader
+class OneBadFile(Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        if i == 3:
+            raise ValueError("a corrupt file")
+        return torch.zeros(2)
+def first_pass():  # the loader, its iterator and its live worker are dropped with the exception
+    try:
+        for _ in build_loader(OneBadFile(), 4, None, num_workers=1, seed=0, drop_last=False):
+            pass
+    except ValueError:
+        print("caught the worker's error", flush=True)
+first_pass()
+gc.collect()
+""",
 }
 
 
@@ -527,7 +547,7 @@ def test_a_script_that_uses_loader_workers_exits_when_it_is_done(tmp_path, scrip
     proc = subprocess.Popen([sys.executable, str(tmp_path / "script.py")], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=tmp_path)
     out = output_or_kill(proc, timeout=120)  # a liveness bound: before the fix it never returned
-    assert proc.returncode == 0 and ("batches 4" in out or "top-1 True" in out), out
+    assert proc.returncode == 0 and ("batches 4" in out or "top-1 True" in out or "the worker's error" in out), out
 
 
 def test_sigterm_to_the_whole_process_group_during_evaluation_with_loader_workers_saves_and_exits_cleanly(tmp_path):
