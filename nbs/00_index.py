@@ -235,7 +235,7 @@ ENGINEERING = [
     ("14_augment", "the DeiT recipe: RandAugment, erasing, MixUp / CutMix"),
     ("15_samplers", "samplers for many processes: repeated augmentation, resuming, per-sample seeds"),
     ("16_loaders", "loaders: workers, uint8 batches finished on the device, which stage limits"),
-    ("17_dali", "decoding with NVIDIA DALI (optional)"),
+    ("17_dali", "decoding on the GPU: torchvision's nvJPEG (`gpu-decode`) and NVIDIA DALI (optional)"),
     ("18_devices", "the device, and bf16 only where it pays"),
     ("19_config", "a run is a config; the paper's recipes; configs as command-line words"),
     ("20_optimisation", "the schedule, the loss and its teacher, the EMA, per-step randomness, resume"),

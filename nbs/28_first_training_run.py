@@ -100,7 +100,7 @@ print(convit_cfg)
 #
 # `train(cfg)` builds the data, the model and the optimiser from the config, trains, evaluates after every
 # epoch, and returns the model and the history. (The committed times come from an AMD EPYC with AVX2, 2 cores,
-# a short test run beside it at the start: indicative only.)
+# nothing else running: indicative only.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -128,8 +128,8 @@ print(f"ConViT − DeiT: {counts['ConViT'] - counts['DeiT']:+,} parameters, of a
 # Everything lands in the config's `output` folder: `run.json` (the config and what it became on this machine:
 # world size, batch sizes, the scaled learning rate, steps per epoch, device, precision, versions, command line),
 # `invocations.jsonl` (one line per start), `log.jsonl` (one JSON row per evaluated epoch) and `log.csv` (the same
-# rows), `last.pt` (the last epoch's checkpoint: enough to resume), `best.pt` (rewritten whenever validation top-1
-# improved) and `curves.png`.
+# rows), `last.pt` (the last epoch's checkpoint: enough to resume), `best.pt` (that epoch's `last.pt`, kept under a
+# second name whenever validation top-1 improved) and `curves.png`.
 
 # %%
 out = {name: Path(cfg.output) for name, cfg in configs.items()}
@@ -363,8 +363,8 @@ print(expect_error(lambda: check_lr_at(lambda t: convit_cfg.min_lr + 0.5 * (info
                                       * (1 + math.cos(math.pi * t / rows["ConViT"][-1]["step"]))), WrongAnswer))
 
 # %% [markdown]
-# **3. What `best.pt` holds.** `best.pt` is written after an epoch's evaluation whenever validation top-1 is
-# strictly higher than at every earlier epoch. From `log.jsonl`'s rows alone, which epoch's weights does the
+# **3. What `best.pt` holds.** `best.pt` is an epoch's `last.pt`, kept after its evaluation whenever validation
+# top-1 is strictly higher than at every earlier epoch. From `log.jsonl`'s rows alone, which epoch's weights does the
 # ConViT's `best.pt` hold? Set `best_epoch` (from 1, as in the log); the check opens the checkpoint.
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
@@ -376,7 +376,7 @@ best_epoch = max(rows["ConViT"], key=lambda r: r["val_top1"])["epoch"]  # max ke
 # %%
 def check_best_epoch(answer: int) -> None:
     best = read_checkpoint(out["ConViT"] / "best.pt")
-    assert best["best_top1"] == max(r["val_top1"] for r in rows["ConViT"])
+    assert read_checkpoint(out["ConViT"] / "last.pt")["best_top1"] == max(r["val_top1"] for r in rows["ConViT"])
     check_answer(answer != best["epoch"] - 1, "the log's epochs count from 1: epoch 1 is the first row")
     check_answer(answer == best["epoch"], "look for the highest val_top1 in the rows, and when it was first "
                  "reached: a later tie does not rewrite best.pt")
