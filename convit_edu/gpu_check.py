@@ -92,7 +92,7 @@ def fit_watched(cfg: TrainConfig, count_from: int = 3) -> dict:
     try:
         history = trainer.fit().history
     finally:  # a cycle trainer -> watched -> trainer would leave the loaders to the garbage collector, whose
-        del trainer.step  # finalisers close their queues first: the workers (which ignore SIGTERM) never stop
+        del trainer.step  # finalisers close their queues first and then wait for workers that ignore SIGTERM
     return {"history": history, "syncs": sum(sites.values()) if cuda else None, "sync_sites": dict(sites),
             "checked_steps": seen["checked_steps"], "recompiles": counters["frames"]["total"] - seen["frames"],
             "graph_breaks": sum(counters["graph_break"].values())}

@@ -333,6 +333,12 @@ wrapped = {name: wrap_model(m, two, compile=False)[0] for name, m in (("ConViT",
 dist.destroy_process_group()
 print({name: ddp.broadcast_buffers for name, ddp in wrapped.items()})
 assert not wrapped["ConViT"].broadcast_buffers and wrapped["BatchNorm"].broadcast_buffers
+convit_tiny = VisionTransformer(replace(tiny, model_args={}, img_size=224).model_config(1000, distilled=False))
+with torch.no_grad():
+    convit_tiny(torch.zeros(1, 3, 224, 224))  # builds each GPSA layer's rel_indices for the 14 x 14 grid
+buffer_mb = sum(b.numel() * b.element_size() for b in convit_tiny.buffers()) / 1e6
+print(f"ConViT-Ti at 224 px: {buffer_mb:.1f} MB of buffers that DDP would send before every forward")
+assert round(buffer_mb, 1) == 4.6
 assert wrap_model(convit, world, compile=False) == (convit, convit)
 yours = os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # as on a machine that does not set it
 with compile_cache(tmp / "run", compile=True):
