@@ -1,4 +1,4 @@
-"""Notebook tooling: pair, export, run and check the chapters in ``nbs/`` (DESIGN.md §4).
+"""Notebook tooling: pair, export, run and check the chapters in ``nbs/`` (the README's "Writing a chapter").
 
 Usage::
 

@@ -139,7 +139,7 @@ def pipeline_bench(cfg: TrainConfig, steps: int, num_workers: int = 1) -> dict:
     aug, device = cfg.aug_config(), resolve_device(cfg.device)
     train_set, _, classes = build_datasets(cfg.data, cfg.data_root, max_classes=cfg.classes, download=False,
                                            **cfg.data_args)
-    batch = cfg.global_batch or cfg.batch_size
+    batch = cfg.images_per_step()
     result: dict = {}
     for name, on_device in (("float32", False), ("uint8", True)):
         transform, _ = build_transforms(aug, on_device=on_device)
@@ -186,7 +186,7 @@ class BenchSizes:
     @classmethod
     def full(cls) -> "BenchSizes":
         return cls(layer_batch=32, layer_reps=5, lengths=(64, 144, 196, 256, 400, 576), sweep_batch=8, sweep_reps=3,
-                   img_size=224, tiny_batch=8, small_batch=4, model_reps=3, bf16_img_size=64, bf16_batch=2,
+                   img_size=224, tiny_batch=32, small_batch=4, model_reps=5, bf16_img_size=64, bf16_batch=2,
                    matmul_n=2048, matmul_reps=3)
 
     @classmethod

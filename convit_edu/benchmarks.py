@@ -94,14 +94,15 @@ def saved_activation_bytes(fn: Callable[[], object], exclude: Iterable[Tensor] =
 class GPSAOfficialForm(GPSAReference):
     """GPSA (Eq. 6-7) as the official code and timm compute it, kept as the baseline of the speed target.
 
-    Like ``GPSAReference``, except that ``rel_indices`` is expanded to the batch, so ``pos_proj`` and the
-    positional softmax run once per image, and the normalisation is done in place. Same parameters and
-    outputs; train with ``GPSA``, read ``GPSAReference``.
+    Like ``GPSAReference``, except that ``qk`` and ``v`` are two matmuls, ``rel_indices`` is expanded to the
+    batch, so ``pos_proj`` and the positional softmax run once per image, and the normalisation is done in place.
+    Same parameters and outputs; train with ``GPSA``, read ``GPSAReference``.
     """
 
     def forward(self, x: Tensor, grid_size: tuple[int, int] | None = None) -> Tensor:
         grid = self._check_input(x, grid_size)
-        q, k, v = self._projections(x)
+        q, k = rearrange(self.qk(x), "b l (two h d) -> two b h l d", two=2, h=self.num_heads)
+        v = rearrange(self.v(x), "b l (h d) -> b h l d", h=self.num_heads)
         content = (q @ k.transpose(-2, -1) * self.head_dim**-0.5).softmax(dim=-1)
         rel = self._relative_positions(grid).expand(x.shape[0], -1, -1, -1)  # one copy per image
         scores = self.pos_proj(rel)  # (B, L, L, heads)

@@ -118,7 +118,7 @@ def load_weights(
     if ignore_head:
         sd = {k: v for k, v in sd.items() if k.split(".")[0] not in _HEADS}
     pos = sd.get("pos_embed")
-    prefix_slots = c.num_prefix_tokens if c.class_token_pos_embed else 0
+    prefix_slots = c.pos_embed_prefix_slots
     if pos is not None and pos.ndim == 3 and pos.shape != own["pos_embed"].shape and pos.shape[-1] == c.embed_dim:
         side = math.isqrt(max(pos.shape[1] - prefix_slots, 0))
         if side > 0 and side * side == pos.shape[1] - prefix_slots:

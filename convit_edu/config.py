@@ -21,7 +21,7 @@ from convit_edu.loaders import default_num_workers
 from convit_edu.models import ModelConfig
 from convit_edu.zoo import model_config
 
-__all__ = ['PROGRESS', 'RUN_OWNED', 'setting', 'TrainConfig', 'per_device_batch', 'RECIPES', 'recipe', 'parse_key_value', 'resolve_config', 'add_config_flags', 'config_from_args', 'config_from_words', 'config_to_words']
+__all__ = ['PROGRESS', 'RUN_OWNED', 'setting', 'TrainConfig', 'RECIPES', 'recipe', 'parse_key_value', 'resolve_config', 'add_config_flags', 'config_from_args', 'config_from_words', 'config_to_words']
 
 
 # %% nbs/19_config.py 6
@@ -128,6 +128,26 @@ class TrainConfig:
         `default_num_workers()`, what this process's share of the node's CPUs allows."""
         return default_num_workers() if self.num_workers is None else self.num_workers
 
+    def per_device_batch(self, world_size: int = 1) -> int:
+        """The batch one process runs at once (one micro-batch): `batch_size`, or its share of `global_batch`."""
+        if self.global_batch is None:
+            return self.batch_size
+        share = self.accum_steps * world_size
+        if self.global_batch % share:
+            raise ValueError(f"global_batch {self.global_batch} is not divisible by accum_steps {self.accum_steps} × "
+                             f"world size {world_size} = {share}: pick a global batch that is a multiple of {share}")
+        return self.global_batch // share
+
+    def images_per_step(self, world_size: int = 1) -> int:
+        """The global batch: images per optimiser step over all processes and accumulation steps."""
+        return self.per_device_batch(world_size) * self.accum_steps * world_size
+
+    def steps_per_epoch(self, train_images: int, world_size: int = 1) -> int:
+        """Optimiser steps per epoch over `train_images`: each process's share (⌈n / world⌉, as the repeated-
+        augmentation sampler deals them) in whole steps of `accum_steps` micro-batches."""
+        share = -(-train_images // world_size)
+        return share // self.per_device_batch(world_size) // self.accum_steps
+
     def aug_config(self) -> AugConfig | None:
         """The augmentation: `AUGMENTATIONS[aug]` with `aug_args`, at the run's image size; None: no augmentation."""
         _refuse_run_owned("aug_args", self.aug_args)
@@ -176,17 +196,6 @@ def _refuse_run_owned(where: str, overrides: dict[str, Any]) -> None:
     owned = sorted(set(overrides) & set(RUN_OWNED))
     if owned:
         raise ValueError(f"{where} sets {owned[0]!r}, which the run owns: set {RUN_OWNED[owned[0]]} instead")
-
-
-def per_device_batch(cfg: TrainConfig, world_size: int) -> int:
-    """The batch one process runs at once: `batch_size`, or its share of `global_batch`."""
-    if cfg.global_batch is None:
-        return cfg.batch_size
-    share = cfg.accum_steps * world_size
-    if cfg.global_batch % share:
-        raise ValueError(f"global_batch {cfg.global_batch} is not divisible by accum_steps {cfg.accum_steps} × world "
-                         f"size {world_size} = {share}: pick a global batch that is a multiple of {share}")
-    return cfg.global_batch // share
 
 
 # %% nbs/19_config.py 11

@@ -6,6 +6,7 @@
 import math
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
@@ -66,8 +67,11 @@ class PositionalAttention(nn.Module):
 
     The base of ``GPSAReference`` and of chapter 06's ``GPSA`` and ``PSA``: the maps ``qk``, ``v``, ``proj`` and
     ``pos_proj`` (v_pos of Eq. 5), the ``rel_indices`` buffer of the patch grid (built for ``grid_size`` at
-    construction when given, else at the first forward) and ``init_weights``; a subclass writes ``forward``.
+    construction when given and the forward reads it, else when first needed) and ``init_weights``; a subclass
+    writes ``forward``.
     """
+
+    forward_reads_rel_indices = True  # chapter 06's fast GPSA does not: it builds them only when P is asked for
 
     def __init__(
         self,
@@ -96,8 +100,11 @@ class PositionalAttention(nn.Module):
         self.pos_proj = nn.Linear(3, num_heads)
         self.register_buffer("rel_indices", None, persistent=False)
         self._grid_size: tuple[int, int] | None = None
-        if grid_size is not None:  # built now: a forward that builds it is a graph torch.compile does not reuse
-            self._relative_positions(tuple(grid_size))
+        if grid_size is not None:
+            rows, cols = grid_size
+            grid_size = positive_int("grid height", rows), positive_int("grid width", cols)
+            if self.forward_reads_rel_indices:  # now: a forward that builds it is a graph compile does not reuse
+                self._relative_positions(grid_size)
         self.init_weights()
 
     @torch.no_grad()
@@ -112,10 +119,17 @@ class PositionalAttention(nn.Module):
         if self.use_local_init:
             local_init(self.pos_proj, self.v, self.locality_strength)
 
-    def _projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values, each (B, heads, L, head_dim)."""
-        q, k = rearrange(self.qk(x), "b l (two h d) -> two b h l d", two=2, h=self.num_heads)
-        v = rearrange(self.v(x), "b l (h d) -> b h l d", h=self.num_heads)
+    def _projections(self, x: Tensor, value_scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values, each (B, heads, L, head_dim), from one product of ``x`` with ``qk`` and ``v``
+        stacked (one GEMM, not two); with ``value_scale`` (one factor per head) each head's values come out
+        multiplied by its factor, which scales the rows of ``v``'s weight, not the (B, heads, L, head_dim) values."""
+        weight, bias = self.v.weight, self.v.bias
+        if value_scale is not None:
+            rows = value_scale.to(weight.dtype).repeat_interleave(self.head_dim)
+            weight, bias = weight * rows[:, None], None if bias is None else bias * rows
+        bias = None if bias is None else torch.cat([self.qk.bias, bias])
+        qkv = F.linear(x, torch.cat([self.qk.weight, weight]), bias)
+        q, k, v = rearrange(qkv, "b l (three h d) -> three b h l d", three=3, h=self.num_heads)
         return q, k, v
 
     def _relative_positions(self, grid_size: tuple[int, int]) -> Tensor:

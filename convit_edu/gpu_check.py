@@ -123,7 +123,7 @@ def check_compiled_train(ctx: CheckContext) -> PhaseResult:
 
 
 # %% nbs/40_gpu_check.py 9
-S_TARGETS = {"convit_small_images_per_s": 6000.0, "convit_vs_deit": 0.8}  # DESIGN §9, one H100, compiled: estimates
+S_TARGETS = {"convit_small_images_per_s": 6000.0, "convit_vs_deit": 0.8}  # one H100, bf16, compiled: estimates
 
 
 def _rates(ctx: CheckContext, name: str, batch: int, compiled: bool) -> dict:

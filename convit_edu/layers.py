@@ -94,7 +94,7 @@ class Block(nn.Module):
     ``attention`` is "mhsa" (Eq. 1-3), "gpsa" (Eq. 6-7, fast), "gpsa_reference" (Eq. 6-7, materialized) or
     "psa" (Eq. 4). ``forward(x, grid_size, return_attention)`` returns the new tokens, and with
     ``return_attention`` also the attention weights (B, num_heads, L, L). The constructor's ``grid_size`` is the
-    patch grid the positional layers build their ``rel_indices`` for at once (None: at their first forward).
+    patch grid the positional layers that read ``rel_indices`` build them for at once (None: when first needed).
     """
 
     def __init__(

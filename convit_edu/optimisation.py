@@ -42,15 +42,16 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module, global_batch: int, steps
         optimizer, lambda t: deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr))
 
 
-def learning_rate_sum(cfg: TrainConfig, steps_per_epoch: int) -> float:
-    """The sum of the learning rates of every optimiser step of the run ``cfg``: about how far AdamW can move any
-    one parameter over the run (it moves each by at most about the learning rate per step)."""
+def learning_rate_sum(cfg: TrainConfig, steps_per_epoch: int, world_size: int = 1) -> float:
+    """The sum of the learning rates of every optimiser step of the run ``cfg`` on ``world_size`` processes: about
+    how far AdamW can move any one parameter over the run (it moves each by at most about the learning rate per
+    step). ``steps_per_epoch``: ``cfg.steps_per_epoch(train_images, world_size)``, or a run's own record of it."""
     total, warmup = steps_per_epoch * cfg.epochs, round(cfg.warmup_epochs * steps_per_epoch)
-    peak = scaled_lr(cfg.lr, cfg.global_batch or cfg.batch_size)
+    peak = scaled_lr(cfg.lr, cfg.images_per_step(world_size))
     return sum(deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr) for t in range(total))
 
 
-# %% nbs/20_optimisation.py 13
+# %% nbs/20_optimisation.py 15
 def train_loss(output: torch.Tensor | tuple[torch.Tensor, torch.Tensor], targets: torch.Tensor,
                teacher_logits: torch.Tensor | None = None, smoothing: float = 0.0) -> torch.Tensor:
     """Cross-entropy with hard labels (B,) or soft targets (B, C); with a teacher, DeiT's hard distillation:
@@ -70,7 +71,7 @@ def train_loss(output: torch.Tensor | tuple[torch.Tensor, torch.Tensor], targets
     )
 
 
-# %% nbs/20_optimisation.py 16
+# %% nbs/20_optimisation.py 18
 def build_teacher(name: str, checkpoint: str | None, num_classes: int, img_size: int) -> nn.Module:
     """A frozen teacher: a convit_edu model or a torchvision classifier, with weights from `checkpoint`."""
     if name in list_models():
@@ -87,7 +88,7 @@ def build_teacher(name: str, checkpoint: str | None, num_classes: int, img_size:
     return teacher.eval().requires_grad_(False)
 
 
-# %% nbs/20_optimisation.py 18
+# %% nbs/20_optimisation.py 20
 def update_ema(ema: AveragedModel, model: nn.Module, decay: float, first: bool) -> None:
     """What `AveragedModel.update_parameters` does with an EMA average (a copy of the model at the first update,
     then ema ← decay·ema + (1 − decay)·model for parameters and buffers), without its two host reads of
@@ -106,7 +107,7 @@ def update_ema(ema: AveragedModel, model: nn.Module, decay: float, first: bool) 
         ema.n_averaged += 1
 
 
-# %% nbs/20_optimisation.py 21
+# %% nbs/20_optimisation.py 23
 def seed_step(seed: int, rank: int, epoch: int, step: int) -> None:
     """Seed torch's, numpy's and python's generators from (seed, rank, epoch, step), at the start of every
     optimiser step: Mixup/CutMix and drop path then draw the same in a resumed run as in an uninterrupted one."""
@@ -116,7 +117,7 @@ def seed_step(seed: int, rank: int, epoch: int, step: int) -> None:
     np.random.seed(s)
 
 
-# %% nbs/20_optimisation.py 23
+# %% nbs/20_optimisation.py 25
 _RESUME_MAY_CHANGE = {  # settings a resumed run may change without changing what it computes (the global batch,
     # which batch_size, accum_steps and global_batch set together, is checked on its own)
     "num_workers", "batch_size", "accum_steps", "global_batch", "compile", "device", "output", "resume",

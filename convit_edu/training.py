@@ -19,7 +19,7 @@ from torch.optim.swa_utils import AveragedModel
 from convit_edu.augment import build_mixup
 from convit_edu.callbacks import Callback, Progress, TrainResult, TrainState, plot_history, write_logs
 from convit_edu.checkpoints import CHECKPOINT_FORMAT, keep_as, rng_states, save_checkpoint
-from convit_edu.config import TrainConfig, per_device_batch
+from convit_edu.config import TrainConfig
 from convit_edu.devices import autocast, resolve_precision
 from convit_edu.distributed import StopSignals, World, all_reduce, init_world, run_on_main
 from convit_edu.evaluation import evaluate, finish_batch
@@ -91,11 +91,11 @@ class Trainer:
         if len(classes) < 2:
             raise ValueError(f"the dataset has {len(classes)} class(es) ({', '.join(map(str, classes))}): a "
                              "classifier needs at least two (check --data-root, --classes)")
-        self.batch_size = per_device_batch(cfg, world.world_size)  # per process and micro-batch
-        self.global_batch = self.batch_size * cfg.accum_steps * world.world_size  # per optimiser step
-        share = math.ceil(len(train_set) / world.world_size)  # samples per process and epoch (RepeatAugSampler)
-        self.steps_per_epoch = share // self.batch_size // cfg.accum_steps
+        self.batch_size = cfg.per_device_batch(world.world_size)  # per process and micro-batch
+        self.global_batch = cfg.images_per_step(world.world_size)  # per optimiser step
+        self.steps_per_epoch = cfg.steps_per_epoch(len(train_set), world.world_size)
         if self.steps_per_epoch == 0 and len(train_set) >= world.world_size:  # (else build_loaders says so)
+            share = math.ceil(len(train_set) / world.world_size)  # samples per process and epoch
             raise ValueError(f"each of the {world.world_size} processes gets {share} samples per epoch, fewer than "
                              f"one optimiser step of batch {self.batch_size} × accum_steps {cfg.accum_steps}: lower "
                              "the batch")

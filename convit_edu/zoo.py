@@ -58,9 +58,8 @@ def count_params(config: ModelConfig) -> int:
     """Number of parameters of the model ``config`` describes, counted analytically (trainable or not)."""
     c = config
     d, bias, hidden = c.embed_dim, int(c.qkv_bias), int(c.embed_dim * c.mlp_ratio)
-    prefix_slots = c.num_prefix_tokens if c.class_token_pos_embed else 0
     total = d * c.in_chans * c.patch_size**2 + d  # patch embedding
-    total += (prefix_slots + c.num_patches) * d + c.num_prefix_tokens * d  # pos_embed, cls (+ dist) token
+    total += (c.pos_embed_prefix_slots + c.num_patches) * d + c.num_prefix_tokens * d  # pos_embed, cls (+ dist) token
     mhsa = 3 * d * d + 3 * bias * d + d * d + d
     positional = mhsa + 4 * c.num_heads + (c.num_heads if c.local_attention != "psa" else 0)
     mlp_and_norms = d * hidden + hidden + hidden * d + d + 4 * d

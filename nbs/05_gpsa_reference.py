@@ -108,12 +108,14 @@ print("row sums before normalising: 1 to within 1e-6, so the division changes on
 # ## The shared parts
 #
 # Both GPSAs (this chapter's reference, chapter 06's fast one) and PSA have the same projections, the same positional
-# scores and the same grid handling. `qk` produces queries and keys in one matmul, `v` the values, `pos_proj` maps the 3
+# scores and the same grid handling. `qk` maps to queries and keys, `v` to the values (two layers, as in the official
+checkpoints; the forward stacks their weights and computes all three in one matmul), `pos_proj` maps the 3
 # channels of r_δ = (δx, δy, ‖δ‖²) to one score per head (its weight rows are the v_pos of Eq. 5), and `proj` mixes the
 # heads. `rel_indices` is a buffer that is *not* saved in checkpoints. A layer told its grid at construction
 # (`grid_size=(rows, cols)`, as the ConViT of chapter 08 does) builds it there, so the first forward finds it ready: a
 # forward that assigns a new tensor to a buffer is one graph for `torch.compile` and the forwards after it another,
-# which costs a second compilation. A layer built without a grid builds it at its first forward. Either way it is
+# which costs a second compilation. A layer built without a grid builds it at its first forward (and chapter 06's fast
+# GPSA, whose forward does not read it, only when the attention matrix is asked for). Either way it is
 # rebuilt when a forward sees another grid, and whenever the device or dtype of the layer changes, so a model moved to
 # another device or dtype after a forward pass keeps working (the official code caches it for one device and size).
 #
@@ -126,6 +128,7 @@ print("row sums before normalising: 1 to within 1e-6, so the division changes on
 import math
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
@@ -183,8 +186,11 @@ class PositionalAttention(nn.Module):
 
     The base of ``GPSAReference`` and of chapter 06's ``GPSA`` and ``PSA``: the maps ``qk``, ``v``, ``proj`` and
     ``pos_proj`` (v_pos of Eq. 5), the ``rel_indices`` buffer of the patch grid (built for ``grid_size`` at
-    construction when given, else at the first forward) and ``init_weights``; a subclass writes ``forward``.
+    construction when given and the forward reads it, else when first needed) and ``init_weights``; a subclass
+    writes ``forward``.
     """
+
+    forward_reads_rel_indices = True  # chapter 06's fast GPSA does not: it builds them only when P is asked for
 
     def __init__(
         self,
@@ -213,8 +219,11 @@ class PositionalAttention(nn.Module):
         self.pos_proj = nn.Linear(3, num_heads)
         self.register_buffer("rel_indices", None, persistent=False)
         self._grid_size: tuple[int, int] | None = None
-        if grid_size is not None:  # built now: a forward that builds it is a graph torch.compile does not reuse
-            self._relative_positions(tuple(grid_size))
+        if grid_size is not None:
+            rows, cols = grid_size
+            grid_size = positive_int("grid height", rows), positive_int("grid width", cols)
+            if self.forward_reads_rel_indices:  # now: a forward that builds it is a graph compile does not reuse
+                self._relative_positions(grid_size)
         self.init_weights()
 
     @torch.no_grad()
@@ -229,10 +238,17 @@ class PositionalAttention(nn.Module):
         if self.use_local_init:
             local_init(self.pos_proj, self.v, self.locality_strength)
 
-    def _projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values, each (B, heads, L, head_dim)."""
-        q, k = rearrange(self.qk(x), "b l (two h d) -> two b h l d", two=2, h=self.num_heads)
-        v = rearrange(self.v(x), "b l (h d) -> b h l d", h=self.num_heads)
+    def _projections(self, x: Tensor, value_scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values, each (B, heads, L, head_dim), from one product of ``x`` with ``qk`` and ``v``
+        stacked (one GEMM, not two); with ``value_scale`` (one factor per head) each head's values come out
+        multiplied by its factor, which scales the rows of ``v``'s weight, not the (B, heads, L, head_dim) values."""
+        weight, bias = self.v.weight, self.v.bias
+        if value_scale is not None:
+            rows = value_scale.to(weight.dtype).repeat_interleave(self.head_dim)
+            weight, bias = weight * rows[:, None], None if bias is None else bias * rows
+        bias = None if bias is None else torch.cat([self.qk.bias, bias])
+        qkv = F.linear(x, torch.cat([self.qk.weight, weight]), bias)
+        q, k, v = rearrange(qkv, "b l (three h d) -> three b h l d", three=3, h=self.num_heads)
         return q, k, v
 
     def _relative_positions(self, grid_size: tuple[int, int]) -> Tensor:
@@ -365,7 +381,8 @@ print(expect_error(lambda: GPSAReference(192, 4)(torch.randn(1, 197, 192))))
 # gradient it returns to 0 too; `tests/test_gpsa.py` checks that no denormal then enters any other operation. That costs one
 # pass over a (heads, L, L) tensor per layer, whatever the batch. Telling the CPU to flush denormals itself
 # (`torch.set_flush_denormal`) would be an alternative, but it reaches only the calling thread: the intra-op threads
-# that torch had already started go on computing with denormals.
+# that torch had already started go on computing with denormals. (Chapter 06's fast GPSA never builds P: it applies
+# P's two one-axis factors, and flushes those the same way.)
 
 # %%
 torch.manual_seed(0)

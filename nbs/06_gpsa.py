@@ -58,12 +58,51 @@ _ = torch.manual_seed(0)
 # * The first term is ordinary attention: `F.scaled_dot_product_attention` computes it with a fused kernel
 #   (flash attention on GPUs and on CPUs) that never stores the L × L matrix and saves only the output and
 #   one number per row for the backward pass.
-# * The second term's attention P does not depend on the image: it is one (heads, L, L) tensor for the whole
-#   batch, computed **once per forward**. It is applied to all images at once by folding the batch into the
-#   columns of V: (heads, L, L) @ (heads, L, B·d). (Writing `P @ V` with broadcasting over the batch looks
-#   the same but makes torch expand P into one copy per image — and keep that copy for the backward pass.)
+# * The second term's attention P does not depend on the image: it is computed **once per forward** and
+#   applied to all images at once by folding the batch into the columns of V. (Writing `P @ V` with
+#   broadcasting over the batch looks the same but makes torch expand P into one copy per image — and keep that
+#   copy for the backward pass.) And P need not be built at all, as the next section shows.
 # * The gate mixes the two *outputs* (B, heads, L, head_dim), never two (B, heads, L, L) matrices; the
 #   normalisation is dropped (it is the identity, chapter 05).
+#
+# ### P is a row attention times a column attention
+#
+# With Eq. 5's encoding r_δ = (δx, δy, δx² + δy²), a head's positional score is a sum of a part that depends
+# only on the column offset δx and a part that depends only on the row offset δy (the bias b shifts every
+# score of the head alike, and a softmax does not see it):
+#
+# $$\mathbf{v}_{pos}^\top \mathbf{r}_\delta = \underbrace{w_1\,\delta_x + w_3\,\delta_x^2}_{s_x(\delta_x)}
+#   + \underbrace{w_2\,\delta_y + w_3\,\delta_y^2}_{s_y(\delta_y)} + b
+#   \quad\Longrightarrow\quad
+#   \mathbf{P}_{(i,j),(k,l)} = \frac{e^{s_y(k-i)}\,e^{s_x(l-j)}}{\sum_{k'} e^{s_y(k'-i)} \sum_{l'} e^{s_x(l'-j)}}
+#   = \mathbf{P}^y_{ik}\,\mathbf{P}^x_{jl},$$
+#
+# for a query at row i, column j and a key at row k, column l: the exponential of a sum is a product, and the
+# sum over the keys of the grid is a sum over its rows times a sum over its columns. P (L × L) is the
+# Kronecker product P^y ⊗ P^x of a softmax over the rows (H × H) and one over the columns (W × W). Applying
+# it to V is then two small products — along the columns with P^x, then along the rows with P^y — of
+# 2·L·(H + W) multiply-adds per channel instead of L²: for a 14 × 14 grid, 7 times fewer. `positional_factors`
+# builds the two factors (each row of each a softmax over one axis, without denormals), and the forward never
+# builds P.
+#
+# ### The gate, folded into the weights
+#
+# The mix itself can cost nothing. Each head's σ = sigmoid(λ) and 1 − σ = sigmoid(−λ), so
+# σ / (1 − σ) = e^λ and
+#
+# $$(1-\sigma)\,\operatorname{SDPA}(\mathbf{Q},\mathbf{K},\mathbf{V}) + \sigma\,\mathbf{P}\mathbf{V}
+#   = \operatorname{SDPA}(\mathbf{Q},\mathbf{K},\mathbf{V}') + e^{\lambda}\,\mathbf{P}\,\mathbf{V}',
+#   \qquad \mathbf{V}' = (1-\sigma)\,\mathbf{V} = \mathbf{X}\big((1-\sigma)\,\mathbf{W}_{val}\big)^\top .$$
+#
+# The factor 1 − σ goes into the *weights* of the value map (head_dim rows per head, D² numbers rather than the
+# batch's B·L·D values; the product is the same matmul that makes Q and K), and e^λ into the row factor P^y
+# (heads × H × H, once per forward). What
+# was an elementwise pass over the batch's outputs in the forward and several in the backward becomes a plain
+# sum, whose backward is free. It is exact in real numbers and needs a number format with room: when a gate
+# nears 1, V' gets small and e^λ large. fp32 and bf16 have 8 exponent bits: e^λ overflows past λ ≈ 88, so the
+# layer clamps λ to ±60 there, where the weaker term weighs 10⁻²⁶ of the other and changes no sum. fp16 has 5 (e^λ
+# overflows past λ ≈ 11, and V' loses digits sooner), so in fp16, and with a test-time `gate_override` (a σ of
+# exactly 0 or 1 has no λ), the layer mixes the two outputs with `torch.lerp` instead.
 #
 # Attention dropout on A cannot be split this way (one mask on the mixed matrix is not two masks on its
 # parts), so in training with `attn_drop > 0` the fast class computes the reference form; the ConViT/DeiT
@@ -77,34 +116,78 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from convit_edu.gpsa_reference import GatedAttention, PositionalAttention
+from convit_edu.gpsa_reference import GatedAttention, PositionalAttention, softmax_without_denormals
+
+
+def _computes_in_fp16(x: Tensor) -> bool:
+    """Whether a forward on ``x`` runs in fp16: fp16 inputs, or fp16 autocast on their device."""
+    device = x.device.type
+    return x.dtype == torch.float16 or (
+        torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
+    )
+
+
+def _positional_output(py: Tensor, px: Tensor, v: Tensor) -> Tensor:
+    """(Py ⊗ Px) @ V for the whole batch, (B, heads, L, d): along the columns with Px (heads, W, W), then along the
+    rows with Py (heads, H, H), each one (heads, n, n) @ (heads, n, B·…) product."""
+    batch, rows = v.shape[0], py.shape[-1]
+    by_cols = px.to(v.dtype) @ rearrange(v, "b h (y x) d -> h x (b y d)", y=rows)
+    by_rows = py.to(v.dtype) @ rearrange(by_cols, "h j (b y d) -> h y (b j d)", b=batch, y=rows)
+    return rearrange(by_rows, "h i (b j d) -> b h (i j) d", b=batch, j=px.shape[-1])
 
 
 class GPSA(GatedAttention):
-    """Gated positional self-attention, Eq. 6-7, fast: ``(1 − σ)·SDPA(Q, K, V) + σ·(P @ V)``.
+    """Gated positional self-attention, Eq. 6-7, fast: ``(1 − σ)·SDPA(Q, K, V) + σ·(P @ V)``, computed as
+    ``SDPA(Q, K, V') + e^λ·(Py ⊗ Px) @ V'`` with V' = (1 − σ)·V from the same matmul as Q and K.
 
-    Same constructor, parameters, checkpoint keys and outputs as ``GPSAReference``; P = softmax of the
-    positional scores is computed once per forward for the whole batch, and no (B, heads, L, L) tensor is built
-    unless ``return_attention=True`` (or attention dropout is active in training).
+    Same constructor, parameters, checkpoint keys and outputs as ``GPSAReference``. The positional attention P
+    is applied as its row and column factors (``positional_factors``), once per forward for the whole batch; no
+    (L, L) or (B, heads, L, L) tensor is built unless ``return_attention=True`` (or attention dropout is active
+    in training). In fp16, or with a ``gate_override``, the two outputs are mixed with ``torch.lerp`` (fp16 has
+    no room for e^λ and V').
     """
+
+    forward_reads_rel_indices = False  # built only when P is asked for
+
+    def positional_factors(self, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """Py (heads, rows, rows) and Px (heads, cols, cols) with P = Py ⊗ Px, P the positional attention
+        ``positional_softmax`` builds: each row a softmax of the scores along one axis, in at least fp32, without
+        denormals. ``pos_proj.bias`` cancels in the softmax; it is added to the row scores so that every
+        parameter is in the graph (DDP expects that), and its gradient is rounding noise, as in the reference."""
+        weight, bias = self.pos_proj.weight, self.pos_proj.bias
+        dtype = torch.promote_types(weight.dtype, torch.float32)
+        weight, bias = weight.to(dtype), bias.to(dtype)[:, None, None]
+
+        def along(size: int, w_offset: Tensor, shift: Tensor | float) -> Tensor:
+            offsets = torch.arange(size, device=weight.device, dtype=dtype)
+            delta = offsets[None, :] - offsets[:, None]  # [query, key] = key − query, as in rel_indices
+            scores = w_offset[:, None, None] * delta + weight[:, 2, None, None] * delta**2 + shift
+            return softmax_without_denormals(scores)
+
+        rows, cols = grid_size
+        return along(rows, weight[:, 1], bias), along(cols, weight[:, 0], 0.0)
 
     def forward(
         self, x: Tensor, grid_size: tuple[int, int] | None = None, return_attention: bool = False
     ) -> Tensor | tuple[Tensor, Tensor]:
         grid = self._check_input(x, grid_size)
-        q, k, v = self._projections(x)
         if return_attention or (self.training and self.attn_drop.p > 0):
+            q, k, v = self._projections(x)
             attn = self._mixed_attention(q, k, grid)
             y = self._output(self.attn_drop(attn) @ v)
             return (y, attn) if return_attention else y
-        content = F.scaled_dot_product_attention(q, k, v)
-        pos_attn = self.positional_softmax(grid).to(v.dtype)  # P: (heads, L, L)
-        # P @ V for the whole batch as one (heads, L, L) @ (heads, L, B·d) product: a broadcast
-        # (heads, L, L) @ (B, heads, L, d) would expand P to one copy per image (and save it for backward)
-        values = rearrange(v, "b h l d -> h l (b d)")
-        position = rearrange(pos_attn @ values, "h l (b d) -> b h l d", b=v.shape[0])
-        sigma = self.gate().to(v.dtype).view(-1, 1, 1)
-        return self._output(torch.lerp(content, position, sigma))
+        py, px = self.positional_factors(grid)
+        if self.gate_override is not None or _computes_in_fp16(x):
+            q, k, v = self._projections(x)
+            sigma = self.gate().to(v.dtype).view(-1, 1, 1)
+            content = F.scaled_dot_product_attention(q, k, v)
+            return self._output(torch.lerp(content, _positional_output(py, px, v), sigma))
+        # at |λ| = 60 the weaker term weighs 1e-26 of the other (it changes no fp32 sum), and e^60 and σ(−60) are
+        # still normal fp32 numbers (e^89 is none)
+        lam = self.gating_param.clamp(-60.0, 60.0)
+        q, k, v = self._projections(x, value_scale=torch.sigmoid(-lam))  # V' = (1 − σ)·V
+        position = _positional_output(py * lam.exp().view(-1, 1, 1), px, v)  # e^λ·P V' = σ·P V
+        return self._output(F.scaled_dot_product_attention(q, k, v) + position)
 
 
 # %% [markdown]
@@ -193,6 +276,34 @@ errors = {name: rel_err(g_fast[name], g_ref[name]) for name in g_ref}
 assert max(errors.values()) <= 1e-5, errors
 print(f"perturbed, 7x12 grid: output and the gradients of x and of all {len(errors) - 1} other parameters "
       "agree to a relative 1e-5")
+
+# %% [markdown]
+# The factorisation, checked on its own: Py ⊗ Px (one (i, j, k, l) product per head) is the L × L matrix
+# `positional_softmax` builds from `rel_indices`, on the 7 × 12 grid with the perturbed v_pos; and the gate at
+# its extremes, λ = ±12 (σ within 10⁻⁵ of 0 or 1), where the folded form leans hardest on V' and e^λ: fp32
+# still agrees with the reference. In fp16, e^12 does not exist (the largest fp16 number is 65504), which is why
+# an fp16 forward takes the `lerp` form; under fp16 autocast the layer agrees with the fp32 reference to fp16's
+# precision.
+
+# %%
+py, px = fast.positional_factors((7, 12))
+print("Py:", tuple(py.shape), "Px:", tuple(px.shape))
+kron = torch.einsum("hik,hjl->hijkl", py, px).reshape(N_h, 84, 84)
+assert rel_err(kron, fast.positional_softmax((7, 12))) <= 1e-6
+rows, cols = 14, 14
+print(f"P·V per channel on a {rows}x{cols} grid: {(rows * cols) ** 2} multiply-adds as one matrix, "
+      f"{rows * cols * (rows + cols)} as two factors ({(rows * cols) ** 2 / (rows * cols * (rows + cols)):.0f}x fewer)")
+
+with torch.no_grad():
+    ref.gating_param.copy_(torch.tensor([-12.0, -6.0, 6.0, 12.0]))
+    fast.load_state_dict(ref.state_dict())
+    want = ref(x, grid_size=(7, 12))
+    assert rel_err(fast(x, grid_size=(7, 12)), want) <= 1e-5
+    assert torch.isinf(torch.tensor(12.0).exp().half())
+    with torch.autocast("cpu", dtype=torch.float16):
+        y16 = fast(x, grid_size=(7, 12))
+    assert y16.dtype == torch.float16 and rel_err(y16.float(), want) <= 2e-3
+print("gates at ±12: fp32 equals the reference to 1e-5; fp16 autocast (the lerp form) to 2e-3")
 
 # %% [markdown]
 # The gate's two ends are the two pure forms: σ = 1 leaves only the positional attention P·V (a

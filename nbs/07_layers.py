@@ -171,9 +171,9 @@ assert abs(kept - 0.75) < 0.03 and abs(y.mean().item() - 1) < 0.04
 # Pre-norm, as in ViT and DeiT: x ← x + DropPath(Attn(LN(x))), then x ← x + DropPath(MLP(LN(x))), LayerNorm
 # with ε = 10⁻⁶. The attention is `MHSA` (chapter 01) or one of the positional attentions of chapters 05-06:
 # the fast `GPSA`, the `GPSAReference` that materializes the attention matrix (same weights, same keys), or
-# the ungated `PSA` of Eq. 4 for the App. A ablation. Positional layers need the patch grid (H, W) to build
-# `rel_indices`; the block hands them the grid the model is built for (`grid_size`, so that they build it at
-# construction, chapter 05) and passes the grid of each input through.
+# the ungated `PSA` of Eq. 4 for the App. A ablation. Positional layers need the patch grid (H, W) of their
+# input; the block hands them the grid the model is built for (`grid_size`, so that those whose forward reads
+# `rel_indices` build it at construction, chapter 05) and passes the grid of each input through.
 
 # %%
 #| export
@@ -192,7 +192,7 @@ class Block(nn.Module):
     ``attention`` is "mhsa" (Eq. 1-3), "gpsa" (Eq. 6-7, fast), "gpsa_reference" (Eq. 6-7, materialized) or
     "psa" (Eq. 4). ``forward(x, grid_size, return_attention)`` returns the new tokens, and with
     ``return_attention`` also the attention weights (B, num_heads, L, L). The constructor's ``grid_size`` is the
-    patch grid the positional layers build their ``rel_indices`` for at once (None: at their first forward).
+    patch grid the positional layers that read ``rel_indices`` build them for at once (None: when first needed).
     """
 
     def __init__(
@@ -289,7 +289,7 @@ plt.show()
 # size the grid changes (224 → 14×14, 160 → 10×10, 224×160 → 14×10), so we view the vectors as a
 # D_emb-channel image of the old grid and resample it bicubically to the new one, as DeiT does to fine-tune at
 # 384 px. Slots that do not belong to a patch (DeiT's class and distillation tokens) are carried over as they
-# are. GPSA layers need nothing of the kind: their `rel_indices` are rebuilt for the new H×W grid.
+# are. GPSA layers need nothing of the kind: their positional attention is computed for the new H×W grid.
 
 # %%
 #| export

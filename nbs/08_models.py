@@ -188,6 +188,12 @@ class ModelConfig:
         """Tokens in front of the patches once the class token has joined: class (+ distillation) token."""
         return 1 + int(self.distilled)
 
+    @property
+    def pos_embed_prefix_slots(self) -> int:
+        """Rows of ``pos_embed`` in front of the patches' rows: one per prefix token when those get a position
+        (``class_token_pos_embed``), else none."""
+        return self.num_prefix_tokens if self.class_token_pos_embed else 0
+
 
 def config_fields() -> list[str]:
     """Names of the ``ModelConfig`` fields, the keys ``create_model`` accepts as overrides."""
@@ -262,8 +268,7 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim))
         if c.distilled:
             self.dist_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim))
-        prefix_slots = c.num_prefix_tokens if c.class_token_pos_embed else 0
-        self.pos_embed = nn.Parameter(torch.zeros(1, prefix_slots + c.num_patches, c.embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, c.pos_embed_prefix_slots + c.num_patches, c.embed_dim))
         self.pos_drop = nn.Dropout(c.drop_rate)
         drop_path_rates = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]  # linear in depth
         self.blocks = nn.ModuleList(
@@ -334,8 +339,7 @@ class VisionTransformer(nn.Module):
 
     def _pos_embed_for(self, grid: tuple[int, int]) -> Tensor:
         c = self.config
-        prefix_slots = c.num_prefix_tokens if c.class_token_pos_embed else 0
-        return resize_pos_embed(self.pos_embed, c.grid_size, grid, num_prefix_tokens=prefix_slots)
+        return resize_pos_embed(self.pos_embed, c.grid_size, grid, num_prefix_tokens=c.pos_embed_prefix_slots)
 
     def forward_features(
         self, x: Tensor, return_attention: bool = False, return_block_inputs: bool = False

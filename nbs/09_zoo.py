@@ -158,9 +158,8 @@ def count_params(config: ModelConfig) -> int:
     """Number of parameters of the model ``config`` describes, counted analytically (trainable or not)."""
     c = config
     d, bias, hidden = c.embed_dim, int(c.qkv_bias), int(c.embed_dim * c.mlp_ratio)
-    prefix_slots = c.num_prefix_tokens if c.class_token_pos_embed else 0
     total = d * c.in_chans * c.patch_size**2 + d  # patch embedding
-    total += (prefix_slots + c.num_patches) * d + c.num_prefix_tokens * d  # pos_embed, cls (+ dist) token
+    total += (c.pos_embed_prefix_slots + c.num_patches) * d + c.num_prefix_tokens * d  # pos_embed, cls (+ dist) token
     mhsa = 3 * d * d + 3 * bias * d + d * d + d
     positional = mhsa + 4 * c.num_heads + (c.num_heads if c.local_attention != "psa" else 0)
     mlp_and_norms = d * hidden + hidden + hidden * d + d + 4 * d
@@ -198,7 +197,8 @@ assert (one_gpsa, one_mhsa_no_bias) == (147_668, 147_648) and one_gpsa - one_mhs
 #   (L²·3·N_h: `pos_proj` applied to `rel_indices`), and the head (D·K);
 # * **LayerNorms**: we count 5 operations per element, the convention of the fvcore counter;
 # * **attention matmuls**: Q·Kᵀ and A·V, 2·L²·D per layer (GPSA mixes its two attention maps into one matrix
-#   before multiplying V, as the official code does; the fast path of chapter 06 spends one more L²·D on P·V).
+#   before multiplying V, as the official code does; the fast path of chapter 06 applies P to V apart, as two
+#   factors, for L·(H + W)·D).
 
 # %%
 #| export
@@ -295,27 +295,33 @@ assert round((tiny.linear + tiny.norm) / tiny.attention) == 6  # ConViT-Ti's: ab
 # PyTorch's `FlopCounterMode` counts the matrix multiplications it sees (in FLOPs, 2 per MAC). On a DeiT-Ti it counts
 # every linear layer, but the fused `scaled_dot_product_attention` of our MHSA layers contributes nothing on this CPU:
 # the counter's blind spot. On a ConViT-Ti what it sees depends on the code path: the reference GPSA materializes the
-# attention, so the counter sees its Q·Kᵀ and A·V (2·L²·D per GPSA layer); the fast GPSA hides them in SDPA and the
-# counter sees only its P·V (L²·D). The analytic count does not depend on how the attention is computed.
+# attention, so the counter sees its Q·Kᵀ and A·V (2·L²·D per GPSA layer); the fast GPSA hides them in SDPA, applies
+# P as its two factors (L·(H + W)·D, chapter 06) and never computes the positional scores on `rel_indices`
+# (L²·3·N_h), so the counter sees less than the linear count. The analytic count does not depend on how the
+# attention is computed.
 
 # %%
 torch.manual_seed(0)
 one_image, gpsa_matmul = torch.randn(1, 3, 224, 224), 196 * 196 * 192  # one L x L by L x D product, ConViT-Ti
-# the DeiT-Ti's counter sees every linear layer and no attention at all; a ConViT-Ti's `seen` products per GPSA layer
-for name, path, seen in (("deit_tiny", "mhsa", 0), ("convit_tiny", "gpsa_reference", 2), ("convit_tiny", "gpsa", 1)):
-    model = create_model(name, **({} if seen == 0 else {"local_attention": path})).eval()
+factors, rel_scores = 196 * (14 + 14) * 192, 196 * 196 * 3 * 4  # Py ⊗ Px applied to V; pos_proj on rel_indices
+# what each GPSA layer adds to the linear count: the reference's Q·Kᵀ and A·V; the fast path's two factor products,
+# less the positional scores on rel_indices that it never computes; DeiT-Ti: every linear layer and no attention
+extra_per_layer = {"mhsa": 0, "gpsa_reference": 2 * gpsa_matmul, "gpsa": factors - rel_scores}
+for name, path in (("deit_tiny", "mhsa"), ("convit_tiny", "gpsa_reference"), ("convit_tiny", "gpsa")):
+    model = create_model(name, **({} if path == "mhsa" else {"local_attention": path})).eval()
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(one_image)
     counted, macs = counter.get_total_flops() // 2, count_macs(model.config)  # FLOPs: 2 per MAC
     print(f"{name:<11} {path:<14}: counter {counted / 1e9:.4f} G = linear {macs.linear / 1e9:.4f} G "
-          f"+ {(counted - macs.linear) // gpsa_matmul} x L²·D (analytic attention {macs.attention / 1e9:.4f} G)")
-    assert counted == macs.linear + 10 * seen * gpsa_matmul
+          f"{(counted - macs.linear) / 1e9:+.4f} G (analytic attention {macs.attention / 1e9:.4f} G)")
+    assert counted == macs.linear + 10 * extra_per_layer[path]
 
 # %% [markdown]
 # ## Other resolutions and aspect ratios
 #
 # A model built for 224 px runs on any image whose sides are multiples of the patch size: `PatchEmbed` returns the
-# grid, GPSA layers rebuild `rel_indices` for it (H×W, not only square), and `pos_embed` is interpolated. To *train*
+# grid, GPSA layers compute their positional attention on it (H×W, not only square), and `pos_embed` is
+# interpolated. To *train*
 # at another size, build the model for it (`img_size=160`): `pos_embed` then has a slot per patch of that grid and
 # nothing is interpolated. CIFAR-100 works either way: upsampled to 224, or at 32 px with patch size 4 (an 8×8 grid).
 
@@ -323,11 +329,12 @@ for name, path, seen in (("deit_tiny", "mhsa", 0), ("convit_tiny", "gpsa_referen
 torch.manual_seed(0)
 with torch.no_grad():
     for size in [(160, 160), (288, 288), (224, 160)]:
-        out = convit_ti(torch.randn(1, 3, *size))
-        grids = {tuple(b.attn.rel_indices.shape[-3:]) for b in convit_ti.blocks[:10]}
-        print(f"image {size[0]}x{size[1]}: logits {tuple(out.shape)}, rel_indices of the GPSA layers {grids}")
+        image = torch.randn(1, 3, *size)
+        out = convit_ti(image)
+        grids = {tuple(a.shape[-2:]) for a in convit_ti.forward_features(image, return_attention=True).attentions[:10]}
+        print(f"image {size[0]}x{size[1]}: logits {tuple(out.shape)}, attention matrices of the GPSA layers {grids}")
         rows, cols = size[0] // 16, size[1] // 16
-        assert out.shape == (1, 1000) and grids == {(rows * cols, rows * cols, 3)}
+        assert out.shape == (1, 1000) and grids == {(rows * cols, rows * cols)}
     cifar = create_model("convit_tiny", img_size=32, patch_size=4, num_classes=100).eval()
     out = cifar(torch.randn(2, 3, 32, 32))
 print("CIFAR ConViT-Ti, 32 px, patch 4:", tuple(out.shape), "pos_embed", tuple(cifar.pos_embed.shape))

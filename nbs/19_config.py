@@ -174,6 +174,26 @@ class TrainConfig:
         `default_num_workers()`, what this process's share of the node's CPUs allows."""
         return default_num_workers() if self.num_workers is None else self.num_workers
 
+    def per_device_batch(self, world_size: int = 1) -> int:
+        """The batch one process runs at once (one micro-batch): `batch_size`, or its share of `global_batch`."""
+        if self.global_batch is None:
+            return self.batch_size
+        share = self.accum_steps * world_size
+        if self.global_batch % share:
+            raise ValueError(f"global_batch {self.global_batch} is not divisible by accum_steps {self.accum_steps} × "
+                             f"world size {world_size} = {share}: pick a global batch that is a multiple of {share}")
+        return self.global_batch // share
+
+    def images_per_step(self, world_size: int = 1) -> int:
+        """The global batch: images per optimiser step over all processes and accumulation steps."""
+        return self.per_device_batch(world_size) * self.accum_steps * world_size
+
+    def steps_per_epoch(self, train_images: int, world_size: int = 1) -> int:
+        """Optimiser steps per epoch over `train_images`: each process's share (⌈n / world⌉, as the repeated-
+        augmentation sampler deals them) in whole steps of `accum_steps` micro-batches."""
+        share = -(-train_images // world_size)
+        return share // self.per_device_batch(world_size) // self.accum_steps
+
     def aug_config(self) -> AugConfig | None:
         """The augmentation: `AUGMENTATIONS[aug]` with `aug_args`, at the run's image size; None: no augmentation."""
         _refuse_run_owned("aug_args", self.aug_args)
@@ -224,25 +244,21 @@ def _refuse_run_owned(where: str, overrides: dict[str, Any]) -> None:
         raise ValueError(f"{where} sets {owned[0]!r}, which the run owns: set {RUN_OWNED[owned[0]]} instead")
 
 
-def per_device_batch(cfg: TrainConfig, world_size: int) -> int:
-    """The batch one process runs at once: `batch_size`, or its share of `global_batch`."""
-    if cfg.global_batch is None:
-        return cfg.batch_size
-    share = cfg.accum_steps * world_size
-    if cfg.global_batch % share:
-        raise ValueError(f"global_batch {cfg.global_batch} is not divisible by accum_steps {cfg.accum_steps} × world "
-                         f"size {world_size} = {share}: pick a global batch that is a multiple of {share}")
-    return cfg.global_batch // share
-
-
 # %% [markdown]
-# A global batch is split over the processes and the accumulation steps; a learning rate read as text (as from a YAML
-# file or a shell variable) is refused. `tests/test_bad_input.py` checks the other refusals: unknown names, values out
+# A global batch is split over the processes and the accumulation steps, and each quantity that follows from the
+# batch settings has one formula, a method of the config that every part of the package uses: `per_device_batch`,
+# `images_per_step` (the global batch) and `steps_per_epoch`. A learning rate read as text (as from a YAML file or a
+# shell variable) is refused. `tests/test_bad_input.py` checks the other refusals: unknown names, values out
 # of range, a field another setting owns, a global batch that does not divide.
 
 # %%
-print("global batch 1024, per device:", per_device_batch(TrainConfig(global_batch=1024), 8), "on 8 GPUs,",
-      per_device_batch(TrainConfig(global_batch=1024, accum_steps=4), 1), "on 1 GPU with 4 accumulation steps")
+print("global batch 1024, per device:", TrainConfig(global_batch=1024).per_device_batch(8), "on 8 GPUs,",
+      TrainConfig(global_batch=1024, accum_steps=4).per_device_batch(1), "on 1 GPU with 4 accumulation steps")
+accumulated = TrainConfig(batch_size=32, accum_steps=4)
+assert accumulated.images_per_step() == 128 and accumulated.images_per_step(world_size=2) == 256
+assert accumulated.steps_per_epoch(1000) == 7 and accumulated.steps_per_epoch(1000, world_size=2) == 3
+print("batch 32 × 4 accumulation steps:", accumulated.images_per_step(), "images and",
+      accumulated.steps_per_epoch(1000), "optimiser steps per epoch of 1000 images on one process")
 print(expect_error(lambda: TrainConfig(lr="1e-3"), TypeError))
 
 # %% [markdown]

@@ -94,11 +94,12 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module, global_batch: int, steps
         optimizer, lambda t: deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr))
 
 
-def learning_rate_sum(cfg: TrainConfig, steps_per_epoch: int) -> float:
-    """The sum of the learning rates of every optimiser step of the run ``cfg``: about how far AdamW can move any
-    one parameter over the run (it moves each by at most about the learning rate per step)."""
+def learning_rate_sum(cfg: TrainConfig, steps_per_epoch: int, world_size: int = 1) -> float:
+    """The sum of the learning rates of every optimiser step of the run ``cfg`` on ``world_size`` processes: about
+    how far AdamW can move any one parameter over the run (it moves each by at most about the learning rate per
+    step). ``steps_per_epoch``: ``cfg.steps_per_epoch(train_images, world_size)``, or a run's own record of it."""
     total, warmup = steps_per_epoch * cfg.epochs, round(cfg.warmup_epochs * steps_per_epoch)
-    peak = scaled_lr(cfg.lr, cfg.global_batch or cfg.batch_size)
+    peak = scaled_lr(cfg.lr, cfg.images_per_step(world_size))
     return sum(deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr) for t in range(total))
 
 
@@ -134,6 +135,24 @@ for _ in range(30):
     schedule.step()
 assert rates == [deit_lr(t, 30, 10, scaled_lr(5e-4, 1024), cfg.min_lr, cfg.warmup_lr) for t in range(30)]
 print(f"30 steps: the optimiser's rate is deit_lr's at each, from {rates[0]:.0e} up to {max(rates):.0e}")
+
+# %% [markdown]
+# `learning_rate_sum` adds up those rates without running anything (chapter 28 uses it to compare runs). It takes
+# the global batch and the steps per epoch from the config's own methods, so it agrees with the schedule a run
+# builds also when a step accumulates micro-batches — here 4 of 32 images, 1000 training images, 3 epochs:
+
+# %%
+accumulated = TrainConfig(batch_size=32, accum_steps=4, epochs=3, warmup_epochs=1)
+per_epoch = accumulated.steps_per_epoch(1000)
+optimizer, schedule = build_optimizer(accumulated, nn.Linear(8, 2), accumulated.images_per_step(), per_epoch,
+                                      device=torch.device("cpu"))
+stepped = 0.0
+for _ in range(per_epoch * accumulated.epochs):
+    stepped += optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    schedule.step()
+assert abs(learning_rate_sum(accumulated, per_epoch) - stepped) <= 1e-12 * stepped
+print(f"{per_epoch} steps per epoch of 128 images: the rates of the schedule sum to {stepped:.4e}, as computed")
 
 # %% [markdown]
 # ## The loss, and hard distillation

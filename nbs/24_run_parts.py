@@ -282,10 +282,10 @@ print(message)
 #
 # DDP all-reduces the gradients in buckets; with `gradient_as_bucket_view` the gradients *are* views of those
 # buckets, which saves a copy of every gradient per step. By default DDP also sends rank 0's buffers to every
-# process before each forward, accumulation micro-steps included. A ConViT's only buffers are its `rel_indices`:
-# non-persistent constants that every process builds alike, 4.6 MB per forward at 224 px for nothing. So buffers
-# travel only when the model has state buffers, the ones a `state_dict` keeps, such as BatchNorm's running
-# statistics.
+# process before each forward, accumulation micro-steps included. The only buffers of a ConViT of PSA layers
+# (the App. A ablation) are its `rel_indices`: non-persistent constants that every process builds alike, 4.6 MB
+# per forward at 224 px for nothing (the fast GPSA holds none: it never builds P, chapter 06). So buffers travel
+# only when the model has state buffers, the ones a `state_dict` keeps, such as BatchNorm's running statistics.
 #
 # A compiled run spends its first step compiling, and a requeued job would compile again from nothing: torch's
 # compile cache sits in `/tmp` of a node that may be another one. `compile_cache` points the cache at the run's
@@ -320,25 +320,24 @@ def compile_cache(output: Path, compile: bool):
         del os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 # %% [markdown]
-# A ConViT's buffers are all constants, so DDP would not broadcast them; a model with BatchNorm has running
+# A PSA ConViT's buffers are all constants, so DDP would not broadcast them; a model with BatchNorm has running
 # statistics, which it would. (The check builds the real DDP on a one-process gloo group; a run of one process
 # gets no wrapper at all.) The compile cache is set inside the run and gone after it.
 
 # %%
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 two = World(0, 2, torch.device("cpu"), False)  # a world of two as DDP's flags are concerned
-convit = VisionTransformer(tiny.model_config(4, distilled=False))
+convit = VisionTransformer(replace(tiny, model_args={**tiny.model_args, "local_attention": "psa"}).model_config(4, distilled=False))
 with_bn = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
 wrapped = {name: wrap_model(m, two, compile=False)[0] for name, m in (("ConViT", convit), ("BatchNorm", with_bn))}
 dist.destroy_process_group()
 print({name: ddp.broadcast_buffers for name, ddp in wrapped.items()})
 assert not wrapped["ConViT"].broadcast_buffers and wrapped["BatchNorm"].broadcast_buffers
-convit_tiny = VisionTransformer(replace(tiny, model_args={}, img_size=224).model_config(1000, distilled=False))
-with torch.no_grad():
-    convit_tiny(torch.zeros(1, 3, 224, 224))  # builds each GPSA layer's rel_indices for the 14 x 14 grid
-buffer_mb = sum(b.numel() * b.element_size() for b in convit_tiny.buffers()) / 1e6
-print(f"ConViT-Ti at 224 px: {buffer_mb:.1f} MB of buffers that DDP would send before every forward")
+psa_tiny = replace(tiny, model_args={"local_attention": "psa"}, img_size=224).model_config(1000, distilled=False)
+buffer_mb = sum(b.numel() * b.element_size() for b in VisionTransformer(psa_tiny).buffers()) / 1e6
+print(f"PSA ConViT-Ti at 224 px: {buffer_mb:.1f} MB of buffers that DDP would send before every forward")
 assert round(buffer_mb, 1) == 4.6
+assert not list(VisionTransformer(replace(psa_tiny, local_attention="gpsa")).buffers())  # the fast GPSA: none
 assert wrap_model(convit, world, compile=False) == (convit, convit)
 yours = os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # as on a machine that does not set it
 with compile_cache(tmp / "run", compile=True):

@@ -19,7 +19,8 @@
 # The ConViT has about the DeiT's parameters and multiply-accumulates (Table 1), yet the official code and timm's port
 # train it at about half the DeiT's speed. Here: where that time goes, chapter 06's fast `GPSA` derived and measured
 # (one layer, resolution, whole model) against two targets: 2× the official layer, which this CPU's committed run meets
-# (at ConViT-Ti size only just), and 0.90× the DeiT's images/s, which it misses by a hair. Chapter 36 adds
+# (at ConViT-Ti size only just), and 0.90× the DeiT's images/s, which it reaches once the gate is folded into the
+# weights and P applied as two factors (chapter 06; chapter 36 measures it at batch 32). Chapter 36 adds
 # `torch.compile`, the peak, the data pipeline, `convit-edu bench`, the targets.
 
 # %% tags=["parameters"]
@@ -191,14 +192,15 @@ from convit_edu.gpsa_reference import GPSAReference
 class GPSAOfficialForm(GPSAReference):
     """GPSA (Eq. 6-7) as the official code and timm compute it, kept as the baseline of the speed target.
 
-    Like ``GPSAReference``, except that ``rel_indices`` is expanded to the batch, so ``pos_proj`` and the
-    positional softmax run once per image, and the normalisation is done in place. Same parameters and
-    outputs; train with ``GPSA``, read ``GPSAReference``.
+    Like ``GPSAReference``, except that ``qk`` and ``v`` are two matmuls, ``rel_indices`` is expanded to the
+    batch, so ``pos_proj`` and the positional softmax run once per image, and the normalisation is done in place.
+    Same parameters and outputs; train with ``GPSA``, read ``GPSAReference``.
     """
 
     def forward(self, x: Tensor, grid_size: tuple[int, int] | None = None) -> Tensor:
         grid = self._check_input(x, grid_size)
-        q, k, v = self._projections(x)
+        q, k = rearrange(self.qk(x), "b l (two h d) -> two b h l d", two=2, h=self.num_heads)
+        v = rearrange(self.v(x), "b l (h d) -> b h l d", h=self.num_heads)
         content = (q @ k.transpose(-2, -1) * self.head_dim**-0.5).softmax(dim=-1)
         rel = self._relative_positions(grid).expand(x.shape[0], -1, -1, -1)  # one copy per image
         scores = self.pos_proj(rel)  # (B, L, L, heads)
@@ -310,15 +312,17 @@ for i in (0, 4):
 # official form and over the reference, which already computes P once per forward:
 #
 # * **Denormal numbers** (chapter 05). Far keys get positional probabilities below 10⁻³⁸, and a CPU multiplies such
-#   denormal floats many times slower. `positional_softmax` sets them to zero for the reference and the fast layer;
-#   the official form, like the official code, keeps them, once per image. Before that flush the fast layer was
-#   *slower* than the reference at Ti size (chapter 36 keeps the figures): most of what looked like a slow
-#   fused-attention kernel was the P @ V products over denormals.
+#   denormal floats many times slower. `positional_softmax` sets them to zero for the reference, and the fast layer
+#   flushes its two factors the same way; the official form, like the official code, keeps them, once per image.
+#   Before that flush the fast layer was *slower* than the reference at Ti size (chapter 36 keeps the figures): most
+#   of what looked like a slow fused-attention kernel was the P @ V products over denormals.
 #
 # * **The shared work dominates.** The MHSA row (the linear maps and SDPA every form shares) bounds what *any* GPSA
-#   built on SDPA could gain here (the last line of each size). The fast form does *more* matmul arithmetic: three
-#   L × L products per head forward (Q Kᵀ and two with V) against two, and SDPA's fused backward recomputes Q Kᵀ; on a
-#   CPU, fusing saves memory traffic, not arithmetic. It wins only by skipping passes over B × H × L × L tensors.
+#   built on SDPA could gain here (the last line of each size). The fast form does the MHSA's work and a little
+#   more: P's two factors applied to V (2·L·(H + W)·d multiply-adds per head, a seventh of one L × L product on a
+#   14 × 14 grid), and SDPA's fused backward recomputes Q Kᵀ; on a CPU, fusing saves memory traffic, not
+#   arithmetic. It wins by skipping passes over B × H × L × L tensors, and by folding the gate into the weights
+#   (no pass over the batch's outputs to mix them).
 # * **Part of the win is memory, and it is noisy.** The materialising forms allocate fresh (B, H, L, L) buffers of
 #   20 MB (ConViT-Ti size, B = 32) each step; whenever the C allocator has returned such memory to the operating
 #   system, every page is faulted in and zeroed again, costing tens of milliseconds. The fast layer's working memory
@@ -328,8 +332,8 @@ for i in (0, 4):
 #
 # Memory does not depend on the mode, and barely on the CPU (1–2 % more on the AVX-512 Xeon; measured at 32 images, a
 # realistic per-device batch), so it is printed and checked in every mode: the reference saves several (B, H, L, L)
-# tensors per layer (the official form one more, its per-image positional softmax), the fast layer one (H, L, L) P for
-# the batch plus O(B·H·L·d) activations.
+# tensors per layer (the official form one more, its per-image positional softmax), the fast layer P's two factors,
+# (H, rows, rows) and (H, cols, cols), for the batch plus O(B·H·L·d) activations.
 
 # %%
 for row in layer_rows:

@@ -199,7 +199,7 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
     cfg = run_config(spec, folder, resume="auto")
     sets = scoring_sets(cfg)
     probe = torch.stack([sets["val"][i][0] for i in range(0, len(sets["val"]), max(1, len(sets["val"]) // 16))])
-    steps = cfg.epochs * (len(sets["train"]) // (cfg.global_batch or cfg.batch_size))
+    steps = cfg.epochs * cfg.steps_per_epoch(len(sets["train"]))
     recorder = LocalityRecorder(probe, every=max(1, steps // positive_int("records", records)),
                                 path=folder / "locality.json")
     result = train(cfg, callbacks=[recorder])
@@ -222,7 +222,7 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
         "hours": result.history[-1]["time_s"] / 3600,
         "gates_start": _gpsa_layer_means(recorder.records[0]["gates"]),
         "gates_end": _gpsa_layer_means(recorder.records[-1]["gates"])}
-    record.update(lr_sum=learning_rate_sum(cfg, len(sets["train"]) // (cfg.global_batch or cfg.batch_size)),
+    record.update(lr_sum=learning_rate_sum(cfg, cfg.steps_per_epoch(len(sets["train"]))),
                   val_curve=[[row["epoch"], row["val_top1"]] for row in result.history if "val_top1" in row])
     if correct is not None:
         record.update(test_top1=100 * correct.count("1") / len(correct), test_images=len(correct),
@@ -250,7 +250,7 @@ def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]
             how.add("finished runs")
             continue
         cfg = run_config(spec, output)
-        batch = cfg.global_batch or cfg.batch_size
+        batch = cfg.images_per_step()
         model = VisionTransformer(cfg.model_config(num_classes=cfg.classes or 10, distilled=False))
         speed = measure_model(model, batch, cfg.img_size, steps=2, num_classes=cfg.classes or 10,
                               device=resolve_device(cfg.device), precision=cfg.precision)["train_images_per_s"]

@@ -48,7 +48,7 @@ import tempfile
 # %% [markdown]
 # ## Sizes, phases and their results
 #
-# `CheckSizes.full()` is the GPU's work, at DESIGN §9's setting (224 px, bf16, batch 256, the paper's models).
+# `CheckSizes.full()` is the GPU's work, at the H100 targets' setting (224 px, bf16, batch 256, the paper's models).
 # `CheckSizes.smoke()` is the same work on a CPU: every model cut to 2 blocks of width 36, 32-px images, a few dozen.
 # A phase is a function of a `CheckContext` (sizes, a scratch folder, the environment, the budget's clock) that
 # returns a `PhaseResult`: PASS or FAIL for a claim, INFO for a measurement, SKIP with its reason.

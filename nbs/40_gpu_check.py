@@ -18,7 +18,7 @@
 #
 # Chapter 39 asked whether the GPU computes what the CPU does. This chapter asks how fast it trains, and what would
 # slow it: graph breaks, recompiles and host synchronisations, a short compiled training run, throughput against
-# DESIGN §9, and the real `convit-edu train` and `eval` on JPEGs with a resume. Then it puts every phase, chapter 39's
+# the targets set for one H100, and the real `convit-edu train` and `eval` on JPEGs with a resume. Then it puts every phase, chapter 39's
 # first, behind one command under one time budget: `convit-edu-check-gpu` (or `python -m convit_edu.gpu_check`). It
 # is a console script of its own, not a `convit-edu` sub-command: chapter 37's command line may import only the
 # modules of the chapters before it, and the check runs that command.
@@ -167,19 +167,19 @@ def check_compiled_train(ctx: CheckContext) -> PhaseResult:
 
 
 # %% [markdown]
-# ## Throughput against DESIGN §9
+# ## Throughput against the H100 targets
 #
 # The package's `measure_model` (chapter 27: a training step as `train` takes it and an inference forward, median
 # images/s of interleaved steps, peak memory) for ConViT and DeiT, eager then compiled (`compile=True`: the optimiser
 # then groups the model's own parameters for weight decay, not a compiled wrapper's, whose names hide `pos_embed`),
-# with what compiling added to the first training and inference steps (`compile_seconds`, chapter 36). §9's targets
+# with what compiling added to the first training and inference steps (`compile_seconds`, chapter 36). The targets
 # for one H100 — ConViT-S ≥ 6000 training images/s compiled in bf16 at 224 px, and ≥ 0.8× DeiT-S — are **estimates**
-# (`docs/reviews/gpu-readiness.md`), compared on a GPU only. The S models come before the JPEG runs, since the targets
+# (from a reading of the GPU paths, not from a measurement), compared on a GPU only. The S models come before the JPEG runs, since the targets
 # concern them; the Ti models and a batch sweep of ConViT-Ti come last.
 
 # %%
 #| export
-S_TARGETS = {"convit_small_images_per_s": 6000.0, "convit_vs_deit": 0.8}  # DESIGN §9, one H100, compiled: estimates
+S_TARGETS = {"convit_small_images_per_s": 6000.0, "convit_vs_deit": 0.8}  # one H100, bf16, compiled: estimates
 
 
 def _rates(ctx: CheckContext, name: str, batch: int, compiled: bool) -> dict:

@@ -115,7 +115,7 @@ def test_structure_names_and_parameter_count():
     assert (m.qkv.in_features, m.qkv.out_features, m.qkv.bias) == (192, 576, None)
     assert (m.proj.in_features, m.proj.out_features) == (192, 192) and m.proj.bias is not None
     assert set(m.state_dict()) == {"qkv.weight", "proj.weight", "proj.bias"}
-    assert sum(p.numel() for p in m.parameters()) == 147_648  # DESIGN.md §6
+    assert sum(p.numel() for p in m.parameters()) == 147_648  # 4·D² + D for D = 192: qkv without bias, proj with
     assert set(MHSA(192, 3, qkv_bias=True).state_dict()) == {"qkv.weight", "qkv.bias", "proj.weight", "proj.bias"}
 
 

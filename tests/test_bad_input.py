@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset
 from convit_edu import checkpoints, cli, evaluation, locality, training, zoo
 from convit_edu.augment import AugConfig
 from convit_edu.checkpoints import read_checkpoint
-from convit_edu.config import TrainConfig, per_device_batch, recipe
+from convit_edu.config import TrainConfig, recipe
 from convit_edu.datasets import build_datasets
 from convit_edu.loaders import build_loaders
 from convit_edu.samplers import RepeatAugSampler
@@ -61,7 +61,7 @@ API = [
     (lambda t: TrainConfig.from_dict({"learning_rate": 1e-3}), ValueError,
      "unknown setting\\(s\\) \\['learning_rate'\\]"),
     (lambda t: recipe("cifar10"), ValueError, "unknown recipe 'cifar10': choose one of deit"),
-    (lambda t: per_device_batch(TrainConfig(global_batch=100), 3), ValueError, "global_batch 100 is not divisible"),
+    (lambda t: TrainConfig(global_batch=100).per_device_batch(3), ValueError, "global_batch 100 is not divisible"),
     (lambda t: zoo.create_model("convit_tiny")(torch.zeros(1, 3, 224, 224, dtype=torch.uint8)), TypeError,
      "got torch.uint8: pass x.float\\(\\) / 255"),
     (lambda t: zoo.create_model("convit_tiny")(torch.zeros(1, 3, 224, 224, dtype=torch.float64)), TypeError,

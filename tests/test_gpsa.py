@@ -86,7 +86,7 @@ def test_learned_gates_saturating_reach_the_pure_forms():
     _, fast = pair()
     x = torch.randn(1, 16, 48)
     with torch.no_grad():
-        fast.gating_param.fill_(40.0)  # sigma = 1 to float precision
+        fast.gating_param.fill_(400.0)  # sigma = 1 to float precision (and e^400 is no fp32 number)
     fast_pos = fast(x)
     fast.gate_override = 1.0
     torch.testing.assert_close(fast_pos, fast(x))
@@ -147,20 +147,27 @@ def test_rel_indices_is_not_saved_and_is_rebuilt_for_each_grid():
     assert set(fast.state_dict()) == {
         "qk.weight", "v.weight", "proj.weight", "proj.bias", "pos_proj.weight", "pos_proj.bias", "gating_param"
     }
+    ref(torch.randn(1, 84, 48), (7, 12))
+    a = ref.rel_indices.clone()
+    ref(torch.randn(1, 84, 48), (12, 7))
+    assert not torch.equal(a, ref.rel_indices)  # same L, other grid: rebuilt
+    torch.testing.assert_close(ref.rel_indices, rel_indices(12, 7))
     fast(torch.randn(1, 84, 48), (7, 12))
-    a = fast.rel_indices.clone()
-    fast(torch.randn(1, 84, 48), (12, 7))
-    assert not torch.equal(a, fast.rel_indices)  # same L, other grid: rebuilt
+    assert fast.rel_indices is None  # the fast forward applies P as its factors, from pos_proj alone
+    fast(torch.randn(1, 84, 48), (12, 7), return_attention=True)  # asked for P: built
     torch.testing.assert_close(fast.rel_indices, rel_indices(12, 7))
 
 
 @pytest.mark.parametrize("cls", [GPSA, GPSAReference, PSA])
-def test_a_layer_told_its_grid_builds_rel_indices_at_construction(cls):
+def test_a_layer_told_its_grid_builds_rel_indices_at_construction_when_its_forward_reads_them(cls):
     layer = cls(48, 4, grid_size=(3, 5))
+    if cls is GPSA:  # the fast forward applies P as two factors made from pos_proj alone
+        assert layer.rel_indices is None
+        layer(torch.randn(1, 15, 48), (3, 5), return_attention=True)  # asked for P: built
     torch.testing.assert_close(layer.rel_indices, rel_indices(3, 5), rtol=0, atol=0)
     assert "rel_indices" not in layer.state_dict()
     assert cls(48, 4).rel_indices is None  # no grid given: built at the first forward
-    layer(torch.randn(1, 15, 48), (5, 3))  # another grid: rebuilt
+    layer(torch.randn(1, 15, 48), (5, 3), return_attention=True)  # another grid: rebuilt
     torch.testing.assert_close(layer.rel_indices, rel_indices(5, 3), rtol=0, atol=0)
     layer.double()  # moves with the layer
     assert layer.rel_indices.dtype == torch.float64
@@ -174,7 +181,7 @@ def test_layer_moved_to_another_dtype_after_a_forward_still_works():
     fast(x)
     fast.double()
     y = fast(x.double())
-    assert y.dtype == torch.float64 and fast.rel_indices.dtype == torch.float64
+    assert y.dtype == torch.float64 and fast(x.double(), return_attention=True)[1].dtype == torch.float64
     torch.testing.assert_close(y.float(), ref(x), rtol=1e-5, atol=1e-6)
 
 
@@ -207,14 +214,73 @@ def test_bad_input_is_refused_with_the_value_named(cls):
 
 
 def test_fast_gpsa_builds_no_batch_sized_attention_tensor():
-    """The positional attention is applied once per forward: nothing of size B x heads x L x L is saved."""
+    """The positional attention is applied once per forward as its two factors: nothing of size heads x L x L
+    (let alone B x heads x L x L) is saved."""
     _, fast = pair()
     x = torch.randn(8, 36, 48, requires_grad=True)
     shapes = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(t.shape) or t, lambda t: t):
         fast(x, (6, 6))
-    assert all(s.numel() < 8 * 4 * 36 * 36 for s in shapes), shapes
-    assert any(tuple(s) == (4, 36, 36) for s in shapes)  # P, once for the whole batch
+    assert not any(tuple(s[-2:]) == (36, 36) for s in shapes), shapes
+    assert any(tuple(s) == (4, 6, 6) for s in shapes)  # Py and Px, once for the whole batch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("grid", GRIDS + [(7, 12)])
+def test_positional_factors_multiply_to_the_positional_softmax(grid, dtype):
+    ref, fast = pair(dtype=dtype)
+    perturb(ref, scale=0.3)
+    fast.load_state_dict(ref.state_dict())
+    py, px = fast.positional_factors(grid)
+    assert py.shape == (4, grid[0], grid[0]) and px.shape == (4, grid[1], grid[1]) and py.dtype == dtype
+    kron = torch.einsum("hik,hjl->hijkl", py, px).reshape(4, grid[0] * grid[1], -1)
+    assert rel_err(kron, ref.positional_softmax(grid)) <= (1e-6 if dtype == torch.float32 else 1e-13)
+
+
+class OpNames(torch.utils._python_dispatch.TorchDispatchMode):
+    """The names of the aten operations run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_gate_is_folded_into_the_weights_in_fp32_and_bf16_and_lerp_mixes_in_fp16_or_with_an_override():
+    _, fast = pair()
+    x = torch.randn(2, 16, 48, requires_grad=True)
+    seen = {}
+    for case, precision, override in [("fp32", None, None), ("bf16", torch.bfloat16, None),
+                                      ("fp16", torch.float16, None), ("override", None, 0.3)]:
+        fast.gate_override = override
+        with OpNames() as ops, torch.autocast("cpu", dtype=precision or torch.bfloat16, enabled=precision is not None):
+            fast(x).sum().backward()
+        seen[case] = "lerp" in ops.names
+    assert seen == {"fp32": False, "bf16": False, "fp16": True, "override": True}
+
+
+def test_every_parameter_of_the_fast_layer_gets_a_gradient():
+    """DDP (find_unused_parameters=False) expects every parameter used, pos_proj.bias included."""
+    _, fast = pair()
+    fast(torch.randn(2, 16, 48)).square().sum().backward()
+    assert all(p.grad is not None for p in fast.parameters())
+
+
+@pytest.mark.parametrize("gates", [[-12.0, -6.0, 6.0, 12.0], [-200.0, -60.0, 60.0, 200.0]])
+def test_gates_far_from_zero_stay_exact_in_fp32_and_finite_in_fp16(gates):
+    ref, fast = pair()
+    perturb(ref, gates=gates)
+    fast.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 15, 48)
+    with torch.no_grad():
+        want = ref(x, (3, 5))
+        assert rel_err(fast(x, (3, 5)), want) <= 1e-5
+        with torch.autocast("cpu", dtype=torch.float16):
+            y16 = fast(x, (3, 5))
+    assert torch.isfinite(y16).all() and rel_err(y16.float(), want) <= 3e-3
 
 
 def test_fast_gpsa_content_term_goes_through_sdpa(monkeypatch):

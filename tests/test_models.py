@@ -307,9 +307,10 @@ def test_model_runs_on_other_sizes_and_aspect_ratios(name, size):
     model = seeded(name).eval()
     with torch.no_grad():
         assert model(images(*size)).shape == (1, 1000)
+        record = model.forward_features(images(*size), return_attention=True)
     rows, cols = size[0] // 16, size[1] // 16
-    for layer in model.local_layers:
-        assert layer.rel_indices.shape[-3:] == (rows * cols, rows * cols, 3)
+    assert record.grid_size == (rows, cols)
+    assert all(a.shape[-2:] == (rows * cols, rows * cols) for a in record.attentions[: len(model.local_layers)])
 
 
 def test_training_at_another_size_builds_pos_embed_for_it():
@@ -341,15 +342,21 @@ def test_cifar_sized_inputs_work(name):
     assert small.pos_embed.shape[1] == 64 + (1 if name.startswith("deit") else 0)  # an 8x8 grid
 
 
-def test_a_convit_holds_rel_indices_for_its_grid_from_construction_and_saves_none():
-    model = seeded("convit_tiny", img_size=(64, 96), patch_size=16, depth=3, local_up_to_layer=2)
+@pytest.mark.parametrize("local_attention", ["gpsa_reference", "psa", "gpsa"])
+def test_a_convit_holds_rel_indices_for_its_grid_from_construction_when_its_layers_read_them_and_saves_none(
+        local_attention):
+    model = seeded("convit_tiny", img_size=(64, 96), patch_size=16, depth=3, local_up_to_layer=2,
+                   local_attention=local_attention)
     for layer in model.local_layers:
-        assert layer.rel_indices.shape == (4 * 6, 4 * 6, 3)
+        if local_attention == "gpsa":  # the fast GPSA applies P as two factors made from pos_proj alone
+            assert layer.rel_indices is None
+        else:
+            assert layer.rel_indices.shape == (4 * 6, 4 * 6, 3)
     assert not any(key.endswith("rel_indices") for key in model.state_dict())
 
 
 def test_compiled_convit_trains_two_steps_with_one_compilation():
-    """rel_indices exists before the first forward, so the first step's graph serves the second (no recompile)."""
+    """No buffer is built by a forward, so the first step's graph serves the second (no recompile)."""
     model = seeded("convit_tiny", img_size=32, patch_size=8, embed_dim=48, depth=3, local_up_to_layer=2,
                    num_classes=10)
     graphs = []

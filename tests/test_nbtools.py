@@ -1,4 +1,4 @@
-"""The notebook tooling: export, pairing, running and the `check` that CI relies on (DESIGN.md §4)."""
+"""The notebook tooling: export, pairing, running and the `check` that CI relies on."""
 
 import importlib.util
 import re

@@ -27,7 +27,7 @@ from convit_edu import checkpoints, devices, distributed, evaluation, optimisati
 from convit_edu.callbacks import Callback
 from convit_edu.gpsa_reference import gate_means
 from convit_edu.checkpoints import read_checkpoint, save_checkpoint
-from convit_edu.config import RECIPES, TrainConfig, per_device_batch, recipe
+from convit_edu.config import RECIPES, TrainConfig, recipe
 from convit_edu.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -272,6 +272,29 @@ def test_non_finite_weights_are_never_saved_and_the_message_names_the_last_good_
     assert ckpt["step"] == 5 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
 
 
+class RecordRates(Callback):
+    """The learning rate each optimiser step used (a step's end sees the schedule already moved to the next)."""
+
+    def on_train_begin(self, state):
+        self.rates = [state.optimizer.param_groups[0]["lr"]]
+
+    def on_step_end(self, state):
+        self.rates.append(state.optimizer.param_groups[0]["lr"])
+
+
+def test_learning_rate_sum_with_accumulation_equals_the_sum_of_the_rates_a_run_steps_with(tmp_path):
+    from convit_edu.optimisation import learning_rate_sum
+
+    cfg = config(tmp_path, epochs=3, batch_size=2, accum_steps=4, warmup_epochs=1.0, ema_decay=None)
+    train_set = make_data()[0]
+    rates = RecordRates()
+    train(cfg, model=make_model(), datasets=make_data(), callbacks=[rates])
+    per_epoch = cfg.steps_per_epoch(len(train_set))
+    used = rates.rates[:-1]  # the last entry is the rate after the last step
+    assert len(used) == per_epoch * cfg.epochs and cfg.images_per_step() == 8
+    assert learning_rate_sum(cfg, per_epoch) == pytest.approx(sum(used), rel=1e-9)
+
+
 class StopAtEpochEnd(Callback):
     def on_epoch_end(self, state):
         state.stop = state.epoch == 1
@@ -386,7 +409,7 @@ def test_hard_distillation_with_a_tiny_random_teacher_trains(tmp_path):
 
 def test_bad_settings_fail_early_naming_the_value(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="global_batch 100 is not divisible by accum_steps 1 × world size 8"):
-        per_device_batch(TrainConfig(global_batch=100), 8)
+        TrainConfig(global_batch=100).per_device_batch(8)
     with pytest.raises(ValueError, match="unknown precision 'fp8': choose one of auto, fp32, bf16, fp16"):
         config(tmp_path, precision="fp8")
     with pytest.raises(ValueError, match="fewer than one optimiser step of batch 128"):
@@ -427,7 +450,7 @@ def test_every_recipe_is_a_valid_config_and_cifar_keeps_its_global_batch_at_any_
         TrainConfig(**recipe(name))
     cifar = TrainConfig(**recipe("cifar100-32"))
     assert cifar.global_batch == 128 and cifar.aug == "pad-crop-flip" and cifar.model_args == {"patch_size": 4}
-    assert [per_device_batch(cifar, world) for world in (1, 2, 8)] == [128, 64, 16]
+    assert [cifar.per_device_batch(world) for world in (1, 2, 8)] == [128, 64, 16]
     with pytest.raises(ValueError, match="unknown recipe 'cifar10'"):
         recipe("cifar10")
 
