@@ -35,10 +35,10 @@ from convit_edu.benchmarks import (
     train_step,
     training_model,
 )
-from convit_edu.checkpoints import write_json
 from convit_edu.config import TrainConfig
 from convit_edu.datasets import build_datasets
 from convit_edu.devices import resolve_device, resolve_precision
+from convit_edu.files import write_json
 from convit_edu.loaders import benchmark_loader
 from convit_edu.models import VisionTransformer
 from convit_edu.training import train

@@ -15,8 +15,8 @@ from fastprogress.fastprogress import IN_NOTEBOOK, ConsoleMasterBar, ConsoleProg
 from matplotlib.figure import Figure
 from torch import nn
 
-from convit_edu.checkpoints import atomic_write
 from convit_edu.config import TrainConfig
+from convit_edu.files import atomic_write
 
 __all__ = ['TrainState', 'Callback', 'TrainResult', 'Progress', 'write_logs', 'plot_history']
 

@@ -4,25 +4,21 @@
 # (then run `python -m convit_edu._nbtools export`).
 
 import argparse
-import json
 import math
-import os
 import random
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any, Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from convit_edu.files import atomic_write
 from convit_edu.layers import resize_pos_embed
 from convit_edu.models import VisionTransformer
 from convit_edu.zoo import MODEL_ZOO
 
-__all__ = ['load_file', 'read_state_dict', 'guess_architecture', 'load_weights', 'CHECKPOINT_FORMAT', 'atomic_write', 'write_json', 'save_checkpoint', 'keep_as', 'read_checkpoint', 'rng_states', 'set_rng_states']
+__all__ = ['load_file', 'read_state_dict', 'guess_architecture', 'load_weights', 'CHECKPOINT_FORMAT', 'save_checkpoint', 'read_checkpoint', 'rng_states', 'set_rng_states']
 
 
 # %% nbs/11_checkpoints.py 8
@@ -145,53 +141,13 @@ def load_weights(
     return model
 
 
-# %% nbs/11_checkpoints.py 16
+# %% nbs/11_checkpoints.py 19
 CHECKPOINT_FORMAT = "convit-edu-train-1"
-
-
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
-    """Write the file `path` atomically: `write(f)` fills a temporary file beside it (`.NAME.….tmp`), which is
-    flushed to disk and renamed over `path`. Every file a run writes (checkpoints, logs, results, cached file
-    lists) goes through here, so a crash at any moment leaves the old file or the new one, never half of one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
-
-
-def write_json(path: str | Path, value: Any) -> Path:
-    """`value` as JSON in `path`, atomically, its folders made: the one writer of a run's records and results
-    (a grid's records and summary, benchmark results)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, lambda f: f.write((json.dumps(value, indent=1, default=str) + "\n").encode()))
 
 
 def save_checkpoint(checkpoint: dict, path: str | Path) -> Path:
     """Write `checkpoint` to `path` atomically (`atomic_write`)."""
     return atomic_write(path, lambda f: torch.save(checkpoint, f))
-
-
-def keep_as(path: str | Path, kept: str | Path) -> Path:
-    """Make `kept` a second name of the file `path`, atomically: a hard link, which writes no bytes (a run keeps
-    its best epoch's `last.pt` as `best.pt` so; `last.pt` is later replaced by a new file, never rewritten in
-    place, so `kept` keeps these bytes). Where the file system has no hard links, an atomic copy."""
-    path, kept = Path(path), Path(kept)
-    tmp = kept.with_name(f".{kept.name}.link.tmp")  # a `*.tmp` left by a kill is removed when a run starts
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(path, tmp)
-    except OSError:  # no hard links here (some network and FAT file systems)
-        with open(path, "rb") as source:
-            return atomic_write(kept, lambda f: shutil.copyfileobj(source, f))
-    os.replace(tmp, kept)
-    return kept
 
 
 def read_checkpoint(path: str | Path) -> dict:
@@ -204,7 +160,7 @@ def read_checkpoint(path: str | Path) -> dict:
     return ckpt
 
 
-# %% nbs/11_checkpoints.py 17
+# %% nbs/11_checkpoints.py 20
 def rng_states() -> dict:
     """The states of torch's (CPU), numpy's and python's generators, as tensors, numbers and tuples: what a
     checkpoint saves under "rng" and loads with `weights_only=True`."""

@@ -17,13 +17,13 @@ from torch.utils.data import Dataset, Subset
 
 from convit_edu.augment import build_transforms
 from convit_edu.benchmarks import measure_model
-from convit_edu.checkpoints import write_json
 from convit_edu.checks import positive_int
 from convit_edu.config import TrainConfig
 from convit_edu.datasets import ImageFolderDataset, subsample_per_class
 from convit_edu.devices import autocast, resolve_device
 from convit_edu.evaluation import evaluate
 from convit_edu.experiment_design import ABLATIONS, RunSpec
+from convit_edu.files import write_json
 from convit_edu.loaders import build_loader
 from convit_edu.locality import LocalityRecorder, plot_gate_history, plot_nonlocality_history, read_locality
 from convit_edu.models import VisionTransformer

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from convit_edu.checkpoints import atomic_write, write_json
 from convit_edu.checks import one_of
 from convit_edu.config import TrainConfig
 from convit_edu.dali import dali_available
 from convit_edu.devices import autocast, resolve_precision
+from convit_edu.files import atomic_write, write_json
 from convit_edu.gpsa import GPSA
 from convit_edu.gpsa_reference import GPSAReference
 from convit_edu.optimisation import train_loss

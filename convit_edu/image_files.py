@@ -25,7 +25,7 @@ from PIL import Image
 from torchvision import datasets
 from torchvision.datasets.utils import calculate_md5, check_integrity, download_url
 
-from convit_edu.checkpoints import atomic_write
+from convit_edu.files import atomic_write
 
 __all__ = ['IMG_EXTENSIONS', 'load_rgb', 'first_readable', 'file_list_cache', 'IMAGEFOLDER_HINT', 'Listing', 'cached_listing', 'verify_md5', 'socket_timeout', 'download_verified', 'extract_atomically', 'extract_tiny_imagenet_zip', 'extract_course_tar']
 

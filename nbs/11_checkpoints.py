@@ -35,25 +35,23 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # %%
 #| export
 import argparse
-import json
 import math
-import os
 import random
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any, Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from convit_edu.files import atomic_write
 from convit_edu.layers import resize_pos_embed
 from convit_edu.models import VisionTransformer
 from convit_edu.zoo import MODEL_ZOO
 
 # %%
+import tempfile
+
 import torch
 
 from convit_edu.checks import expect_error
@@ -275,8 +273,18 @@ for name in ("deit_tiny", "convit_tiny"):
 # pickled code runs when you open a checkpoint someone sent you).
 
 # %%
-#| export
-CHECKPOINT_FORMAT = "convit-edu-train-1"
+#| export files
+# Files written whole or not at all: atomic writes, JSON, a second name for a file. The package's ground floor: it
+# imports nothing of the package, so the data wing (chapter 12 on) stands on it without standing on the models.
+
+# %%
+#| export files
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import IO, Any, Callable
 
 
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
@@ -303,11 +311,6 @@ def write_json(path: str | Path, value: Any) -> Path:
     return atomic_write(path, lambda f: f.write((json.dumps(value, indent=1, default=str) + "\n").encode()))
 
 
-def save_checkpoint(checkpoint: dict, path: str | Path) -> Path:
-    """Write `checkpoint` to `path` atomically (`atomic_write`)."""
-    return atomic_write(path, lambda f: torch.save(checkpoint, f))
-
-
 def keep_as(path: str | Path, kept: str | Path) -> Path:
     """Make `kept` a second name of the file `path`, atomically: a hard link, which writes no bytes (a run keeps
     its best epoch's `last.pt` as `best.pt` so; `last.pt` is later replaced by a new file, never rewritten in
@@ -322,6 +325,20 @@ def keep_as(path: str | Path, kept: str | Path) -> Path:
             return atomic_write(kept, lambda f: shutil.copyfileobj(source, f))
     os.replace(tmp, kept)
     return kept
+
+
+# %% [markdown]
+# These three live in `convit_edu/files.py`, the package's ground floor, not in `checkpoints.py`: the data wing writes
+# files too (chapter 12's cached file lists), and should not have to import the models to do it.
+
+# %%
+#| export
+CHECKPOINT_FORMAT = "convit-edu-train-1"
+
+
+def save_checkpoint(checkpoint: dict, path: str | Path) -> Path:
+    """Write `checkpoint` to `path` atomically (`atomic_write`)."""
+    return atomic_write(path, lambda f: torch.save(checkpoint, f))
 
 
 def read_checkpoint(path: str | Path) -> dict:

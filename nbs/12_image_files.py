@@ -80,7 +80,7 @@ from PIL import Image
 from torchvision import datasets
 from torchvision.datasets.utils import calculate_md5, check_integrity, download_url
 
-from convit_edu.checkpoints import atomic_write
+from convit_edu.files import atomic_write
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 _MAX_CONSECUTIVE_BAD = 32  # more unreadable files in a row than this means a broken dataset, not a bad file

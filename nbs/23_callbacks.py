@@ -43,7 +43,7 @@ from fastprogress.fastprogress import IN_NOTEBOOK, ConsoleMasterBar, ConsoleProg
 from matplotlib.figure import Figure
 from torch import nn
 
-from convit_edu.checkpoints import atomic_write
+from convit_edu.files import atomic_write
 from convit_edu.config import TrainConfig
 
 # %%

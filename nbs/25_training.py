@@ -75,11 +75,12 @@ from torch.optim.swa_utils import AveragedModel
 
 from convit_edu.augment import build_mixup
 from convit_edu.callbacks import Callback, Progress, TrainResult, TrainState, plot_history, write_logs
-from convit_edu.checkpoints import CHECKPOINT_FORMAT, keep_as, rng_states, save_checkpoint
+from convit_edu.checkpoints import CHECKPOINT_FORMAT, rng_states, save_checkpoint
 from convit_edu.config import TrainConfig
 from convit_edu.devices import autocast, resolve_precision
 from convit_edu.distributed import StopSignals, World, all_reduce, init_world, run_on_main
 from convit_edu.evaluation import evaluate, finish_batch
+from convit_edu.files import keep_as
 from convit_edu.gpsa_reference import gate_means
 from convit_edu.loaders import DeviceTransforms
 from convit_edu.optimisation import build_optimizer, check_resume, seed_step, train_loss, update_ema

@@ -43,7 +43,7 @@ from torch.utils.data import Dataset, Subset
 
 from convit_edu.augment import build_transforms
 from convit_edu.benchmarks import measure_model
-from convit_edu.checkpoints import write_json
+from convit_edu.files import write_json
 from convit_edu.checks import positive_int
 from convit_edu.config import TrainConfig
 from convit_edu.datasets import ImageFolderDataset, subsample_per_class

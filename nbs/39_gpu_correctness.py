@@ -70,7 +70,7 @@ from pathlib import Path
 
 import torch
 
-from convit_edu.checkpoints import atomic_write, write_json
+from convit_edu.files import atomic_write, write_json
 from convit_edu.checks import one_of
 from convit_edu.config import TrainConfig
 from convit_edu.dali import dali_available

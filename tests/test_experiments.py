@@ -10,7 +10,7 @@ import pytest
 from convit_edu.config import TrainConfig, config_from_words
 from convit_edu.experiment_design import (ABLATIONS, RunSpec, Scale, ablation_grid, commands_script,
                                           sample_efficiency_grid, sample_efficiency_scale, train_command, unique_runs)
-from convit_edu.checkpoints import write_json
+from convit_edu.files import write_json
 from convit_edu.experiments import collect, expected_hours, read_run, run_config, run_grid
 from convit_edu.tables import format_table_2, format_table_3, relative_gain, table_2, table_3, unseen_top1
 

@@ -137,6 +137,38 @@ def test_the_package_import_graph_is_one_way():
     assert graph["training"] >= {"config", "distributed", "optimisation", "loaders"}  # the graph was read at all
 
 
+def import_depth(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each module's longest chain of package imports, itself first."""
+    chains: dict[str, list[str]] = {}
+
+    def chain(name: str) -> list[str]:
+        if name not in chains:
+            chains[name] = [name] + max((chain(m) for m in sorted(graph[name])), key=len, default=[])
+        return chains[name]
+
+    for name in graph:
+        chain(name)
+    return chains
+
+
+def test_the_import_graph_is_at_most_14_deep_and_the_data_wing_stands_beside_the_models():
+    graph = package_imports()
+    chains = import_depth(graph)
+    longest = max(chains.values(), key=len)
+    assert len(longest) <= 14, " <- ".join(longest)
+    assert graph["files"] == set()  # the ground floor imports nothing of the package
+    below_data = set(chains["datasets"]) | set(chains["image_files"])
+    assert not below_data & {"models", "gpsa", "checkpoints", "zoo"}, below_data
+
+
+def test_a_deeper_import_graph_would_be_caught(monkeypatch):
+    deep = {f"m{i}": {f"m{i + 1}"} for i in range(14)} | {"m14": set(), "files": set(), "datasets": set(),
+                                                          "image_files": set()}
+    monkeypatch.setattr(sys.modules[__name__], "package_imports", lambda: deep)
+    with pytest.raises(AssertionError, match="m0 <- m1"):
+        test_the_import_graph_is_at_most_14_deep_and_the_data_wing_stands_beside_the_models()
+
+
 def test_a_cycle_in_the_import_graph_would_be_caught(monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "package_imports", lambda: {"a": {"b"}, "b": {"a"}})
     with pytest.raises(AssertionError, match="circular imports: a -> b -> a"):
@@ -148,8 +180,10 @@ def chapter_imports() -> list[tuple[str, int, str, int]]:
     from each chapter's `#| default_exp` line and its imports (`from convit_edu.X import`, `import convit_edu.X`,
     `from convit_edu import X`)."""
     chapters = sorted((ROOT / "nbs").glob("[0-9][0-9]_*.py"))
-    owner = {m.group(1): int(p.name[:2]) for p in chapters
-             if (m := re.search(r"^#\| default_exp (\w+)", p.read_text(), re.M))}
+    owner: dict[str, int] = {}  # a module's first chapter: its `#| default_exp`, or a cell's `#| export MODULE`
+    for p in chapters:
+        for module in re.findall(r"^#\| (?:default_exp|export) (\w+)", p.read_text(), re.M):
+            owner.setdefault(module, int(p.name[:2]))
     found = []
     for p in chapters:
         text = p.read_text()
