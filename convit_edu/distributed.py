@@ -9,6 +9,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from importlib import resources
 from typing import Any, Callable
 
 import torch
@@ -144,40 +145,4 @@ class StopSignals:
 
 
 # %% nbs/21_distributed.py 21
-SBATCH_SCRIPT = r"""#!/bin/bash
-#SBATCH --job-name=convit_small
-#SBATCH --nodes=4
-#SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node=8
-#SBATCH --cpus-per-task=64
-#SBATCH --time=24:00:00
-#SBATCH --signal=B:USR1@300
-#SBATCH --requeue
-#SBATCH --open-mode=append
-#SBATCH --output=slurm-%j.out
-
-# five minutes before the time limit: stop the step (every rank saves last.pt), then requeue the job
-requeue=0
-trap 'requeue=1; kill -TERM "$step" 2>/dev/null' USR1
-
-head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-# torchrun's grace period between SIGTERM and SIGKILL of its workers: four minutes to write last.pt. Recent torch
-# reads this variable (its --shutdown-timeout option is unknown to older torchrun, which would refuse to start);
-# older torch ignores it and gives a fixed 30 s, in which the checkpoint must then be written.
-export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=240
-srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=8 \
-    --rdzv-backend=c10d --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" \
-    -m convit_edu.cli train --preset imagenet --model convit_small \
-    --data-root /datasets/imagenet --num-workers 8 --output runs/convit_small --resume auto &
-step=$!
-status=0
-wait "$step" || status=$?
-while kill -0 "$step" 2>/dev/null; do  # the trap interrupted `wait`: the step is still saving
-    status=0
-    wait "$step" || status=$?
-done
-if [ "$requeue" = 1 ]; then
-    scontrol requeue "$SLURM_JOB_ID"
-fi
-exit "$status"
-"""
+SBATCH_SCRIPT = resources.files("convit_edu") / "slurm" / "convit_small.sbatch"  # a file of the package

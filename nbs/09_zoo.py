@@ -59,7 +59,7 @@ _ = torch.manual_seed(0)
 # %%
 #| export
 _CONVIT = dict(local_up_to_layer=10, locality_strength=1.0, qkv_bias=False)
-_DEIT = dict(local_up_to_layer=0, qkv_bias=True, class_token_pos_embed=True)
+_DEIT_MODEL = dict(local_up_to_layer=0, qkv_bias=True, class_token_pos_embed=True)
 
 MODEL_ZOO: dict[str, ModelConfig] = {  # Table 1: (num_heads, embed_dim); depth 12, patch 16, 224 px
     "convit_tiny": ModelConfig(num_heads=4, embed_dim=192, **_CONVIT),
@@ -68,12 +68,12 @@ MODEL_ZOO: dict[str, ModelConfig] = {  # Table 1: (num_heads, embed_dim); depth 
     "convit_tiny_plus": ModelConfig(num_heads=4, embed_dim=256, **_CONVIT),
     "convit_small_plus": ModelConfig(num_heads=9, embed_dim=576, **_CONVIT),
     "convit_base_plus": ModelConfig(num_heads=16, embed_dim=1024, **_CONVIT),
-    "deit_tiny": ModelConfig(num_heads=3, embed_dim=192, **_DEIT),
-    "deit_small": ModelConfig(num_heads=6, embed_dim=384, **_DEIT),
-    "deit_base": ModelConfig(num_heads=12, embed_dim=768, **_DEIT),
-    "deit_tiny_plus": ModelConfig(num_heads=4, embed_dim=256, **_DEIT),
-    "deit_small_plus": ModelConfig(num_heads=9, embed_dim=576, **_DEIT),
-    "deit_base_plus": ModelConfig(num_heads=16, embed_dim=1024, **_DEIT),
+    "deit_tiny": ModelConfig(num_heads=3, embed_dim=192, **_DEIT_MODEL),
+    "deit_small": ModelConfig(num_heads=6, embed_dim=384, **_DEIT_MODEL),
+    "deit_base": ModelConfig(num_heads=12, embed_dim=768, **_DEIT_MODEL),
+    "deit_tiny_plus": ModelConfig(num_heads=4, embed_dim=256, **_DEIT_MODEL),
+    "deit_small_plus": ModelConfig(num_heads=9, embed_dim=576, **_DEIT_MODEL),
+    "deit_base_plus": ModelConfig(num_heads=16, embed_dim=1024, **_DEIT_MODEL),
 }
 
 

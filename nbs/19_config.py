@@ -276,14 +276,14 @@ print(expect_error(lambda: TrainConfig(lr="1e-3"), TypeError))
 
 # %%
 #| export
-_DEIT = dict(epochs=300, global_batch=1024, lr=5e-4, min_lr=1e-5, warmup_lr=1e-6, warmup_epochs=5.0,
+_DEIT_RECIPE = dict(epochs=300, global_batch=1024, lr=5e-4, min_lr=1e-5, warmup_lr=1e-6, warmup_epochs=5.0,
              weight_decay=0.05, drop_path_rate=0.1, img_size=224, aug="deit", repeats=3, ema_decay=None, clip_grad=None)
 
 RECIPES: dict[str, dict[str, Any]] = {
-    "deit": _DEIT,
-    "imagenet": {**_DEIT, "data": "imagefolder", "data_root": "data/imagenet"},
-    "cifar100-224": {**_DEIT, "data": "cifar100"},
-    "cifar100-32": {**_DEIT, "data": "cifar100", "aug": "pad-crop-flip", "img_size": 32,
+    "deit": _DEIT_RECIPE,
+    "imagenet": {**_DEIT_RECIPE, "data": "imagefolder", "data_root": "data/imagenet"},
+    "cifar100-224": {**_DEIT_RECIPE, "data": "cifar100"},
+    "cifar100-32": {**_DEIT_RECIPE, "data": "cifar100", "aug": "pad-crop-flip", "img_size": 32,
                     "model_args": {"patch_size": 4}, "global_batch": 128, "repeats": 1},
     "sample-efficiency": {  # chapter 31's CPU-scale Table 2, over the defaults (not DeiT's batch or repeats)
         "model": "deit_tiny", "model_args": {"patch_size": 8, "embed_dim": 72, "num_heads": 9, "depth": 6},

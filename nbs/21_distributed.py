@@ -252,48 +252,18 @@ print(f"received {stop.received} as a flag; the previous SIGTERM handler is rest
 # ### A SLURM batch script
 #
 # Five minutes before its time limit SLURM signals the batch script, which stops the job step (every rank saves
-# `last.pt`) and requeues the job; `--resume auto` continues it. Chapter 38 walks through launching at every
-# scale and checks this script's commands.
+# `last.pt`) and requeues the job; `--resume auto` continues it. The script is a file of the package,
+# `convit_edu/slurm/convit_small.sbatch` (`SBATCH_SCRIPT` is its path: copy it, edit the paths, `sbatch` it);
+# chapter 38 walks through launching at every scale and checks its commands.
 
 # %%
 #| export
-SBATCH_SCRIPT = r"""#!/bin/bash
-#SBATCH --job-name=convit_small
-#SBATCH --nodes=4
-#SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node=8
-#SBATCH --cpus-per-task=64
-#SBATCH --time=24:00:00
-#SBATCH --signal=B:USR1@300
-#SBATCH --requeue
-#SBATCH --open-mode=append
-#SBATCH --output=slurm-%j.out
+from importlib import resources
 
-# five minutes before the time limit: stop the step (every rank saves last.pt), then requeue the job
-requeue=0
-trap 'requeue=1; kill -TERM "$step" 2>/dev/null' USR1
+SBATCH_SCRIPT = resources.files("convit_edu") / "slurm" / "convit_small.sbatch"  # a file of the package
 
-head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-# torchrun's grace period between SIGTERM and SIGKILL of its workers: four minutes to write last.pt. Recent torch
-# reads this variable (its --shutdown-timeout option is unknown to older torchrun, which would refuse to start);
-# older torch ignores it and gives a fixed 30 s, in which the checkpoint must then be written.
-export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=240
-srun torchrun --nnodes="$SLURM_NNODES" --nproc_per_node=8 \
-    --rdzv-backend=c10d --rdzv-endpoint="$head:29500" --rdzv-id="$SLURM_JOB_ID" \
-    -m convit_edu.cli train --preset imagenet --model convit_small \
-    --data-root /datasets/imagenet --num-workers 8 --output runs/convit_small --resume auto &
-step=$!
-status=0
-wait "$step" || status=$?
-while kill -0 "$step" 2>/dev/null; do  # the trap interrupted `wait`: the step is still saving
-    status=0
-    wait "$step" || status=$?
-done
-if [ "$requeue" = 1 ]; then
-    scontrol requeue "$SLURM_JOB_ID"
-fi
-exit "$status"
-"""
+# %%
+print(SBATCH_SCRIPT.read_text())
 
 # %% [markdown]
 # The two delays have to nest: torchrun's grace for the workers to write `last.pt` must end before the job's
@@ -302,7 +272,8 @@ exit "$status"
 # %%
 import re
 
-warning = int(re.search(r"--signal=B:USR1@(\d+)", SBATCH_SCRIPT).group(1))
-grace = int(re.search(r"TORCH_ELASTIC_SHUTDOWN_TIMEOUT=(\d+)", SBATCH_SCRIPT).group(1))
+script = SBATCH_SCRIPT.read_text()
+warning = int(re.search(r"--signal=B:USR1@(\d+)", script).group(1))
+grace = int(re.search(r"TORCH_ELASTIC_SHUTDOWN_TIMEOUT=(\d+)", script).group(1))
 assert warning == 5 * 60 and grace < warning, (warning, grace)
 print(f"SLURM warns {warning} s before the limit; the workers get {grace} s to write last.pt")

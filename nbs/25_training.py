@@ -166,7 +166,7 @@ class Trainer:
                                                          world.device)
         self.scaler = torch.amp.GradScaler(world.device.type, enabled=self.precision == "fp16")
         self.ema = AveragedModel(self.model, use_buffers=True) if cfg.ema_decay else None  # see `update_ema`
-        self.ddp, self.forward = wrap_model(self.model, world, cfg.compile)  # forward: what the step calls
+        self.wrapped, self.step_model = wrap_model(self.model, world, cfg.compile)
         self.state = TrainState(cfg, self.model, self.optimizer, world.rank, world.world_size, self.steps_per_epoch)
         self.best_top1, self.data_wait = -1.0, 0.0  # data_wait: seconds this epoch's steps waited for the loader
         self.compile_s, self.compiled = 0.0, False  # seconds of this epoch's first compiled step; done yet?
@@ -205,7 +205,7 @@ class Trainer:
         self.loaders = build_run_loaders(cfg, world, aug, train_set, val_set, self.batch_size, self.num_workers)
         self.val_batches, self.num_classes = self.loaders.val, len(classes)  # this process's, workers kept
         self.mixup = build_mixup(aug, len(classes)) if aug else None
-        self.finish = DeviceTransforms(aug) if aug else None  # normalises and erases the uint8 batches on the device
+        self.device_transforms = DeviceTransforms(aug) if aug else None  # normalise and erase uint8 batches there
         self.smoothing = aug.label_smoothing if aug else 0.0
 
     def step(self, batches: Iterator) -> None:
@@ -219,15 +219,15 @@ class Trainer:
             images, labels = next(batches)
             self.data_wait += time.perf_counter() - t0  # the host blocked on the loader: a starving device
             images, targets = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-            images = finish_batch(images, self.finish, train=True)
+            images = finish_batch(images, self.device_transforms, train=True)
             if self.mixup is not None:
                 images, targets = self.mixup(images, targets)
-            sync = micro == cfg.accum_steps - 1 or self.ddp is self.model  # DDP: all-reduce the last one's gradients
-            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+            sync = micro == cfg.accum_steps - 1 or self.wrapped is self.model  # DDP: all-reduce the last one's gradients
+            with contextlib.nullcontext() if sync else self.wrapped.no_sync():
                 with autocast(device, self.precision):
                     with torch.no_grad():
                         teacher_logits = self.teacher(images) if self.teacher is not None else None
-                    loss = train_loss(self.forward(images), targets, teacher_logits, self.smoothing)
+                    loss = train_loss(self.step_model(images), targets, teacher_logits, self.smoothing)
                 self.scaler.scale(loss / cfg.accum_steps).backward()
             losses.append(loss.detach().float())
         loss = torch.stack(losses).mean()
@@ -333,7 +333,7 @@ class Trainer:
         world = self.world
         models = {"val": self.model, **({"ema": self.ema.module} if self.ema is not None else {})}
         result = evaluate(models, self.val_batches, device=world.device, precision=self.precision,
-                          finish=self.finish)
+                          finish=self.device_transforms)
         scores = {f"{name}_{key}": value for name, metrics in result.items() for key, value in metrics.items()}
         return {**scores, "gates": gate_means(self.model)}
 

@@ -62,7 +62,8 @@ torch.set_printoptions(precision=4, sci_mode=False)
 #     --data-root /datasets/imagenet --output runs/convit_small --resume auto
 # ```
 #
-# **Many nodes under SLURM.** `SBATCH_SCRIPT` below asks for 4 nodes of 8 GPUs, starts one `torchrun` per node
+# **Many nodes under SLURM.** The package's batch script, `convit_edu/slurm/convit_small.sbatch` (`SBATCH_SCRIPT`
+# is its path), asks for 4 nodes of 8 GPUs, starts one `torchrun` per node
 # with `srun`, and lets them meet through the c10d rendezvous on the first node. What makes it safe:
 #
 # * *The time limit.* SLURM sends USR1 to the batch shell five minutes before the limit (`--signal=B:USR1@300`).
@@ -89,7 +90,8 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # train …` with `MASTER_ADDR`/`MASTER_PORT` exported — works too: chapter 21 reads SLURM's variables.)
 
 # %%
-print(SBATCH_SCRIPT)
+script = SBATCH_SCRIPT.read_text()  # convit_edu/slurm/convit_small.sbatch
+print(script)
 
 # %% [markdown]
 # What the installed torch's launcher makes of the script's setting (torchrun builds this `LaunchConfig` from its
@@ -100,7 +102,7 @@ print(SBATCH_SCRIPT)
 # (the grace period depends on the installed torch)
 from torch.distributed.launcher.api import LaunchConfig
 
-setting = SBATCH_SCRIPT.split("export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=")[1].split()[0]
+setting = script.split("export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=")[1].split()[0]
 os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = setting
 try:
     launch = LaunchConfig(min_nodes=4, max_nodes=4, nproc_per_node=8)
@@ -119,7 +121,7 @@ COMMANDS = [
     "train --preset cifar100-32 --model convit_tiny --epochs 1 --warmup-epochs 0 --output runs/quickstart",
     "train --preset imagenet --model convit_tiny --accum-steps 8 --output runs/convit_tiny",
     "train --preset imagenet --model convit_small --data-root /datasets/imagenet --output runs/convit_small --resume auto",
-    "train " + SBATCH_SCRIPT.split(" train ", 1)[1].split("&")[0].replace("\\\n", " "),  # the sbatch script's
+    "train " + script.split(" train ", 1)[1].split("&")[0].replace("\\\n", " "),  # the sbatch script's
 ]
 for command in COMMANDS:
     out = io.StringIO()

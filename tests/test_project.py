@@ -274,3 +274,12 @@ def test_every_core_chapter_has_exercises_whose_checks_are_shown_failing():
         failing = sum("WrongAnswer)" in text[m.end() : m.end() + 400] for m in shown)
         assert 2 <= solutions <= 4, f"{stem}: {solutions} exercises, the course wants 2 to 4"
         assert failing >= solutions, f"{stem}: {solutions} exercises but {failing} checks shown failing"
+
+
+def test_the_sbatch_script_is_a_file_the_package_ships():
+    from convit_edu.distributed import SBATCH_SCRIPT
+
+    assert SBATCH_SCRIPT.read_text().startswith("#!/bin/bash\n#SBATCH")
+    shipped = pyproject()["tool"]["setuptools"]["package-data"]["convit_edu"]
+    assert any(Path(SBATCH_SCRIPT.name).match(pattern.split("/")[-1]) for pattern in shipped)
+    assert f"convit_edu/slurm/{SBATCH_SCRIPT.name}" in (ROOT / "README.md").read_text()

@@ -864,8 +864,8 @@ def test_the_runs_own_datasets_ship_uint8_and_a_uint8_batch_needs_its_finish(tmp
                       batch_size=8, num_workers=0, precision="fp32", progress="none", output=str(tmp_path))
     trainer = training.Trainer(cfg, distributed.World(0, 1, torch.device("cpu"), False))
     images, _ = next(iter(trainer.loaders.train))
-    assert images.dtype == torch.uint8 and trainer.finish is not None
-    assert finish_batch(images, trainer.finish, train=True).dtype == torch.float32
+    assert images.dtype == torch.uint8 and trainer.device_transforms is not None
+    assert finish_batch(images, trainer.device_transforms, train=True).dtype == torch.float32
     with pytest.raises(ValueError, match="pass finish=DeviceTransforms"):
         finish_batch(images, None, train=False)
     floats = torch.rand(2, 3, 16, 16)
