@@ -402,3 +402,39 @@ check_psa_attend(psa_attend)
 print("psa_attend equals softmax(QKᵀ/√d + scores)·V, and PSA's forward")
 print(expect_error(lambda: check_psa_attend(lambda q, k, v, s: psa_attend(q, k, v, s / q.shape[-1] ** 0.5)),
                    WrongAnswer))
+
+# %% [markdown]
+# **3. P as two factors.** Write `apply_factors(py, px, v)`: P·V for every image and head, where
+# P = P^y ⊗ P^x is given by its factors `py` (N_h, H, H) and `px` (N_h, W, W) and `v` is (B, N_h, L = H·W, d),
+# tokens row-major — without building the (L, L) matrix. Hint: view each head's values as (H, W, d); P^x mixes
+# along W, P^y along H.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def apply_factors(py: torch.Tensor, px: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    grid = v.unflatten(2, (py.shape[-1], px.shape[-1]))  # (B, N_h, H, W, d)
+    return torch.einsum("hik,hjl,bhkld->bhijd", py, px, grid).flatten(2, 3)
+
+
+# %%
+# your answer: def apply_factors(py, px, v): ...
+
+# %%
+def check_apply_factors(fn) -> None:
+    torch.manual_seed(7)
+    layer = GPSA(24, 4)
+    with torch.no_grad():
+        layer.pos_proj.weight.add_(torch.randn_like(layer.pos_proj.weight))  # a non-symmetric P
+    py, px = (f.detach() for f in layer.positional_factors((3, 5)))
+    v = torch.randn(2, 4, 15, 6)
+    want = layer.positional_softmax((3, 5)).detach() @ v
+    got = fn(py, px, v)
+    check_answer(isinstance(got, torch.Tensor) and got.shape == want.shape,
+                 f"apply_factors should return (B, N_h, L, d) = {tuple(want.shape)}")
+    check_answer(torch.allclose(got, want, atol=1e-5), "token t = row·W + col: P^y mixes the rows (query row i, key "
+                 "row k), P^x the columns, each head with its own factors")
+
+
+check_apply_factors(apply_factors)
+print("apply_factors equals P @ V on a 3 x 5 grid")
+print(expect_error(lambda: check_apply_factors(lambda py, px, v: apply_factors(torch.eye(3).expand_as(py), px, v)),
+                   WrongAnswer))  # the rows not mixed
