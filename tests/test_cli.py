@@ -308,7 +308,7 @@ def run_sbatch_script(tmp_path, steps: int, usr1: bool):
     for name, text in (("srun", STAND_IN_SRUN), ("scontrol", STAND_IN_SCONTROL)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    (tmp_path / "job.sbatch").write_text(SBATCH_SCRIPT)
+    (tmp_path / "job.sbatch").write_text(SBATCH_SCRIPT.read_text())  # the file the package ships
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STAND_INS": str(tmp_path), "STEPS": str(steps),
            "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2"}
     job = subprocess.Popen(["bash", str(tmp_path / "job.sbatch")], env=env, cwd=tmp_path)
@@ -366,7 +366,8 @@ def test_every_torchrun_option_of_the_sbatch_script_and_the_readme_is_one_torch_
 
     assert TORCHRUN_2_4_OPTIONS <= {option for action in get_args_parser()._actions for option in action.option_strings}
     readme = (ROOT / "README.md").read_text()
-    commands = torchrun_options(SBATCH_SCRIPT) + torchrun_options(readme)
+    script = SBATCH_SCRIPT.read_text()
+    commands = torchrun_options(script) + torchrun_options(readme)
     assert len(commands) == 3 and all(options[-1] == "-m" for options in commands), commands
     assert {option for options in commands for option in options} <= TORCHRUN_2_4_OPTIONS
-    assert "\nexport TORCH_ELASTIC_SHUTDOWN_TIMEOUT=240\n" in SBATCH_SCRIPT  # the grace period, as a variable
+    assert "\nexport TORCH_ELASTIC_SHUTDOWN_TIMEOUT=240\n" in script  # the grace period, as a variable
