@@ -538,18 +538,34 @@ def check_notebook(stem: Path, root: Path) -> list[str]:
     return problems
 
 
+def module_owners(root: Path) -> dict[str, str]:
+    """Each exported module and the notebook (``.py``) that exports it, by ``#| default_exp`` or ``#| export
+    MODULE``; an error naming both when two notebooks export into one module, since an export writes each
+    notebook's modules whole and the later would silently replace the earlier."""
+    owners: dict[str, str] = {}
+    for stem in notebook_stems(root):
+        py = stem.with_suffix(".py")
+        for line in py.read_text().splitlines() if py.exists() else []:
+            m = DIRECTIVE.match(line)
+            if m and (m.group(1) == "default_exp" or (m.group(1) == "export" and m.group(2))):
+                owner = owners.setdefault(m.group(2), py.name)
+                if owner != py.name:
+                    raise NbToolsError(
+                        f"convit_edu/{m.group(2)}.py is exported by {owner} and by {py.name}: a module comes from "
+                        f"one chapter; export the cells of {py.name} into a module of their own"
+                    )
+    return owners
+
+
 def check(root: Path) -> list[str]:
     """Every problem that would make CI fail, each with the command that fixes it; [] when clean."""
     problems = []
-    exported = set()
     for stem in notebook_stems(root):
         problems += check_notebook(stem, root)
-        py = stem.with_suffix(".py")
-        if py.exists():
-            for line in py.read_text().splitlines():
-                m = DIRECTIVE.match(line)
-                if m and (m.group(1) == "default_exp" or (m.group(1) == "export" and m.group(2))):
-                    exported.add(m.group(2))
+    try:
+        exported = set(module_owners(root))
+    except NbToolsError as e:
+        return problems + [str(e)]
     for module in sorted((root / "convit_edu").glob("*.py")):
         head = module.read_text().split("\n", 4)[:4]
         if any(line.startswith(GENERATED_MARK) for line in head) and module.stem not in exported:
@@ -578,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"FAIL {p}")
             print(f"{len(problems)} problem(s) in {len(notebook_stems(root))} notebook(s)")
             return 1 if problems else 0
+        if args.command == "export":
+            module_owners(root)  # before writing anything: no module exported by two notebooks
         for stem in resolve_stems(root, args.notebooks):
             if args.command == "sync":
                 done = sync(stem)

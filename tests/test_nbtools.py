@@ -136,6 +136,22 @@ def test_export_name_sends_a_cell_into_another_module_with_its_own_docstring_and
     assert any("convit_edu/shapes.py differs" in p for p in nbt.check(root))
 
 
+def test_a_module_exported_by_two_notebooks_is_refused_by_export_and_check(tmp_path, capsys, monkeypatch):
+    root = make_project(tmp_path, OTHER_MODULE)
+    (root / "nbs" / "02_more.py").write_text(SOURCE.replace("#| default_exp toy", "#| default_exp more").replace(
+        "# # Toy chapter", "# # More") + "\n# %%\n#| export shapes\nsquare = 4\n")
+    for stem in ("01_toy", "02_more"):
+        nbt.sync(root / "nbs" / stem)
+        fake_clean_run(root / "nbs" / f"{stem}.ipynb")
+    with pytest.raises(nbt.NbToolsError, match="shapes.py is exported by 01_toy.py and by 02_more.py"):
+        nbt.module_owners(root)
+    assert any("shapes.py is exported by 01_toy.py and by 02_more.py" in p for p in nbt.check(root))
+    monkeypatch.chdir(root)
+    assert nbt.main(["export"]) == 1
+    assert "exported by 01_toy.py and by 02_more.py" in capsys.readouterr().err
+    assert not (root / "convit_edu" / "shapes.py").exists()  # refused before anything was written
+
+
 def test_export_name_refuses_a_bad_module_name(tmp_path):
     root = make_project(tmp_path, SOURCE + "\n# %%\n#| export Bad-Name\nx = 1\n")
     with pytest.raises(nbt.NbToolsError, match="bad module name 'Bad-Name'"):
