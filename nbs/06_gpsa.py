@@ -81,7 +81,7 @@ _ = torch.manual_seed(0)
 # sum over the keys of the grid is a sum over its rows times a sum over its columns. P (L × L) is the
 # Kronecker product P^y ⊗ P^x of a softmax over the rows (H × H) and one over the columns (W × W). Applying
 # it to V is then two small products — along the columns with P^x, then along the rows with P^y — of
-# 2·L·(H + W) multiply-adds per channel instead of L²: for a 14 × 14 grid, 7 times fewer. `positional_factors`
+# L·(H + W) multiply-adds per channel instead of L²: for a 14 × 14 grid, 7 times fewer. `positional_factors`
 # builds the two factors (each row of each a softmax over one axis, without denormals), and the forward never
 # builds P.
 #

@@ -319,7 +319,7 @@ for i in (0, 4):
 #
 # * **The shared work dominates.** The MHSA row (the linear maps and SDPA every form shares) bounds what *any* GPSA
 #   built on SDPA could gain here (the last line of each size). The fast form does the MHSA's work and a little
-#   more: P's two factors applied to V (2·L·(H + W)·d multiply-adds per head, a seventh of one L × L product on a
+#   more: P's two factors applied to V (L·(H + W)·d multiply-adds per head, a seventh of one L × L product on a
 #   14 × 14 grid), and SDPA's fused backward recomputes Q Kᵀ; on a CPU, fusing saves memory traffic, not
 #   arithmetic. It wins by skipping passes over B × H × L × L tensors, and by folding the gate into the weights
 #   (no pass over the batch's outputs to mix them).

@@ -486,11 +486,12 @@ for label, value, target in targets:
 #   at every L (1.06× to 4.61×), the reference from L = 144 on (up to 3.24×).
 # - *Model throughput* (target ≥ 0.90×): **met** — ConViT-Ti trained at 0.95× DeiT-Ti's images/s (batch 32, one thread,
 #   median of 5 interleaved steps) [earlier runs today: 0.96× and 0.92×; the utilisation cell above, 3 steps: 0.91×
-#   (0.85× and 0.89× earlier); two threads, batch 32, median of 10 interleaved steps (`model_throughput`), four runs:
+#   (0.89× in the run before, 0.85× at batch 8); two threads, batch 32, median of 10 interleaved steps (`model_throughput`), four runs:
 #   0.92–0.93×, against 0.86–0.90× for four runs of the code before the fold and the factors; this suite before them,
 #   batch 8: 0.86× and 0.88×; Xeon, before them: 0.80×, not measured since], far above timm's ConViT (0.42–0.57× its
-#   DeiT). What ConViT-Ti does beyond DeiT-Ti is now small: P's two factors (about 1 % of the model's multiply-adds)
-#   and four heads of 48 channels where DeiT-Ti has three of 64 (SDPA's kernel is less efficient on narrower heads).
+#   DeiT). What ConViT-Ti does beyond DeiT-Ti is now small: P's two factors (L·(H + W)·D multiply-adds per layer,
+#   which chapter 09's FLOP counter checks: under 1 % of the model's) and four heads of 48 channels where DeiT-Ti has
+#   three of 64 (SDPA's kernel is less efficient on narrower heads).
 #   The 64-px row, one timed step of 2 images, is noise (1.04× here, 0.70× and 0.97× before). ConViT-S, wider than
 #   DeiT-S (432 vs 384; bound 0.80×), measured 0.85× here with a noise of 0.16 [0.76× and 0.78×; Xeon 0.70×]. Ti
 #   models: 0.72 and 0.76 of the matmul peak [Xeon 0.49 and 0.61].
