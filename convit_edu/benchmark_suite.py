@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from convit_edu.augment import build_transforms
 from convit_edu.benchmarks import (
+    benchmark_loader,
     device_timer,
     format_table,
     gpsa_layer_bench,
@@ -39,7 +40,6 @@ from convit_edu.config import TrainConfig
 from convit_edu.datasets import build_datasets
 from convit_edu.devices import resolve_device, resolve_precision
 from convit_edu.files import write_json
-from convit_edu.loaders import benchmark_loader
 from convit_edu.models import VisionTransformer
 from convit_edu.training import train
 from convit_edu.zoo import count_macs, model_config

@@ -14,16 +14,19 @@ import torch
 
 from convit_edu.augment import AugConfig, build_mixup, build_transforms
 from convit_edu.benchmark_suite import BenchSizes, bench_model, pipeline_bench, run_benchmarks, save_results
-from convit_edu.checkpoints import read_checkpoint, read_state_dict
+from convit_edu.benchmarks import benchmark_loader
+from convit_edu.checkpoints import read_state_dict
 from convit_edu.checks import number, positive_int
-from convit_edu.config import TrainConfig, add_config_flags, config_from_args, parse_key_value, recipe
+from convit_edu.config import TrainConfig, recipe
+from convit_edu.config_words import add_config_flags, config_from_args, parse_key_value
 from convit_edu.datasets import ARCHIVE_VARIABLE, TINY_IMAGENET_URL, build_datasets, tiny_imagenet
 from convit_edu.devices import PRECISIONS, resolve_device, resolve_precision
 from convit_edu.evaluation import evaluate
 from convit_edu.experiment_design import ABLATIONS, ablation_grid, sample_efficiency_grid, sample_efficiency_scale
 from convit_edu.experiments import fixed_test_split, run_grid
-from convit_edu.loaders import benchmark_loader, default_num_workers
+from convit_edu.loaders import default_num_workers
 from convit_edu.models import VisionTransformer
+from convit_edu.run_state import read_checkpoint
 from convit_edu.training import train
 from convit_edu.zoo import mask_at_test_time
 

@@ -13,7 +13,7 @@ import torch
 
 from convit_edu.augment import RANDAUGMENT_MAX_MAGNITUDE, AugConfig
 from convit_edu.datasets import ImageFolderDataset
-from convit_edu.samplers import seed_from
+from convit_edu.samplers import seed_from, val_shard
 
 __all__ = ['LOADERS', 'DALI_INSTALL', 'dali_available', 'dali_train_pipeline', 'dali_eval_pipeline', 'DaliLoaders', 'DaliEvalBatches']
 
@@ -122,8 +122,8 @@ class DaliLoaders:
         order = np.random.default_rng(seed).permutation(len(train_set.samples))
         self.files = [train_set.samples[i][0] for i in order]
         self.labels = [train_set.samples[i][1] for i in order]
-        self.val = DaliEvalBatches([p for p, _ in val_set.samples[rank::num_replicas]],
-                                   [t for _, t in val_set.samples[rank::num_replicas]], cfg, batch_size=2 * batch_size,
+        shard = [val_set.samples[i] for i in val_shard(len(val_set.samples), rank, num_replicas)]
+        self.val = DaliEvalBatches([p for p, _ in shard], [t for _, t in shard], cfg, batch_size=2 * batch_size,
                                    device_id=device_id, num_threads=num_threads)
         self.cfg, self.batch_size, self.num_threads, self.device_id = cfg, batch_size, num_threads, device_id
         self.rank, self.num_replicas, self.seed = rank, num_replicas, seed

@@ -10,12 +10,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
+from convit_edu.augment import DeviceTransforms, finish_batch
 from convit_edu.devices import autocast, resolve_precision
 from convit_edu.distributed import all_reduce
-from convit_edu.loaders import DeviceTransforms, build_loader
+from convit_edu.loaders import build_loader
+from convit_edu.samplers import val_shard
 from convit_edu.zoo import mask_at_test_time
 
-__all__ = ['evaluate', 'finish_batch', 'masking_table', 'format_masking']
+__all__ = ['evaluate', 'masking_table', 'format_masking']
 
 
 # %% nbs/22_evaluation.py 8
@@ -30,7 +32,7 @@ def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset | Iterabl
     device = torch.device(device)
     precision = resolve_precision(precision, device)
     if isinstance(dataset, Dataset):
-        part = Subset(dataset, range(rank, len(dataset), world_size))
+        part = Subset(dataset, val_shard(len(dataset), rank, world_size))
         loader = build_loader(part, batch_size, None, num_workers=num_workers, seed=0, drop_last=False,
                               pin_memory=device.type == "cuda")  # its workers ignore SIGTERM, as training's do
     else:  # this process's batches already (the DALI loader's `val`)
@@ -63,18 +65,7 @@ def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset | Iterabl
     return scores if isinstance(model, dict) else scores[""]
 
 
-def finish_batch(images: torch.Tensor, finish: DeviceTransforms | None, train: bool) -> torch.Tensor:
-    """A batch on the device ready for the model: uint8 images normalised (and, for training, erased) by
-    `finish`; float images, already prepared by their dataset's transform, as they are."""
-    if images.dtype != torch.uint8:
-        return images
-    if finish is None:
-        raise ValueError("the dataset gives uint8 images (build_transforms(cfg, on_device=True)) but no "
-                         "DeviceTransforms was given to normalise them: pass finish=DeviceTransforms(cfg)")
-    return finish.train(images) if train else finish.eval(images)
-
-
-# %% nbs/22_evaluation.py 12
+# %% nbs/22_evaluation.py 14
 def masking_table(model: nn.Module, dataset: Dataset, layer_counts: list[int] = (), **eval_kwargs) -> dict[str, float]:
     """Top-1 (%) of ``model`` on ``dataset`` with nothing masked ("no mask"), with the absolute positional
     embedding masked ("mask pos embed", Table 5), and for each k of ``layer_counts`` with the content

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from convit_edu.checks import one_of, positive_int
-from convit_edu.config import RECIPES, TrainConfig, config_to_words, resolve_config
+from convit_edu.config import RECIPES, TrainConfig, resolve_config
+from convit_edu.config_words import config_to_words
 from convit_edu.datasets import ImageFolderDataset, check_fraction, scaled_epochs
 
 __all__ = ['RunSpec', 'train_command', 'Ablation', 'ABLATIONS', 'Scale', 'sample_efficiency_grid', 'ablation_grid', 'unique_runs', 'commands_script', 'sample_efficiency_scale']
@@ -49,7 +50,7 @@ class RunSpec:
 
 def train_command(spec: RunSpec, results: str | Path, launcher: str = "python -m convit_edu.cli") -> str:
     """The shell command that trains ``spec`` into ``results/spec.name``: ``train``, then the words of its config
-    (``config.config_to_words``: ``--preset`` and the flags of what differs from the recipe).
+    (``config_words.config_to_words``: ``--preset`` and the flags of what differs from the recipe).
 
     ``launcher`` runs the CLI: ``python -m convit_edu.cli`` (or ``convit-edu``) on one machine,
     ``torchrun --nproc_per_node=8 -m convit_edu.cli`` on a GPU node; environment assignments may lead it

@@ -11,10 +11,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from convit_edu.checks import positive_int
-from convit_edu.gpsa_reference import gate_means
 from convit_edu.models import VisionTransformer
 
-__all__ = ['param_groups', 'deit_lr', 'evaluate', 'fit']
+__all__ = ['param_groups', 'deit_lr', 'loss_and_accuracy', 'fit']
 
 
 # %% nbs/10_fit.py 16
@@ -40,7 +39,7 @@ def deit_lr(step: int, total_steps: int, warmup_steps: int, peak_lr: float, min_
 
 # %% nbs/10_fit.py 24
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader) -> dict:
+def loss_and_accuracy(model: nn.Module, loader: DataLoader) -> dict:
     """Mean cross-entropy (`loss`) and top-1 accuracy in % (`top1`) of `model` over `loader`'s images; the
     model's train/eval mode is restored afterwards."""
     device, was_training = next(model.parameters()).device, model.training
@@ -85,10 +84,10 @@ def fit(model: VisionTransformer, train_loader: DataLoader, val_loader: DataLoad
             optimizer.step()
             losses.append(loss.item())
             step += 1
-        val = evaluate(model, val_loader)
+        val = loss_and_accuracy(model, val_loader)
         history.append({"epoch": epoch, "train_loss": sum(losses) / len(losses), "val_loss": val["loss"],
                         "val_top1": val["top1"], "lr": deit_lr(step, *schedule),
-                        "gates": gate_means(model)})
+                        "gates": model.gate_means()})
         print(f"epoch {epoch}/{epochs}: train loss {history[-1]['train_loss']:.3f}, val loss {val['loss']:.3f}, "
               f"val top-1 {val['top1']:.1f} %")
     return history

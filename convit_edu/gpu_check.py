@@ -28,7 +28,8 @@ from torch._dynamo.utils import counters
 from convit_edu.benchmark_suite import compile_seconds
 from convit_edu.benchmarks import device_timer, measure_model, model_steps
 from convit_edu.checks import number
-from convit_edu.config import TrainConfig, config_to_words
+from convit_edu.config import TrainConfig
+from convit_edu.config_words import config_to_words
 from convit_edu.devices import autocast
 from convit_edu.distributed import init_world
 from convit_edu.gpu_correctness import (
@@ -41,7 +42,7 @@ from convit_edu.gpu_correctness import (
     collect_environment,
     run_check,
 )
-from convit_edu.run_parts import check_output
+from convit_edu.run_records import check_output
 from convit_edu.training import Trainer
 
 __all__ = ['check_graph_breaks', 'fit_watched', 'check_host_syncs', 'check_compiled_train', 'S_TARGETS', 'check_throughput_small', 'make_jpegs', 'run_cli', 'check_jpeg_runs', 'PHASES', 'main']

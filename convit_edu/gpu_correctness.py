@@ -27,7 +27,7 @@ from convit_edu.files import atomic_write, write_json
 from convit_edu.gpsa import GPSA
 from convit_edu.gpsa_reference import GPSAReference
 from convit_edu.optimisation import train_loss
-from convit_edu.run_parts import versions
+from convit_edu.run_records import versions
 from convit_edu.zoo import create_model, model_config
 
 __all__ = ['STATUSES', 'CheckSizes', 'PhaseResult', 'CheckContext', 'collect_environment', 'check_env', 'LIMITS', 'exact_fp32', 'check_step_vs_cpu', 'check_gpsa', 'run_phase', 'summary_text', 'run_check']

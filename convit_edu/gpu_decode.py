@@ -18,7 +18,7 @@ from torchvision.transforms import v2
 from convit_edu.augment import AugConfig, build_transforms
 from convit_edu.datasets import ImageFolderDataset
 from convit_edu.loaders import DataLoaders, build_loader
-from convit_edu.samplers import KeyedSampler, RepeatAugSampler, SeededSamples
+from convit_edu.samplers import KeyedSampler, RepeatAugSampler, SeededSamples, val_shard
 
 __all__ = ['RANDAUGMENT_SPACE', 'OP_CODES', 'UNREADABLE', 'resized_crops', 'DeviceRecipe', 'JpegFiles', 'JpegBatches', 'DecodedBatches', 'GpuDecodeLoaders', 'build_gpu_decode_loaders']
 
@@ -163,6 +163,7 @@ def build_gpu_decode_loaders(train_set: ImageFolderDataset, val_set: ImageFolder
         return build_loader(JpegBatches(files), 1, batches, num_workers=num_workers, seed=seed, drop_last=False)
 
     train = feed(SeededSamples(JpegFiles(train_set.samples, recipe), seed), BatchSampler(sampler, batch_size, True))
-    val = feed(JpegFiles(val_set.samples), BatchSampler(range(rank, len(val_set), num_replicas), 2 * batch_size, False))
+    val_batches = BatchSampler(val_shard(len(val_set), rank, num_replicas), 2 * batch_size, False)
+    val = feed(JpegFiles(val_set.samples), val_batches)
     return GpuDecodeLoaders(DecodedBatches(train, recipe.train_view, device, train_set.samples),
                             DecodedBatches(val, recipe.eval_view, device, val_set.samples), sampler)

@@ -13,12 +13,12 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from convit_edu.callbacks import Callback, TrainState
 from convit_edu.checkpoints import read_state_dict
 from convit_edu.checks import one_of, positive_int
-from convit_edu.gpsa_reference import gate_values
+from convit_edu.gated_attention import gate_values
 from convit_edu.models import VisionTransformer
 from convit_edu.positional import rel_indices
+from convit_edu.run_state import Callback, TrainState
 
 __all__ = ['patch_distances', 'nonlocality', 'NONLOCALITY_INPUTS', 'model_nonlocality', 'gates', 'LocalityRecorder', 'read_locality', 'plot_nonlocality_history', 'plot_gate_history']
 

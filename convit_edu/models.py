@@ -222,6 +222,11 @@ class VisionTransformer(nn.Module):
             return self.cls_token.new_zeros(0, self.config.num_heads)
         return torch.stack([layer.gate() for layer in layers])
 
+    def gate_means(self) -> list[float]:
+        """The mean σ(λ) over the heads of each GPSA layer, in layer order (``gates()`` averaged; one read of the
+        device): what a run logs per epoch."""
+        return self.gates().float().mean(dim=1).tolist()
+
     @torch.no_grad()
     def _init_weights(self) -> None:
         c = self.config

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset, Sampler
 
 from convit_edu.checks import positive_int
 
-__all__ = ['RepeatAugSampler', 'seed_from', 'KeyedSampler', 'SeededSamples']
+__all__ = ['RepeatAugSampler', 'val_shard', 'seed_from', 'KeyedSampler', 'SeededSamples']
 
 
 # %% nbs/15_samplers.py 7
@@ -79,6 +79,13 @@ class RepeatAugSampler(Sampler[int]):
 
 
 # %% nbs/15_samplers.py 16
+def val_shard(n: int, rank: int, num_replicas: int) -> range:
+    """The validation samples of process ``rank`` of ``num_replicas`` among ``n``: every ``num_replicas``-th from
+    ``rank`` on, each sample in exactly one process's share, none twice."""
+    return range(rank, n, num_replicas)
+
+
+# %% nbs/15_samplers.py 19
 def seed_from(*keys: int) -> int:
     """A well-mixed 32-bit seed from a tuple of non-negative integers (numpy's SeedSequence)."""
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])

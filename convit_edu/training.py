@@ -7,7 +7,7 @@ to many GPUs."""
 import contextlib
 import math
 import time
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -16,38 +16,47 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from convit_edu.augment import build_mixup
-from convit_edu.callbacks import Callback, Progress, TrainResult, TrainState, plot_history, write_logs
-from convit_edu.checkpoints import CHECKPOINT_FORMAT, rng_states, save_checkpoint
+from convit_edu.augment import DeviceTransforms, build_mixup, finish_batch
 from convit_edu.config import TrainConfig
 from convit_edu.devices import autocast, resolve_precision
 from convit_edu.distributed import StopSignals, World, all_reduce, init_world, run_on_main
-from convit_edu.evaluation import evaluate, finish_batch
+from convit_edu.evaluation import evaluate
 from convit_edu.files import keep_as
-from convit_edu.gpsa_reference import gate_means
-from convit_edu.loaders import DeviceTransforms
-from convit_edu.optimisation import build_optimizer, check_resume, seed_step, train_loss, update_ema
-from convit_edu.run_parts import (
-    build_models,
-    build_run_loaders,
-    check_output,
-    compile_cache,
-    config_datasets,
-    dali_states,
+from convit_edu.optimisation import build_optimizer, seed_step, train_loss, update_ema
+from convit_edu.run_records import Progress, check_output, plot_history, write_logs, write_run_info
+from convit_edu.run_setup import build_models, build_run_loaders, compile_cache, config_datasets, wrap_model
+from convit_edu.run_state import (
+    Callback,
+    TrainState,
+    checked_weights,
+    loader_states,
     restore_run,
     resume_checkpoint,
-    wrap_model,
-    write_run_info,
+    resume_weights,
+    run_checkpoint,
+    save_checkpoint,
 )
 
-__all__ = ['Trainer', 'train']
+__all__ = ['TrainResult', 'Trainer', 'train']
 
 
 # %% nbs/25_training.py 7
+@dataclass
+class TrainResult:
+    """What `train` returns. `stopped` says why it ended early ("SIGTERM", "SIGINT", "callback") or is None."""
+
+    model: nn.Module
+    ema: nn.Module | None
+    history: list[dict]
+    output: Path
+    stopped: str | None
+
+
+# %% nbs/25_training.py 9
 class Trainer:
     """A training run as one object: built from `cfg` on this process's `world` (`init_world`), restored from
     its checkpoint when `cfg.resume` says so, trained by `fit`. `model`, `datasets` = (train, val, class names),
-    `teacher` and `callbacks` are as for `train`. The state is `self`; the hooks see `self.state`."""
+    `teacher` and `callbacks` are as for `train`. The run's state is `self.state`, which the hooks see."""
 
     def __init__(self, cfg: TrainConfig, world: World, *, model: nn.Module | None = None,
                  datasets: tuple | None = None, teacher: nn.Module | None = None, callbacks: Sequence[Callback] = ()):
@@ -58,24 +67,22 @@ class Trainer:
         # the bare model: the hooks and the checkpoints see it
         self.model, self.teacher = build_models(cfg, self.num_classes, world.device, model, teacher)
         ckpt, path = resume_checkpoint(cfg, world)
-        changes = check_resume(ckpt, path, cfg, self.model, self.global_batch) if ckpt is not None else {}
-        if ckpt is not None:
-            self.model.load_state_dict(ckpt["model"])
+        changes = resume_weights(ckpt, path, cfg, self.model, self.global_batch) if ckpt is not None else {}
         self.optimizer, self.scheduler = build_optimizer(cfg, self.model, self.global_batch, self.steps_per_epoch,
                                                          world.device)
         self.scaler = torch.amp.GradScaler(world.device.type, enabled=self.precision == "fp16")
         self.ema = AveragedModel(self.model, use_buffers=True) if cfg.ema_decay else None  # see `update_ema`
         self.wrapped, self.step_model = wrap_model(self.model, world, cfg.compile)
-        self.state = TrainState(cfg, self.model, self.optimizer, world.rank, world.world_size, self.steps_per_epoch)
-        self.best_top1, self.data_wait = -1.0, 0.0  # data_wait: seconds this epoch's steps waited for the loader
+        self.state = TrainState(cfg, self.model, self.optimizer, world.rank, world.world_size, self.steps_per_epoch,
+                                self.scheduler, self.scaler, self.ema)
+        self.data_wait = 0.0  # seconds this epoch's steps waited for the loader
         self.compile_s, self.compiled = 0.0, False  # seconds of this epoch's first compiled step; done yet?
         self.evaluated_since_checkpoint = False  # a score that last.pt does not hold yet
         self.unread: list[torch.Tensor] = []  # (loss, non-finite) of each step not read back yet, on the device
         self.progress = Progress(cfg.progress if world.main else "none", cfg.epochs, cfg.log_every)
         self.signals = StopSignals()
         if ckpt is not None:
-            self.best_top1 = restore_run(ckpt, path, changes, self.state, self.scheduler, self.scaler, self.ema,
-                                         self.loaders, world)
+            restore_run(ckpt, path, self.state, self.loaders, world, changes)
         run_on_main(world, f"write the run's records in {self.output}", lambda: write_run_info(
             self.output, cfg, world, batch_size=self.batch_size, global_batch=self.global_batch,
             steps_per_epoch=self.steps_per_epoch, num_workers=self.num_workers, precision=self.precision,
@@ -219,8 +226,8 @@ class Trainer:
         s.history.append(row)
         s.pending = None
         self.progress.epoch_end(row)
-        if row["val_top1"] > self.best_top1:
-            self.best_top1 = row["val_top1"]
+        if row["val_top1"] > s.best_top1:
+            s.best_top1 = row["val_top1"]
             run_on_main(self.world, f"keep {self.output / 'last.pt'} as best.pt",
                         lambda: keep_as(self.output / "last.pt", self.output / "best.pt"))
         run_on_main(self.world, f"write the logs in {self.output}", lambda: write_logs(s.history, self.output))
@@ -234,31 +241,16 @@ class Trainer:
         result = evaluate(models, self.val_batches, device=world.device, precision=self.precision,
                           finish=self.device_transforms)
         scores = {f"{name}_{key}": value for name, metrics in result.items() for key, value in metrics.items()}
-        return {**scores, "gates": gate_means(self.model)}
+        return {**scores, "gates": getattr(self.model, "gate_means", list)()}  # (a model of yours may have none)
 
     def checkpoint(self) -> None:
         """Save everything the run needs to continue as `output/last.pt` (rank 0, atomically); non-finite weights
         are refused on every process, with the last good checkpoint named."""
         s = self.state
-        weights = self.model.state_dict()
-        floats = {k: t for k, t in weights.items() if t.is_floating_point()}
-        if not bool(torch.stack([torch.isfinite(t).all() for t in floats.values()]).all()):  # one wait for the device
-            bad = [k for k, t in floats.items() if not bool(torch.isfinite(t).all())]
-            raise FloatingPointError(  # every process holds the same weights, so every process stops here
-                f"the weights became non-finite ({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}) by "
-                f"optimiser step {s.global_step} and were not saved; {self._last_good()}: lower --lr, set "
-                "--clip-grad, or use bf16/fp32 instead of fp16")
-        dali = dali_states(self.loaders, self.world)
-        run_on_main(self.world, f"write the checkpoint {self.output / 'last.pt'}", lambda: save_checkpoint({
-            "format": CHECKPOINT_FORMAT, "config": asdict(self.cfg), "model": weights,
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
-            "epoch": s.epoch, "step": s.step, "global_step": s.global_step,
-            "sampler": {"epoch": s.epoch, "start": s.step * self.cfg.accum_steps * self.batch_size},
-            "dali": dali, "world_size": self.world.world_size, "global_batch": self.global_batch, "rng": rng_states(),
-            "epoch_losses": s.epoch_losses, "history": s.history, "pending": s.pending, "best_top1": self.best_top1,
-            "seconds": s.seconds, "num_classes": self.num_classes,
-        }, self.output / "last.pt"))
+        weights = checked_weights(self.model, s.global_step, self._last_good())
+        ckpt = run_checkpoint(s, weights, loader_states(self.loaders, self.world), self.num_classes)
+        run_on_main(self.world, f"write the checkpoint {self.output / 'last.pt'}",
+                    lambda: save_checkpoint(ckpt, self.output / "last.pt"))
         self.evaluated_since_checkpoint = False
 
     def _last_good(self) -> str:
@@ -306,7 +298,7 @@ class Trainer:
                            stopped)
 
 
-# %% nbs/25_training.py 9
+# %% nbs/25_training.py 11
 def train(cfg: TrainConfig, *, model: nn.Module | None = None, datasets: tuple | None = None,
           teacher: nn.Module | None = None, callbacks: Sequence[Callback] = ()) -> TrainResult:
     """Train as `cfg` says, on one process or under `torchrun`; the single entry point of notebook and CLI.

@@ -31,7 +31,8 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp gpsa_reference
-# Gated positional self-attention (GPSA, Eq. 6-7): the parts positional layers share, and a literal reference.
+# Gated positional self-attention (GPSA, Eq. 6-7) computed literally, its attention matrix materialised: the
+# reference that the fast GPSA is tested against.
 
 # %%
 import json
@@ -122,9 +123,15 @@ checkpoints; the forward stacks their weights and computes all three in one matm
 # Initialisation has one home, `init_weights`, which the constructor calls: DeiT's normal(0, 0.02) for the
 # linear maps (what the whole model gives every other linear map, chapter 08), then Eq. 5 — chapter 03's
 # `local_init` — for `pos_proj` and `v`. A model built of these layers does not initialise them again.
+# These base classes, `PositionalAttention` and the gated `GatedAttention`, are the module `convit_edu.gated_attention`.
 
 # %%
-#| export
+#| export gated_attention
+# The base classes of the positional attention layers: `PositionalAttention` (projections, positional scores, grid,
+# Eq. 5's init), shared by PSA and both GPSAs, and `GatedAttention`, which adds the gate of Eq. 7.
+
+# %%
+#| export gated_attention
 import math
 
 import torch
@@ -292,12 +299,6 @@ def gate_values(gating_param: Tensor, gate_override: float | None = None) -> Ten
         return torch.full_like(gating_param, float(gate_override))
     return torch.sigmoid(gating_param)
 
-def gate_means(model: nn.Module) -> list[float]:
-    """Mean σ(λ) over the heads of each layer of ``model`` that has a ``gating_param`` (Eq. 6), in layer order,
-    as the forward mixes with them (``gate_override`` included): what a run logs and a recorder keeps."""
-    return [gate_values(m.gating_param.detach().float(), getattr(m, "gate_override", None)).mean().item()
-            for m in model.modules() if isinstance(getattr(m, "gating_param", None), torch.Tensor)]
-
 
 class GatedAttention(PositionalAttention):
     """``PositionalAttention`` with the gate of Eq. 7: ``gating_param`` λ (one per head, initialised to 1), a
@@ -332,6 +333,11 @@ class GatedAttention(PositionalAttention):
 
 # %%
 #| export
+from torch import Tensor
+
+from convit_edu.gated_attention import GatedAttention
+
+
 class GPSAReference(GatedAttention):
     """Gated positional self-attention, Eq. 6-7, computed literally: the attention matrix is materialised.
 

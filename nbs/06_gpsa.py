@@ -32,7 +32,8 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp gpsa
-# Gated positional self-attention (GPSA, Eq. 6-7) in its fast form, and PSA (Eq. 4), on the parts of gpsa_reference.
+# Gated positional self-attention (GPSA, Eq. 6-7) in its fast form, and PSA (Eq. 4), on the base classes of
+# gated_attention.
 
 # %%
 import torch
@@ -116,7 +117,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from convit_edu.gpsa_reference import GatedAttention, PositionalAttention, softmax_without_denormals
+from convit_edu.gated_attention import GatedAttention, PositionalAttention, softmax_without_denormals
 
 
 def _computes_in_fp16(x: Tensor) -> bool:

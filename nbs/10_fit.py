@@ -41,7 +41,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from convit_edu.checks import positive_int
-from convit_edu.gpsa_reference import gate_means
 from convit_edu.models import VisionTransformer
 
 # %%
@@ -226,13 +225,14 @@ print("warm-up 1e-6 → 1e-3 over 10 steps, cosine to 1e-5 at step 100: the land
 # %% [markdown]
 # ## 4. Evaluation
 #
-# `evaluate` runs the model over a loader without gradients, in eval mode (no dropout or drop path), and
-# returns the mean cross-entropy and the top-1 accuracy, in %, over every image.
+# `loss_and_accuracy` runs the model over a loader without gradients, in eval mode (no dropout or drop path),
+# and returns the mean cross-entropy and the top-1 accuracy, in %, over every image. (The production loop's
+# `evaluate`, chapter 22, does the same over many processes, with top-5 and the EMA in one pass.)
 
 # %%
 #| export
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader) -> dict:
+def loss_and_accuracy(model: nn.Module, loader: DataLoader) -> dict:
     """Mean cross-entropy (`loss`) and top-1 accuracy in % (`top1`) of `model` over `loader`'s images; the
     model's train/eval mode is restored afterwards."""
     device, was_training = next(model.parameters()).device, model.training
@@ -255,7 +255,7 @@ def evaluate(model: nn.Module, loader: DataLoader) -> dict:
 identity = nn.Linear(2, 2, bias=False)
 nn.init.eye_(identity.weight)
 logits, targets = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 1, 1, 1])
-result = evaluate(identity, [(logits[:2], targets[:2]), (logits[2:], targets[2:])])  # two batches
+result = loss_and_accuracy(identity, [(logits[:2], targets[:2]), (logits[2:], targets[2:])])  # two batches
 assert result["top1"] == 75.0
 assert math.isclose(result["loss"], (3 * math.log(1 + math.exp(-2)) + math.log(1 + math.exp(2))) / 4, rel_tol=1e-6)
 print(f"top-1 {result['top1']:.0f} %, loss {result['loss']:.3f}")
@@ -265,7 +265,7 @@ print(f"top-1 {result['top1']:.0f} %, loss {result['loss']:.3f}")
 
 # %%
 for name, model in models.items():
-    assert abs(evaluate(model, val_loader)["loss"] - math.log(CLASSES)) < 0.1, name
+    assert abs(loss_and_accuracy(model, val_loader)["loss"] - math.log(CLASSES)) < 0.1, name
 print(f"untrained: validation loss within 0.1 of ln {CLASSES} = {math.log(CLASSES):.2f}")
 
 # %% [markdown]
@@ -274,7 +274,8 @@ print(f"untrained: validation loss within 0.1 of ln {CLASSES} = {math.log(CLASSE
 # Now the loop. Before every step it sets the schedule's rate, computes the loss on a batch, back-propagates
 # and lets AdamW update the weights. After every epoch it evaluates and records a row: the mean training loss,
 # the validation loss and top-1, the next step's rate and, for a ConViT, the mean gate σ(λ) of each GPSA layer
-# (Eq. 7; `gate_means`, chapter 05): 1 is positional, convolution-like attention, 0 pure content attention.
+# (Eq. 7; the model's `gate_means()`, chapter 08): 1 is positional, convolution-like attention, 0 pure content
+# attention.
 
 # %%
 #| export
@@ -307,10 +308,10 @@ def fit(model: VisionTransformer, train_loader: DataLoader, val_loader: DataLoad
             optimizer.step()
             losses.append(loss.item())
             step += 1
-        val = evaluate(model, val_loader)
+        val = loss_and_accuracy(model, val_loader)
         history.append({"epoch": epoch, "train_loss": sum(losses) / len(losses), "val_loss": val["loss"],
                         "val_top1": val["top1"], "lr": deit_lr(step, *schedule),
-                        "gates": gate_means(model)})
+                        "gates": model.gate_means()})
         print(f"epoch {epoch}/{epochs}: train loss {history[-1]['train_loss']:.3f}, val loss {val['loss']:.3f}, "
               f"val top-1 {val['top1']:.1f} %")
     return history
@@ -467,7 +468,7 @@ print(expect_error(lambda: check_smoothed_cross_entropy(  # wrong: ε / (C − 1
 # %% [markdown]
 # ## What we have, and what comes next
 #
-# `convit_edu.fit` exports `param_groups`, `deit_lr`, `evaluate` and `fit`: DeiT's optimiser and schedule and a loop
+# `convit_edu.fit` exports `param_groups`, `deit_lr`, `loss_and_accuracy` and `fit`: DeiT's optimiser and schedule and a loop
 # of a few dozen lines that trains any zoo model. The engineering track's production loop `convit_edu.training.train`
 # is this loop hardened: the same AdamW groups and schedule, plus one process per GPU on many nodes, mixed precision,
 # checkpoints, an exact resume, DeiT's full augmentation (RandAugment, random erasing, Mixup/CutMix, label smoothing),

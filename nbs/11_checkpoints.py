@@ -15,13 +15,14 @@
 
 
 # %% [markdown]
-# # Checkpoints: official weights in, training checkpoints out
+# # Checkpoints: official weights in, files that lose nothing
 #
 # The models of chapters 07-09 use the official ConViT's parameter names, so the official checkpoints, DeiT's
 # and timm's load into them: this chapter writes the loader that reads them whatever their wrapping (a
 # training checkpoint, an EMA, a `module.` prefix, a different head), checks it on models whose answer is
-# known, and adds DeiT's hard-distillation token for the paper's Table 4. Then the other direction: the
-# training checkpoints a run writes — atomically, so that nothing is ever lost — and reads back.
+# known, and adds DeiT's hard-distillation token for the paper's Table 4. Then the other direction: every file a
+# run writes (its checkpoints, chapter 23, its logs, the cached file lists of chapter 12) is written atomically,
+# so that nothing is ever lost.
 
 # %% tags=["parameters"]
 import os
@@ -30,21 +31,18 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp checkpoints
-# Checkpoints: official ConViT, DeiT and timm weights into this package's models; training checkpoints written atomically.
+# Checkpoints: official ConViT, DeiT and timm weights (and our own) into this package's models.
 
 # %%
 #| export
-import argparse
 import math
-import random
 from collections.abc import Mapping
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from convit_edu.files import atomic_write
+from convit_edu.files import load_file
 from convit_edu.layers import resize_pos_embed
 from convit_edu.models import VisionTransformer
 from convit_edu.zoo import MODEL_ZOO
@@ -80,12 +78,11 @@ _ = torch.manual_seed(0)
 # any split into heads); GPSA layers give it away through `pos_proj`.
 
 # %%
-#| export
+#| export files
+import argparse
+from pathlib import Path
 
-_WRAPPERS = ("model", "state_dict")
-_PREFIXES = ("module.", "_orig_mod.")
-_NOT_WEIGHTS = ("n_averaged",)  # the number of models an EMA AveragedModel has averaged
-_HEADS = ("head", "head_dist")
+import torch
 
 
 def load_file(path: str | Path) -> object:
@@ -103,6 +100,13 @@ def load_file(path: str | Path) -> object:
             raise ValueError(f"{path} holds Python objects that cannot be loaded safely (only tensors, numbers, "
                              "strings and containers are read): it was not written by convit-edu or timm") from None
         raise ValueError(f"{path} is truncated or not a torch checkpoint ({type(e).__name__})") from None
+
+# %%
+#| export
+_WRAPPERS = ("model", "state_dict")
+_PREFIXES = ("module.", "_orig_mod.")
+_NOT_WEIGHTS = ("n_averaged",)  # the number of models an EMA AveragedModel has averaged
+_HEADS = ("head", "head_dist")
 
 
 def read_state_dict(source: str | Path | Mapping) -> dict[str, Tensor]:
@@ -262,20 +266,19 @@ for name in ("deit_tiny", "convit_tiny"):
     print(f"{name}: pos_embed {tuple(student.pos_embed.shape)}, no weight decay on {sorted(student.no_weight_decay())}")
 
 # %% [markdown]
-# ## Checkpoints that lose nothing
+# ## Files that lose nothing
 #
-# A checkpoint holds the model, the optimiser, the schedule, the fp16 loss scaler, the EMA, the position
-# (epoch, optimiser steps done in it, which sets the sampler's `start`), every generator's state, the log so
-# far and the full config. It is written **atomically**: to a temporary file in the same folder, flushed to
-# disk, then renamed over the old one. A rename within one file system is atomic, so a crash — a SIGKILL, a
-# full disk, a node failure — at any moment leaves either the old checkpoint or the new one, never half of
-# one. Everything in it is a tensor, number, string or container, so it loads with `weights_only=True` (no
-# pickled code runs when you open a checkpoint someone sent you).
+# A training checkpoint (chapter 23) holds everything a run needs to go on, hundreds of megabytes at ConViT-S,
+# and it is replaced every epoch. It is written **atomically**: to a temporary file in the same folder, flushed
+# to disk, then renamed over the old one. A rename within one file system is atomic, so a crash — a SIGKILL, a
+# full disk, a node failure — at any moment leaves either the old file or the new one, never half of one. The
+# logs, results and cached file lists are written the same way.
 
 # %%
 #| export files
-# Files written whole or not at all: atomic writes, JSON, a second name for a file. The package's ground floor: it
-# imports nothing of the package, so the data wing (chapter 12 on) stands on it without standing on the models.
+# Files written whole or not at all (atomic writes, JSON, a second name for a file), and torch files read safely. The
+# package's ground floor: it imports nothing of the package, so the data wing (chapter 12 on) and a run's state
+# (chapter 23) stand on it without standing on the models.
 
 # %%
 #| export files
@@ -328,70 +331,28 @@ def keep_as(path: str | Path, kept: str | Path) -> Path:
 
 
 # %% [markdown]
-# These three live in `convit_edu/files.py`, the package's ground floor, not in `checkpoints.py`: the data wing writes
-# files too (chapter 12's cached file lists), and should not have to import the models to do it.
-
-# %%
-#| export
-CHECKPOINT_FORMAT = "convit-edu-train-1"
-
-
-def save_checkpoint(checkpoint: dict, path: str | Path) -> Path:
-    """Write `checkpoint` to `path` atomically (`atomic_write`)."""
-    return atomic_write(path, lambda f: torch.save(checkpoint, f))
-
-
-def read_checkpoint(path: str | Path) -> dict:
-    """Load a training checkpoint on the CPU; ValueError naming the file when it is truncated, not loadable
-    safely, or not a convit-edu training checkpoint."""
-    ckpt = load_file(path)
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} is not a convit-edu training checkpoint (format {CHECKPOINT_FORMAT!r} missing);"
-                         " to start from pretrained weights use convit_edu.checkpoints.load_weights")
-    return ckpt
-
-
-# %%
-#| export
-def rng_states() -> dict:
-    """The states of torch's (CPU), numpy's and python's generators, as tensors, numbers and tuples: what a
-    checkpoint saves under "rng" and loads with `weights_only=True`."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    # no CUDA states: every step reseeds every generator (`seed_step`), and a list with one state per visible GPU
-    # would tie the checkpoint to the number of GPUs of the machine that wrote it
-    return {
-        "torch": torch.get_rng_state(),
-        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
-        "python": random.getstate(),
-    }
-
-
-def set_rng_states(states: dict) -> None:
-    """Restore the generators from `rng_states()`'s dict (a checkpoint's "rng")."""
-    torch.set_rng_state(states["torch"])  # (checkpoints of earlier versions also hold "cuda": not needed, ignored)
-    kind, keys, pos, has_gauss, gauss = states["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    version, internal, gauss_next = states["python"]
-    random.setstate((version, tuple(internal), gauss_next))
+# These three live in `convit_edu/files.py`, the package's ground floor, not in `checkpoints.py`, with `load_file`
+# above: the data wing writes files too (chapter 12's cached file lists), a run reads its checkpoints back
+# (chapter 23), and neither should have to import the models to do it.
 
 # %% [markdown]
-# A round trip, then a write that fails half-way (a full disk): the previous checkpoint stays whole, and no
-# temporary file is left beside it. Then `keep_as`, which keeps a run's best epoch as `best.pt` without writing
-# its hundreds of megabytes a second time: a hard link is a second name of the same bytes, and the next
-# `last.pt` is a new file renamed over the old name, so `best.pt` still holds the epoch it was given.
+# A write that fails half-way (a full disk): the previous file stays whole, and no temporary file is left beside
+# it. Then `keep_as`, which keeps a run's best epoch as `best.pt` without writing its hundreds of megabytes a
+# second time: a hard link is a second name of the same bytes, and the next `last.pt` is a new file renamed over
+# the old name, so `best.pt` still holds the epoch it was given.
 
 # %%
 with tempfile.TemporaryDirectory() as folder:
     path = Path(folder) / "last.pt"
-    save_checkpoint({"format": CHECKPOINT_FORMAT, "step": 1, "rng": rng_states()}, path)
+    atomic_write(path, lambda f: f.write(b"epoch 1"))
 
     def half_then_full_disk(f):
-        f.write(b"half a checkpoint")
+        f.write(b"half of epoch 2")
         raise OSError(28, "No space left on device")
 
     message = expect_error(lambda: atomic_write(path, half_then_full_disk), OSError)
-    assert read_checkpoint(path)["step"] == 1 and [p.name for p in Path(folder).iterdir()] == ["last.pt"]
+    assert path.read_bytes() == b"epoch 1" and [p.name for p in Path(folder).iterdir()] == ["last.pt"]
     keep_as(path, Path(folder) / "best.pt")  # the best epoch so far: a second name, no bytes written
-    save_checkpoint({"format": CHECKPOINT_FORMAT, "step": 2, "rng": rng_states()}, path)  # the next epoch
-    assert read_checkpoint(Path(folder) / "best.pt")["step"] == 1 and read_checkpoint(path)["step"] == 2
+    atomic_write(path, lambda f: f.write(b"epoch 2"))  # the next epoch
+    assert (Path(folder) / "best.pt").read_bytes() == b"epoch 1" and path.read_bytes() == b"epoch 2"
 print(message)

@@ -27,7 +27,8 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp augment
-# The DeiT augmentation recipe, every value visible, and MixUp / CutMix with label smoothing.
+# The DeiT augmentation recipe, every value visible, MixUp / CutMix with label smoothing, and the recipe's end on
+# the device: normalising and erasing uint8 batches (chapter 16), each batch finished for the model (chapter 22).
 
 # %%
 #| export

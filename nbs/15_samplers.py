@@ -219,6 +219,22 @@ for world in (1, 8, 64):
 assert RepeatAugSampler(N_IMAGENET, repeats=3).unique_per_epoch == math.ceil(N_IMAGENET / 3)
 
 # %% [markdown]
+# Validation is sharded differently: each image once, no repeats and no padding, so that the sums of chapter 22's
+# evaluation over the processes are exact. `val_shard` is that share, used by every loader and by `evaluate`.
+
+# %%
+#| export
+def val_shard(n: int, rank: int, num_replicas: int) -> range:
+    """The validation samples of process ``rank`` of ``num_replicas`` among ``n``: every ``num_replicas``-th from
+    ``rank`` on, each sample in exactly one process's share, none twice."""
+    return range(rank, n, num_replicas)
+
+# %%
+shares = [val_shard(10, rank, 3) for rank in range(3)]
+assert sorted(i for share in shares for i in share) == list(range(10))
+print("10 validation images on 3 processes:", [list(share) for share in shares])
+
+# %% [markdown]
 # ## Augmentation that does not depend on the worker
 #
 # A loader worker draws its augmentation from its own generator, so which crop an image gets depends on which

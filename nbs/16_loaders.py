@@ -16,10 +16,9 @@
 # %% [markdown]
 # # Loaders: workers, uint8 batches finished on the device, a busy accelerator
 #
-# The datasets of chapter 13, the transforms of chapter 14 and the samplers of chapter 15 become batches here:
-# loaders whose workers decode and augment in parallel, ship uint8 and leave the end of the recipe to the device,
-# one call from datasets to loaders that give the same batches at any number of processes and workers, and a
-# benchmark that says which stage of the pipeline limits training.
+# Chapters 13-15's datasets, transforms and samplers become batches: workers that decode and augment in parallel
+# and ship uint8 for the device to finish, one call to loaders that give the same batches at any number of
+# processes and workers, and a benchmark that says which stage of the pipeline limits training.
 
 # %% tags=["parameters"]
 import os
@@ -28,26 +27,22 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp loaders
-# Loaders with workers, the end of the augmentation on the device, and a loader benchmark.
+# Loaders with workers that stop cleanly, how many workers, and the loaders of a run (one interface for every kind).
 
 # %%
 #| export
 import atexit
-import math
 import os
 import signal
-import time
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, Subset, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
-from convit_edu.augment import AugConfig
 from convit_edu.checks import positive_int
-from convit_edu.samplers import KeyedSampler, RepeatAugSampler, SeededSamples
+from convit_edu.samplers import KeyedSampler, RepeatAugSampler, SeededSamples, val_shard
 
 # %%
 import warnings
@@ -64,8 +59,7 @@ torch.set_printoptions(precision=4, sci_mode=False)
 warnings.filterwarnings("ignore", message=".*os.fork.*")  # fork + threads notice from workers, not ours
 
 # %% [markdown]
-# The images of chapter 13: the first four classes of the course's Tiny ImageNet subset, from `data/`, and one
-# photograph from them.
+# The first four classes of the course's Tiny ImageNet subset (chapter 13), and one photograph from them.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -81,20 +75,15 @@ print(names)
 # ## Loaders that keep the accelerator busy
 #
 # `build_loader` sets what matters at scale: `num_workers` processes decode and augment in parallel,
-# `persistent_workers` keeps them (and their open files) alive across epochs instead of re-forking every
-# epoch, `prefetch_factor` keeps 4 batches per worker in flight, `pin_memory` (default: on when CUDA is
-# present) makes host-to-GPU copies asynchronous, and a **seeded generator** fixes the base seed of the
-# workers' random augmentations (worker w gets `base_seed + w`), so a run is reproducible. With
-# `num_workers=0` the augmentations draw from the main process's global torch RNG instead, which a checkpoint
-# saves and restores like any other RNG state. Workers also ignore SIGTERM and SIGINT: SLURM signals every
-# process of a job, and a worker killed by the signal would crash the main process in the middle of the step
-# it must finish before saving (chapter 25). The main process stops them itself, and at its exit too: Python
-# ends its daemonic children with SIGTERM and then waits for them, which a worker that ignores SIGTERM would make
-# a wait without end (a script that iterated a loader printed its result, then hung). So every loader with
-# workers is remembered (weakly), and before that wait the workers of each are told to stop, as PyTorch does
-# when a loader's iterator is deleted. A loader can also be gone with its workers still alive: after a worker's
-# error, or collected in a reference cycle, PyTorch stops them with SIGTERM, which they ignore. Those are killed
-# (SIGKILL) at exit: by then nothing waits for their batches.
+# `persistent_workers` keeps them (and their open files) across epochs, `prefetch_factor` keeps 4 batches per
+# worker in flight, `pin_memory` (on when CUDA is present) makes host-to-GPU copies asynchronous, and a **seeded
+# generator** fixes the workers' base seed, so a run is reproducible. Workers ignore SIGTERM and SIGINT: SLURM
+# signals every process of a job, and a worker killed by it would crash the main process in the middle of the
+# step it must finish before saving (chapter 25). So the main process stops them itself, also at its exit, where
+# Python would otherwise wait without end for daemonic children that ignore SIGTERM (a script that iterated a
+# loader printed its result, then hung): every loader with workers is remembered (weakly) and its workers told to
+# stop, as PyTorch does when a loader's iterator is deleted; workers whose loader is gone (after a worker's error,
+# or collected in a cycle) are killed, since by then nothing waits for their batches.
 
 # %%
 #| export
@@ -154,13 +143,10 @@ def _stop_workers_at_exit() -> None:
 # %% [markdown]
 # ### How many workers?
 #
-# One worker per CPU the process may use, less one for the process itself (it runs the step and feeds the
-# device). "May use" is the process's CPU affinity, not the machine's core count: SLURM, `taskset` and container
-# limits bind a job to some of the cores, and `os.cpu_count()` would still report all of them. Several
-# processes on one node (`torchrun --nproc_per_node=8` sets `LOCAL_WORLD_SIZE=8` in each) share those CPUs, so
-# each takes its share. `default_num_workers` says what that comes to; the training loop uses it when
-# `--num-workers` is not given. Here on a few imagined machines (a 2-core laptop, a 64-core node with 8 GPUs,
-# an 8-core node with 8 GPUs):
+# One worker per CPU the process may use (its affinity, which SLURM, `taskset` and containers restrict, not
+# `os.cpu_count()`), less one for the process itself; the processes of one node (`torchrun` sets
+# `LOCAL_WORLD_SIZE`) share those CPUs. `default_num_workers` says what that comes to, and the training loop uses
+# it when `--num-workers` is not given. On a 2-core laptop, a 64-core node with 8 GPUs, an 8-core one with 8:
 
 # %%
 #| export
@@ -206,18 +192,23 @@ print(f"this process, alone on this machine: {default_num_workers({})} worker(s)
 # Its random draws come from the process's global generators, which the training loop seeds from
 # (seed, rank, epoch, step) before every step (chapter 20): a resumed run draws the same boxes.
 #
-# **No waiting for the device.** A CUDA device runs behind the CPU: the CPU queues kernels and goes on to the
-# next step while the device works. Anything that needs a value *on the host* (`.item()`, printing a tensor, a
-# blocking copy from pageable host memory) makes the CPU wait until the device has caught up, and the queue
-# runs dry at every micro-batch. So `DeviceTransforms` makes its constants (255·mean and 255·std) on the
-# device once, the first time it sees a batch there, by filling them in place (no copy at all), and
-# `erasing_boxes` draws only the few numbers a box needs (per try: the area share and the log aspect ratio; per
-# image: top, left, erase or not) with `torch.rand(..., device=...)`, then draws the (B, H, W) mask with
-# comparisons against `arange` on the same device. Nothing is read back, nothing is copied over: the whole
-# finish is a handful of kernels queued behind the step before.
+# **No waiting for the device.** A CUDA device runs behind the CPU, which queues kernels and goes on; anything
+# that needs a value *on the host* (`.item()`, printing a tensor, a blocking copy from pageable memory) makes the
+# CPU wait, and the queue runs dry. So `DeviceTransforms` fills its constants (255·mean, 255·std) in place on the
+# device the first time it sees a batch there, and `erasing_boxes` draws the few numbers a box needs with
+# `torch.rand(..., device=...)` and the (B, H, W) mask by comparisons against `arange` there: nothing is read
+# back or copied over. Both belong to the augmentation, so they live in `convit_edu.augment`, beside chapter 14's
+# recipe (the cell below exports them there).
 
 # %%
-#| export
+#| export augment
+import math
+
+import torch
+
+from convit_edu.augment import AugConfig
+
+
 class DeviceTransforms:
     """The end of a recipe, on uint8 batches (B, 3, S, S) on the training device: ``eval`` converts and
     normalises, ``train`` also erases a random box of each image with probability ``cfg.erasing``. Neither
@@ -304,9 +295,11 @@ assert finish.train(batch).shape == (4, 3, 64, 64)
 # ### From datasets to loaders in one call
 #
 # `build_loaders` strings chapter 15 and this one together: a `RepeatAugSampler` for this rank behind a
-# `KeyedSampler`, the seeded training samples (`SeededSamples`), and loaders with workers; the validation loader
-# keeps dataset order. It is the call chapter 25's `train` makes, and the one to make for a loop of your own: call
-# `sampler.set_epoch(epoch)` before each epoch (with `start` to resume mid-epoch).
+# `KeyedSampler`, the seeded samples (`SeededSamples`), loaders with workers; validation in dataset order. It is
+# the call chapter 25's `train` makes, and the one for a loop of your own (`sampler.set_epoch(epoch, start)`
+# before each epoch). Every kind of loader a run can use (these, chapter 17's GPU-decoding ones, DALI's) answers
+# `epoch(e, start)`, `val`, and `state()` / `restore(state)` for what a checkpoint keeps of the loader itself
+# (chapter 23): nothing here, as the position in the stream is the epoch and step, which it holds anyway.
 
 # %%
 #| export
@@ -324,6 +317,12 @@ class DataLoaders:
         self.sampler.set_epoch(epoch, start)
         return iter(self.train)
 
+    def state(self) -> None:
+        """What a checkpoint keeps of these loaders: nothing (their position is the epoch and step)."""
+
+    def restore(self, state: None) -> None:
+        """Go on from ``state()``: nothing to do, ``epoch(e, start)`` places the stream."""
+
 
 def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_workers: int = 4,
                   repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> DataLoaders:
@@ -336,7 +335,7 @@ def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_
         raise ValueError(f"{num_replicas} processes but the training set has only {len(train_set)} samples: "
                          f"use at most {len(train_set)} processes")
     sampler = KeyedSampler(RepeatAugSampler(len(train_set), num_replicas, rank, repeats=repeats, seed=seed))
-    val_part = Subset(val_set, range(rank, len(val_set), num_replicas))
+    val_part = Subset(val_set, val_shard(len(val_set), rank, num_replicas))
     return DataLoaders(
         train=build_loader(SeededSamples(train_set, seed), batch_size, sampler, num_workers=num_workers, seed=seed,
                            drop_last=True),
@@ -379,11 +378,19 @@ print("the first batch is identical with 0 and 2 workers, and when read again")
 # batch, plus MixUp/CutMix when given) — each in one process — and the **loader** end to end with its worker
 # processes. The slowest single-process stage divided by the number of workers is the pipeline's limit; compare
 # the loader's images/s with the model's training throughput (chapter 36, `convit-edu bench`) to see whether
-# data or model limits a run.
+# data or model limits a run. It is a benchmark, so it lives in `convit_edu.benchmarks` (chapter 27).
 
 # %%
-#| export
+#| export benchmarks
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
 from matplotlib.figure import Figure
+from torch.utils.data import Dataset, default_collate
+
+from convit_edu.loaders import build_loader
 
 
 @dataclass

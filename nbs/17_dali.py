@@ -41,7 +41,7 @@ import torch
 
 from convit_edu.augment import AugConfig, RANDAUGMENT_MAX_MAGNITUDE
 from convit_edu.datasets import ImageFolderDataset
-from convit_edu.samplers import seed_from
+from convit_edu.samplers import seed_from, val_shard
 
 # %%
 import time
@@ -211,8 +211,8 @@ class DaliLoaders:
         order = np.random.default_rng(seed).permutation(len(train_set.samples))
         self.files = [train_set.samples[i][0] for i in order]
         self.labels = [train_set.samples[i][1] for i in order]
-        self.val = DaliEvalBatches([p for p, _ in val_set.samples[rank::num_replicas]],
-                                   [t for _, t in val_set.samples[rank::num_replicas]], cfg, batch_size=2 * batch_size,
+        shard = [val_set.samples[i] for i in val_shard(len(val_set.samples), rank, num_replicas)]
+        self.val = DaliEvalBatches([p for p, _ in shard], [t for _, t in shard], cfg, batch_size=2 * batch_size,
                                    device_id=device_id, num_threads=num_threads)
         self.cfg, self.batch_size, self.num_threads, self.device_id = cfg, batch_size, num_threads, device_id
         self.rank, self.num_replicas, self.seed = rank, num_replicas, seed
@@ -303,7 +303,7 @@ from torchvision.transforms import v2
 from convit_edu.augment import AugConfig, build_transforms
 from convit_edu.datasets import ImageFolderDataset
 from convit_edu.loaders import DataLoaders, build_loader
-from convit_edu.samplers import KeyedSampler, RepeatAugSampler, SeededSamples
+from convit_edu.samplers import KeyedSampler, RepeatAugSampler, SeededSamples, val_shard
 
 RANDAUGMENT_SPACE = v2.RandAugment._AUGMENTATION_SPACE  # torchvision's 14 ops (name: magnitudes, signed), draw order
 OP_CODES = 1 + 2 * len(RANDAUGMENT_SPACE)  # a slot's code: 0 skipped, else 1 + 2·op + 1 if the magnitude is negated
@@ -444,7 +444,8 @@ def build_gpu_decode_loaders(train_set: ImageFolderDataset, val_set: ImageFolder
         return build_loader(JpegBatches(files), 1, batches, num_workers=num_workers, seed=seed, drop_last=False)
 
     train = feed(SeededSamples(JpegFiles(train_set.samples, recipe), seed), BatchSampler(sampler, batch_size, True))
-    val = feed(JpegFiles(val_set.samples), BatchSampler(range(rank, len(val_set), num_replicas), 2 * batch_size, False))
+    val_batches = BatchSampler(val_shard(len(val_set), rank, num_replicas), 2 * batch_size, False)
+    val = feed(JpegFiles(val_set.samples), val_batches)
     return GpuDecodeLoaders(DecodedBatches(train, recipe.train_view, device, train_set.samples),
                             DecodedBatches(val, recipe.eval_view, device, val_set.samples), sampler)
 

@@ -58,7 +58,7 @@ from convit_edu.checks import expect_error
 
 # %%
 #| export
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from convit_edu.augment import AUGMENTATION_RENAMES, AugConfig, augmentation
@@ -317,21 +317,55 @@ print({name: TrainConfig(**recipe(name)).aug for name in RECIPES})  # every reci
 # grids (chapters 31, 33) print their runs with `config_to_words`: one pair of translators, so any run of a grid can be
 # repeated by hand from the words it prints. One setting gives way: the DALI loader (chapter 17) has no `repeats`, so
 # a preset's `repeats` becomes 1 under `loader` 'dali', with a note (an explicit `--repeats 3` is still refused).
+# The translators are their own module, `convit_edu.config_words`; `convit_edu.config` holds the config itself.
 
 # %%
 #| export
+DICT_FIELDS = ("model_args", "aug_args", "data_args")  # overrides of another dataclass's fields, merged by key
+
+
+def resolve_config(preset: str | None, values: dict[str, Any]) -> tuple[TrainConfig, list[str]]:
+    """The config of recipe `preset` (None: the defaults) with `values` on top — defaults < preset < values, the
+    dict fields (`model_args`, `aug_args`, `data_args`) merged key by key — and notes on what the preset could
+    not keep: a preset's `repeats` gives way to `loader` 'dali', which has no repeated augmentation."""
+    _check_names(values)
+    merged = recipe(preset) if preset is not None else {}
+    for key, value in values.items():
+        if key in DICT_FIELDS and not isinstance(value, dict):
+            raise TypeError(f"{key} must be a dict of overrides, e.g. {{'depth': 6}}, not {value!r}")
+        merged[key] = {**merged.get(key, {}), **value} if key in DICT_FIELDS else value
+    notes = []
+    if merged.get("loader") == "dali" and merged.get("repeats", 1) != 1 and "repeats" not in values:
+        notes.append(f"loader dali has no repeated augmentation: the preset's repeats {merged['repeats']} becomes 1 "
+                     "(each image once per epoch; --loader torchvision keeps it)")
+        merged["repeats"] = 1
+    return TrainConfig(**merged), notes
+
+
+# %%
+#| export config_words
+# A config as command-line words and back: the `train` command's flags (one per setting), the namespace they parse
+# into, and the words that give back a config.
+
+# %%
+#| export config_words
 import argparse
 import ast
 import typing
 import warnings
 from collections.abc import Sequence
+from dataclasses import MISSING, Field, fields
+from typing import Any
+
+from convit_edu.augment import AugConfig
+from convit_edu.config import DICT_FIELDS, RECIPES, RUN_OWNED, TrainConfig, resolve_config
+from convit_edu.models import ModelConfig
 
 _OVERRIDES = {  # TrainConfig field: (the dataclass it overrides, the prefix of its flags' dests, the group's title)
     "model_args": (ModelConfig, "model", "model architecture (convit_edu.models.ModelConfig; defaults shown are "
                                          "ConViT-Ti's, unset flags keep those of --model)"),
     "aug_args": (AugConfig, "aug", "augmentation (convit_edu.augment.AugConfig; defaults shown are those of the deit "
                                    "augmentation, unset flags keep those of --aug)")}
-_DICT_FIELDS = ("model_args", "aug_args", "data_args")
 
 
 def _flag(name: str) -> str:
@@ -407,24 +441,6 @@ def parse_key_value(item: str, flag: str) -> tuple[str, Any]:
     return key, _parse_value(value)
 
 
-def resolve_config(preset: str | None, values: dict[str, Any]) -> tuple[TrainConfig, list[str]]:
-    """The config of recipe `preset` (None: the defaults) with `values` on top — defaults < preset < values, the
-    dict fields (`model_args`, `aug_args`, `data_args`) merged key by key — and notes on what the preset could
-    not keep: a preset's `repeats` gives way to `loader` 'dali', which has no repeated augmentation."""
-    _check_names(values)
-    merged = recipe(preset) if preset is not None else {}
-    for key, value in values.items():
-        if key in _DICT_FIELDS and not isinstance(value, dict):
-            raise TypeError(f"{key} must be a dict of overrides, e.g. {{'depth': 6}}, not {value!r}")
-        merged[key] = {**merged.get(key, {}), **value} if key in _DICT_FIELDS else value
-    notes = []
-    if merged.get("loader") == "dali" and merged.get("repeats", 1) != 1 and "repeats" not in values:
-        notes.append(f"loader dali has no repeated augmentation: the preset's repeats {merged['repeats']} becomes 1 "
-                     "(each image once per epoch; --loader torchvision keeps it)")
-        merged["repeats"] = 1
-    return TrainConfig(**merged), notes
-
-
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """`--preset`, `--data-arg` and one flag per setting (`TrainConfig`'s, then its `model_args`' and `aug_args'`
     fields, each group under its title), read back by `config_from_args`."""
@@ -481,7 +497,7 @@ def config_to_words(cfg: TrainConfig, preset: str | None = None) -> list[str]:
     words = ["--preset", preset] if preset is not None else []
     for f in fields(TrainConfig):
         value, given = getattr(cfg, f.name), getattr(base, f.name)
-        if f.name in _DICT_FIELDS:
+        if f.name in DICT_FIELDS:
             missing = sorted(set(given) - set(value))
             if missing:
                 raise ValueError(f"{f.name} {value} lacks {missing[0]!r}, which preset {preset} sets: flags cannot "

@@ -28,14 +28,12 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp optimisation
-# The optimiser and learning-rate schedule, the training loss and its teacher, the EMA of the weights, per-step
-# randomness, and the check that a resume continues the same run.
+# The optimiser and learning-rate schedule, the training loss and its teacher, the EMA of the weights, and per-step
+# randomness.
 
 # %%
 #| export
 import random
-from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -298,45 +296,6 @@ def seed_step(seed: int, rank: int, epoch: int, step: int) -> None:
     random.seed(s)
     np.random.seed(s)
 
-
 # %% [markdown]
-# A resumed run must be the same run: every setting that changes what it means (data, fraction, classes,
-# seed, augmentation, model, batch, warm-up) must match the checkpoint's, and `check_resume` lists each
-# difference; other logging or workers, another device or number of processes (at the same global batch) are
-# fine. A few settings may change to *mend* a run — those a non-finite loss or a moved dataset sends a user
-# back with: `lr`, `min_lr`, `clip_grad`, `precision`, `data_root`, and `epochs` to extend it. The loop prints
-# each such change and records it in `invocations.jsonl` (chapter 24), and the new schedule holds from the first
-# step after the resume.
-
-# %%
-#| export
-_RESUME_MAY_CHANGE = {  # settings a resumed run may change without changing what it computes (the global batch,
-    # which batch_size, accum_steps and global_batch set together, is checked on its own)
-    "num_workers", "batch_size", "accum_steps", "global_batch", "compile", "device", "output", "resume",
-    "ckpt_every", "log_every", "progress", "eval_every"}
-_RESUME_MAY_FIX = (  # settings a resumed run may change to mend or extend it: printed, recorded in invocations.jsonl
-    "lr", "min_lr", "clip_grad", "precision", "data_root", "epochs")
-
-
-def check_resume(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, global_batch: int) -> dict[str, list]:
-    """Refuse the checkpoint `ckpt` (read from `path`) of another run than `cfg` with `model` at `global_batch`,
-    each differing setting named; return the settings it mends, {setting: [old, new]}."""
-    saved, now = asdict(TrainConfig.from_dict(ckpt["config"])), asdict(cfg)
-    differ = [k for k in now if k not in _RESUME_MAY_CHANGE and saved[k] != now[k]]
-    refused = [f"{k} {saved[k]!r} -> {now[k]!r}" for k in differ if k not in _RESUME_MAY_FIX]
-    if refused:
-        raise ValueError(f"checkpoint {path} was trained with other settings ({'; '.join(refused)}): resuming would "
-                         "not continue the same run; resume with the checkpoint's settings or start a new --output "
-                         f"(a resume may change {', '.join(_RESUME_MAY_FIX)})")
-    own, theirs = model.state_dict(), ckpt["model"]
-    wrong = sorted(set(own) ^ set(theirs)) + [k for k in own if k in theirs and own[k].shape != theirs[k].shape]
-    if wrong:
-        k = wrong[0]
-        detail = (f"{tuple(theirs[k].shape)} there, {tuple(own[k].shape)} here" if k in own and k in theirs
-                  else "missing " + ("there" if k in own else "here"))
-        raise ValueError(f"checkpoint {path} does not fit this model ({len(wrong)} tensors differ, first {k}: "
-                         f"{detail}): same --model but other sizes or classes?")
-    if ckpt["global_batch"] != global_batch:
-        raise ValueError(f"checkpoint {path} was trained with global batch {ckpt['global_batch']}, this run has "
-                         f"{global_batch}: keep batch_size × accum_steps × world size equal to resume")
-    return {k: [saved[k], now[k]] for k in differ}
+# Whether a checkpoint continues the same run, and what a resume may change, is chapter 23's, beside the checkpoint
+# itself.

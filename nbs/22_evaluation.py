@@ -41,7 +41,9 @@ from torch.utils.data import Dataset, Subset
 
 from convit_edu.devices import autocast, resolve_precision
 from convit_edu.distributed import all_reduce
-from convit_edu.loaders import DeviceTransforms, build_loader
+from convit_edu.augment import DeviceTransforms, finish_batch
+from convit_edu.loaders import build_loader
+from convit_edu.samplers import val_shard
 from convit_edu.zoo import mask_at_test_time
 
 # %%
@@ -83,7 +85,7 @@ def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset | Iterabl
     device = torch.device(device)
     precision = resolve_precision(precision, device)
     if isinstance(dataset, Dataset):
-        part = Subset(dataset, range(rank, len(dataset), world_size))
+        part = Subset(dataset, val_shard(len(dataset), rank, world_size))
         loader = build_loader(part, batch_size, None, num_workers=num_workers, seed=0, drop_last=False,
                               pin_memory=device.type == "cuda")  # its workers ignore SIGTERM, as training's do
     else:  # this process's batches already (the DALI loader's `val`)
@@ -114,6 +116,16 @@ def evaluate(model: nn.Module | dict[str, nn.Module], dataset: Dataset | Iterabl
     scores = {name: {"loss": loss / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n}
               for name, (loss, top1, top5, n) in zip(models, rows)}
     return scores if isinstance(model, dict) else scores[""]
+
+# %% [markdown]
+# Each batch is finished on the device before the model sees it: `finish_batch`, which the training step uses too.
+# It is the end of the augmentation, so it lives in `convit_edu.augment` with chapter 16's `DeviceTransforms`.
+
+# %%
+#| export augment
+import torch
+
+from convit_edu.augment import DeviceTransforms
 
 
 def finish_batch(images: torch.Tensor, finish: DeviceTransforms | None, train: bool) -> torch.Tensor:

@@ -60,8 +60,7 @@ _ = torch.manual_seed(0)
 # %%
 from dataclasses import replace
 
-from convit_edu.callbacks import Callback
-from convit_edu.checkpoints import read_checkpoint
+from convit_edu.run_state import Callback, read_checkpoint
 
 
 class StopAfter(Callback):
@@ -95,20 +94,17 @@ print("resumed weights identical to the uninterrupted run:", identical, "| EMA t
 # ## A hook: the gates during training
 #
 # The analysis chapter follows nonlocality and the gates σ(λ) through training with hooks like this one,
-# which records the mean σ(λ) of each GPSA layer after every optimiser step (`gate_means`, also logged per
-# epoch). Here on the tiny ConViT of the previous section:
+# which records the mean σ(λ) of each GPSA layer after every optimiser step (the model's `gate_means()`, also
+# logged per epoch). Here on the tiny ConViT of the previous section:
 
 # %%
-from convit_edu.gpsa_reference import gate_means
-
-
 class RecordGates(Callback):
     def __init__(self):
         self.steps, self.gates = [], []
 
     def on_step_end(self, state):
         self.steps.append(state.global_step)
-        self.gates.append(gate_means(state.model))
+        self.gates.append(state.model.gate_means())
 
 
 recorder = RecordGates()

@@ -30,8 +30,8 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp benchmarks
-# Measuring speed honestly: interleaved timings, one GPSA layer in three forms, cost against resolution and
-# whole-model training throughput.
+# Measuring speed honestly: the input pipeline's stages (chapter 16), interleaved timings, one GPSA layer in three
+# forms, cost against resolution and whole-model training throughput.
 
 # %%
 import matplotlib.pyplot as plt

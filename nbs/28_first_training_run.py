@@ -42,9 +42,9 @@ from IPython.display import display
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision import datasets as tv_datasets, transforms
 
-from convit_edu.checkpoints import read_checkpoint
 from convit_edu.checks import WrongAnswer, check_answer, expect_error
 from convit_edu.fit import deit_lr, fit
+from convit_edu.run_state import read_checkpoint
 from convit_edu.zoo import create_model, model_config
 
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -66,9 +66,9 @@ _ = torch.manual_seed(0)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from convit_edu.callbacks import plot_history
 from convit_edu.config import TrainConfig
 from convit_edu.datasets import tiny_imagenet
+from convit_edu.run_records import plot_history
 from convit_edu.training import train
 
 RUNS = Path("runs")  # nbs/runs/ is ignored by git

@@ -143,7 +143,7 @@ from torch import nn
 
 from convit_edu.checkpoints import read_state_dict
 from convit_edu.checks import one_of
-from convit_edu.gpsa_reference import gate_values
+from convit_edu.gated_attention import gate_values
 from convit_edu.models import VisionTransformer
 
 NONLOCALITY_INPUTS = ("block", "embeddings")
@@ -229,8 +229,8 @@ from pathlib import Path
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from convit_edu.callbacks import Callback, TrainState
 from convit_edu.checks import positive_int
+from convit_edu.run_state import Callback, TrainState
 
 
 class LocalityRecorder(Callback):

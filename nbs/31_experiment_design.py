@@ -58,9 +58,8 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # them. So a run of an experiment is a folder name, a label for the tables and its `TrainConfig`, with the name of
 # the recipe it was made from; a grid is a list of them. Its shell command is chapter 19's `config_to_words`:
 # `--preset NAME`, then a flag for every setting that differs from the recipe (booleans `--flag` / `--no-flag`,
-# `None` as `none`, dataset arguments as `--data-arg KEY=VALUE`), and the run writes into `RESULTS/NAME`. These
-# are the flags `convit-edu train` reads (chapter 37), with the same code, so a command of a grid's script can
-# be run by hand and trains exactly that run.
+# `None` as `none`, dataset arguments as `--data-arg KEY=VALUE`), and the run writes into `RESULTS/NAME`: the flags
+# `convit-edu train` reads (chapter 37), with the same code, so a grid's command run by hand trains that run.
 
 # %%
 #| export
@@ -69,7 +68,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from convit_edu.checks import one_of
-from convit_edu.config import RECIPES, TrainConfig, config_to_words
+from convit_edu.config import RECIPES, TrainConfig
+from convit_edu.config_words import config_to_words
 
 _DEFAULT_OUTPUT = next(f.default for f in fields(TrainConfig) if f.name == "output")
 
@@ -100,7 +100,7 @@ class RunSpec:
 
 def train_command(spec: RunSpec, results: str | Path, launcher: str = "python -m convit_edu.cli") -> str:
     """The shell command that trains ``spec`` into ``results/spec.name``: ``train``, then the words of its config
-    (``config.config_to_words``: ``--preset`` and the flags of what differs from the recipe).
+    (``config_words.config_to_words``: ``--preset`` and the flags of what differs from the recipe).
 
     ``launcher`` runs the CLI: ``python -m convit_edu.cli`` (or ``convit-edu``) on one machine,
     ``torchrun --nproc_per_node=8 -m convit_edu.cli`` on a GPU node; environment assignments may lead it
@@ -126,7 +126,7 @@ assert words == ["--model", "convit_small", "--no-use-local-init", "--data-arg",
 # every flag exists and lands in the right field, giving exactly the configuration we meant:
 
 # %%
-from convit_edu.config import config_from_words
+from convit_edu.config_words import config_from_words
 
 assert config_from_words(words) == replace(spec.config, output="out/demo")
 print("read back:", config_from_words(words).model_args, "classes", config_from_words(words).classes)

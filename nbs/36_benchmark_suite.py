@@ -260,9 +260,9 @@ from collections import Counter
 from dataclasses import replace
 
 from convit_edu.augment import build_transforms
+from convit_edu.benchmarks import benchmark_loader
 from convit_edu.config import TrainConfig
 from convit_edu.datasets import build_datasets
-from convit_edu.loaders import benchmark_loader
 from convit_edu.models import VisionTransformer
 from convit_edu.training import train
 
@@ -476,31 +476,33 @@ for label, value, target in targets:
 #   ConViT-Ti and ConViT-S sizes (B = 32, 224 px) and 0.33× the official form's at Ti size; its share falls with
 #   resolution, 0.88× at L = 64 to 0.19× at L = 576 (the reference's saved tensors grow as B·H·L², the fast's as B·L·D).
 # - *Layer speed* (target: forward+backward ≥ 2× the official/timm form): **met at S size, missed at Ti size in this
-#   run**: 1.72× and 2.40× [two earlier runs of the suite today, same code: 2.00× and 2.60×, 1.74× and 1.60×; chapter
-#   27: 1.86× and 2.50×; before: 1.64–2.06× and 2.22–2.59×; Xeon 2.92× and 2.77×, up from 1.53× and 1.85× once
+#   run**: 1.64× and 2.64× [earlier runs of the suite, same layer: 1.72× and 2.40×, 2.00× and 2.60×, 1.74× and 1.60×;
+#   chapter 27: 2.16× and 2.48×; before: 1.64–2.06× and 2.22–2.59×; Xeon 2.92× and 2.77×, up from 1.53× and 1.85× once
 #   chapter 05's `positional_softmax` set P's denormal entries, below 10⁻³⁸ and multiplied many times slower, to
 #   zero]. The baselines move most: their (B, H, L, L) buffers are paged in afresh or not (chapter 27). Over our
-#   reference the fast layer is 1.24× and 1.70× faster [1.19× and 1.90×, 1.19× and 1.17×], and costs 1.10× an MHSA
-#   layer, the floor of any GPSA built on SDPA, at Ti size [1.08–1.16×; before chapter 06 folded the gate into the
-#   weights and split P into two factors, 1.18–1.36×; Xeon 1.34×]. In the resolution sweep it beats the official form
-#   at every L (1.06× to 4.61×), the reference from L = 144 on (up to 3.24×).
-# - *Model throughput* (target ≥ 0.90×): **met** — ConViT-Ti trained at 0.95× DeiT-Ti's images/s (batch 32, one thread,
-#   median of 5 interleaved steps) [earlier runs today: 0.96× and 0.92×; the utilisation cell above, 3 steps: 0.91×
-#   (0.89× in the run before, 0.85× at batch 8); two threads, batch 32, median of 10 interleaved steps (`model_throughput`), four runs:
+#   reference the fast layer is 1.15× and 1.95× faster [1.24× and 1.70×, 1.19× and 1.90×, 1.19× and 1.17×], and costs
+#   1.07× an MHSA layer, the floor of any GPSA built on SDPA, at Ti size [1.08–1.16×; before chapter 06 folded the gate
+#   into the weights and split P into two factors, 1.18–1.36×; Xeon 1.34×]. In the resolution sweep it beats the
+#   official form at every L (1.04× to 4.77×), the reference from L = 144 on (up to 3.15×).
+# - *Model throughput* (target ≥ 0.90×): **met** — ConViT-Ti trained at 0.94× DeiT-Ti's images/s (batch 32, one thread,
+#   median of 5 interleaved steps) [earlier runs: 0.95×, 0.96× and 0.92×; the utilisation cell above, 3 steps: 0.86×
+#   (0.91× and 0.89× in runs before, 0.85× at batch 8); two threads, batch 32, median of 10 interleaved steps
+#   (`model_throughput`), four runs:
 #   0.92–0.93×, against 0.86–0.90× for four runs of the code before the fold and the factors; this suite before them,
 #   batch 8: 0.86× and 0.88×; Xeon, before them: 0.80×, not measured since], far above timm's ConViT (0.42–0.57× its
 #   DeiT). What ConViT-Ti does beyond DeiT-Ti is now small: P's two factors (L·(H + W)·D multiply-adds per layer,
 #   which chapter 09's FLOP counter checks: under 1 % of the model's) and four heads of 48 channels where DeiT-Ti has
 #   three of 64 (SDPA's kernel is less efficient on narrower heads).
-#   The 64-px row, one timed step of 2 images, is noise (1.04× here, 0.70× and 0.97× before). ConViT-S, wider than
-#   DeiT-S (432 vs 384; bound 0.80×), measured 0.85× here with a noise of 0.16 [0.76× and 0.78×; Xeon 0.70×]. Ti
-#   models: 0.72 and 0.76 of the matmul peak [Xeon 0.49 and 0.61].
-# - *Data pipeline* (target: end to end ≥ 0.90× model only, on chapter 33's Tiny ImageNet run): **met in this run**,
-#   1.02× [0.92× and 0.87× earlier today; before 0.84× and 0.91×; Xeon 0.88×] — `train` over an epoch of real 64-px
-#   JPEG batches against the model's step alone, one thread and one loader worker sharing the two cores. Shipping
-#   uint8, not float32, a worker made 1 125 instead of 789 images/s (¼ the bytes).
-# - *bf16 autocast* (the suite's 64-px rows): 0.19× the fp32 rate for ConViT-Ti, 0.23× for DeiT-Ti [earlier
-#   0.17–0.25×; Xeon 0.53×], a 512×512 bf16 matmul 66× slower [46–62×; Xeon 5×]: neither CPU computes in bf16, so
+#   The 64-px row, one timed step of 2 images, is noise (0.76× here; 1.04×, 0.70× and 0.97× before). ConViT-S, wider
+#   than DeiT-S (432 vs 384; bound 0.80×), measured 0.90× here with a noise of 0.12 [0.85×, 0.76× and 0.78×; Xeon
+#   0.70×]. Ti models: 0.62 and 0.66 of the matmul peak [0.72 and 0.76 before; Xeon 0.49 and 0.61].
+# - *Data pipeline* (target: end to end ≥ 0.90× model only, on chapter 33's Tiny ImageNet run): **missed in this
+#   run**, 0.84× [earlier runs 1.02×, 0.92× and 0.87×; before 0.84× and 0.91×; Xeon 0.88×]: on two cores it stands on
+#   either side of the target from run to run — `train` over an epoch of real 64-px JPEG batches against the model's
+#   step alone, one thread and one loader worker sharing the two cores. Shipping uint8, not float32, a worker made
+#   1 279 instead of 898 images/s (¼ the bytes).
+# - *bf16 autocast* (the suite's 64-px rows): 0.24× the fp32 rate for ConViT-Ti, 0.19× for DeiT-Ti [earlier
+#   0.17–0.25×; Xeon 0.53×], a 512×512 bf16 matmul 75× slower [46–66×; Xeon 5×]: neither CPU computes in bf16, so
 #   `--precision auto` picks fp32 on both; on one with AVX-512 BF16 or AMX (chapter 18) it picks bf16, about 2× fp32
 #   on a step.
 # - *`torch.compile`* could **not** be measured: Inductor's C++ compilation of a ConViT-Ti training step did not finish

@@ -73,16 +73,19 @@ import torch
 
 from convit_edu.augment import AugConfig, build_mixup, build_transforms
 from convit_edu.benchmark_suite import BenchSizes, bench_model, pipeline_bench, run_benchmarks, save_results
-from convit_edu.checkpoints import read_checkpoint, read_state_dict
+from convit_edu.benchmarks import benchmark_loader
+from convit_edu.checkpoints import read_state_dict
 from convit_edu.checks import number, positive_int
-from convit_edu.config import TrainConfig, add_config_flags, config_from_args, parse_key_value, recipe
+from convit_edu.config import TrainConfig, recipe
+from convit_edu.config_words import add_config_flags, config_from_args, parse_key_value
 from convit_edu.datasets import ARCHIVE_VARIABLE, TINY_IMAGENET_URL, build_datasets, tiny_imagenet
 from convit_edu.devices import PRECISIONS, resolve_device, resolve_precision
 from convit_edu.evaluation import evaluate
 from convit_edu.experiment_design import ABLATIONS, ablation_grid, sample_efficiency_grid, sample_efficiency_scale
 from convit_edu.experiments import fixed_test_split, run_grid
-from convit_edu.loaders import benchmark_loader, default_num_workers
+from convit_edu.loaders import default_num_workers
 from convit_edu.models import VisionTransformer
+from convit_edu.run_state import read_checkpoint
 from convit_edu.training import train
 from convit_edu.zoo import mask_at_test_time
 
@@ -90,12 +93,11 @@ from convit_edu.zoo import mask_at_test_time
 # %% [markdown]
 # ## One flag per field
 #
-# The flags are chapter 19's, made from the three dataclasses (`config.add_config_flags`): one name per idea, for the
-# field, its flag, log key and checkpoint field (`warmup_epochs` is `--warmup-epochs`, `local_up_to_layer` is
-# `--local-up-to-layer`), with the field's own help. Architecture flags fill `model_args`, augmentation flags
-# `aug_args`, `--data-arg KEY=VALUE` fills `data_args`; what the run owns (`config.RUN_OWNED`: image size, classes,
-# distillation head, drop path) is the run's flag only. `train` reads them with `config.config_from_args`, the code of
-# `config_from_words`: the words a grid prints for a run (`config_to_words`, chapter 31) train it here, flag for flag.
+# The flags are chapter 19's, made from the three dataclasses (`config_words.add_config_flags`): one name per idea,
+# for the field, its flag, log key and checkpoint field (`warmup_epochs` is `--warmup-epochs`), with the field's own
+# help. Architecture flags fill `model_args`, augmentation flags `aug_args`, `--data-arg KEY=VALUE` fills `data_args`;
+# what the run owns (`config.RUN_OWNED`: image size, classes, distillation head, drop path) is the run's flag only.
+# `train` reads them with `config_from_args`, the code of `config_from_words`: a grid's printed words train it here.
 
 # %%
 #| exporti
@@ -472,9 +474,8 @@ for argv in (["train", "--model", "convit_huge"],
 #
 # A model's training and inference images/s and peak memory (chapter 36's `bench_model`: on a CPU, fp32 and bf16 side
 # by side; `--compile` adds the compile's seconds), the loader's images/s stage by stage (chapter 16's
-# `benchmark_loader`), and the pipeline against the model (chapter 36's `pipeline_bench`), the model parts on the
-# device `--device` names at `--precision`. ConViT-Ti at 224 px, batch 16 (FAST: 64 px), committed from a 2-core AMD
-# EPYC (AVX2) shared with other work while it ran.
+# `benchmark_loader`), the pipeline against the model (chapter 36's `pipeline_bench`), the model parts on `--device`
+# at `--precision`. ConViT-Ti, 224 px, batch 16 (FAST: 64 px), from a 2-core AMD EPYC (AVX2) shared with other work.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

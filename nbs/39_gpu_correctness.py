@@ -78,7 +78,7 @@ from convit_edu.devices import autocast, resolve_precision
 from convit_edu.gpsa import GPSA
 from convit_edu.gpsa_reference import GPSAReference
 from convit_edu.optimisation import train_loss
-from convit_edu.run_parts import versions
+from convit_edu.run_records import versions
 from convit_edu.zoo import create_model, model_config
 
 STATUSES = ("PASS", "FAIL", "INFO", "SKIP")

@@ -65,12 +65,13 @@ from torch._dynamo.utils import counters
 from convit_edu.benchmark_suite import compile_seconds
 from convit_edu.benchmarks import device_timer, measure_model, model_steps
 from convit_edu.checks import number
-from convit_edu.config import TrainConfig, config_to_words
+from convit_edu.config import TrainConfig
+from convit_edu.config_words import config_to_words
 from convit_edu.devices import autocast
 from convit_edu.distributed import init_world
 from convit_edu.gpu_correctness import (CheckContext, CheckSizes, PhaseResult, check_env, check_gpsa,
                                         check_step_vs_cpu, collect_environment, run_check)
-from convit_edu.run_parts import check_output
+from convit_edu.run_records import check_output
 from convit_edu.training import Trainer
 
 # %% [markdown]

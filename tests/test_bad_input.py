@@ -12,10 +12,11 @@ from torch.utils.data import TensorDataset
 
 from convit_edu import checkpoints, cli, evaluation, locality, training, zoo
 from convit_edu.augment import AugConfig
-from convit_edu.checkpoints import read_checkpoint
 from convit_edu.config import TrainConfig, recipe
 from convit_edu.datasets import build_datasets
+from convit_edu.files import load_file
 from convit_edu.loaders import build_loaders
+from convit_edu.run_state import read_checkpoint
 from convit_edu.samplers import RepeatAugSampler
 
 TINY = dict(model="deit_tiny", model_args={"patch_size": 4, "depth": 1}, img_size=8)
@@ -72,7 +73,7 @@ API = [
      "truncated.pt is truncated or not a torch checkpoint"),
     (lambda t: checkpoints.load_weights(zoo.create_model("deit_tiny"), files(t)["random"]), ValueError,
      "random.pt is truncated or not a torch checkpoint"),
-    (lambda t: checkpoints.load_file(files(t)["unsafe"]), ValueError, "cannot be loaded safely"),
+    (lambda t: load_file(files(t)["unsafe"]), ValueError, "cannot be loaded safely"),
     (lambda t: locality.gates(files(t)["truncated"]), ValueError, "is truncated or not a torch checkpoint"),
     (lambda t: read_checkpoint(files(t)["foreign"]), ValueError, "not a convit-edu training checkpoint"),
     (lambda t: read_checkpoint(t / "missing.pt"), FileNotFoundError, "no checkpoint file at"),

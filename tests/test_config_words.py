@@ -1,4 +1,4 @@
-"""Tests for config.config_to_words / config_from_words: one pair of translators between a TrainConfig and the
+"""Tests for config_words.config_to_words / config_from_words: one pair of translators between a TrainConfig and the
 `convit-edu train` words, read back equal for every kind of setting, with and without a preset."""
 
 import json
@@ -7,7 +7,8 @@ from dataclasses import asdict
 import pytest
 
 from convit_edu import config as config_module
-from convit_edu.config import RECIPES, TrainConfig, config_from_words, config_to_words, recipe, resolve_config
+from convit_edu.config import RECIPES, TrainConfig, recipe, resolve_config
+from convit_edu.config_words import config_from_words, config_to_words
 
 CONFIGS = {  # name: (preset, values on top of it)
     "defaults": (None, {}),

@@ -13,9 +13,9 @@ import torch
 from PIL import Image
 from training_checks import StopAt, assert_same_weights
 
-from convit_edu import augment, checkpoints, config, dali, datasets
+from convit_edu import augment, config, dali, datasets, run_state
+from convit_edu.augment import DeviceTransforms
 from convit_edu.config import TrainConfig
-from convit_edu.loaders import DeviceTransforms
 from convit_edu.training import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -169,7 +169,7 @@ def test_the_command_line_trains_with_loader_dali(folder, tmp_path):
                  "--depth", "2", "--local-up-to-layer", "1", "--data", "imagefolder", "--data-root", str(folder), "--loader", "dali",
                  "--epochs", "1", "--batch-size", "4", "--num-workers", "1", "--device", "cpu", "--precision",
                  "fp32", "--progress", "none", "--output", str(out)]) == 0
-    assert checkpoints.read_checkpoint(out / "last.pt")["config"]["loader"] == "dali"
+    assert run_state.read_checkpoint(out / "last.pt")["config"]["loader"] == "dali"
 
 
 def test_the_imagenet_preset_trains_with_loader_dali_without_repeats(folder, tmp_path, capsys):
@@ -182,4 +182,4 @@ def test_the_imagenet_preset_trains_with_loader_dali_without_repeats(folder, tmp
                  "--data-root", str(folder), "--epochs", "1", "--global-batch", "4", "--num-workers", "1",
                  "--device", "cpu", "--precision", "fp32", "--progress", "none", "--output", str(out)]) == 0
     assert "note: loader dali has no repeated augmentation: the preset's repeats 3 becomes 1" in capsys.readouterr().out
-    assert checkpoints.read_checkpoint(out / "last.pt")["config"]["repeats"] == 1
+    assert run_state.read_checkpoint(out / "last.pt")["config"]["repeats"] == 1

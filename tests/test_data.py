@@ -14,8 +14,9 @@ from PIL import Image
 from torchvision import datasets
 
 from convit_edu.augment import AUGMENTATIONS, AugConfig, MixupCutmix, build_mixup, build_transforms
+from convit_edu.benchmarks import LoaderBenchmark, benchmark_loader, plot_loader_benchmarks
 from convit_edu.datasets import build_datasets, scaled_epochs, subsample_per_class
-from convit_edu.loaders import LoaderBenchmark, benchmark_loader, build_loader, build_loaders, plot_loader_benchmarks
+from convit_edu.loaders import build_loader, build_loaders
 from convit_edu.samplers import KeyedSampler, RepeatAugSampler
 
 CLASSES = ["cat", "dog", "eel"]
@@ -569,9 +570,8 @@ def test_sample_keys_are_places_in_the_global_stream_whatever_the_number_of_proc
 
 
 def test_on_device_transforms_ship_uint8_and_finish_to_the_float_pipelines_values(folder):
-    from convit_edu.augment import augmentation
+    from convit_edu.augment import DeviceTransforms, augmentation
     from convit_edu.image_files import load_rgb
-    from convit_edu.loaders import DeviceTransforms
 
     cfg = augmentation("deit", 32)
     _, float_val = build_transforms(cfg)
@@ -587,7 +587,7 @@ def test_on_device_transforms_ship_uint8_and_finish_to_the_float_pipelines_value
 
 
 def test_erasing_boxes_follow_the_probability_and_the_area_range():
-    from convit_edu.loaders import erasing_boxes
+    from convit_edu.augment import erasing_boxes
 
     torch.manual_seed(0)
     masks = erasing_boxes(4000, (40, 60), p=0.5)
@@ -602,8 +602,7 @@ def test_erasing_boxes_follow_the_probability_and_the_area_range():
 
 
 def test_device_transforms_erase_with_noise_and_keep_the_rest(folder):
-    from convit_edu.augment import augmentation
-    from convit_edu.loaders import DeviceTransforms
+    from convit_edu.augment import DeviceTransforms, augmentation
 
     cfg = augmentation("deit", 32, erasing=1.0)
     batch = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from convit_edu.augment import augmentation
-from convit_edu.loaders import DeviceTransforms, default_num_workers, erasing_boxes
+from convit_edu.augment import DeviceTransforms, augmentation, erasing_boxes
+from convit_edu.loaders import default_num_workers
 
 SIZE = (40, 60)  # not square: a box's h/w is told apart from its w/h
 

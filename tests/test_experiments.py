@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from convit_edu.config import TrainConfig, config_from_words
+from convit_edu.config import TrainConfig
+from convit_edu.config_words import config_from_words
 from convit_edu.experiment_design import (ABLATIONS, RunSpec, Scale, ablation_grid, commands_script,
                                           sample_efficiency_grid, sample_efficiency_scale, train_command, unique_runs)
 from convit_edu.files import write_json

@@ -1,5 +1,5 @@
 """Tests of convit_edu.fit, the core path's minimal training loop: its schedule and parameter groups (which the
-production loop uses too), evaluate scores predictions we control, and fit learns a tiny problem."""
+production loop uses too), loss_and_accuracy scores predictions we control, and fit learns a tiny problem."""
 
 import math
 
@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from convit_edu import optimisation
 from convit_edu.config import TrainConfig
-from convit_edu.fit import deit_lr, evaluate, fit, param_groups
+from convit_edu.fit import deit_lr, fit, loss_and_accuracy, param_groups
 from convit_edu.zoo import create_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,7 +56,7 @@ def test_param_groups_of_a_model_without_no_weight_decay_split_by_dimension():
     assert [p.shape for p in decayed["params"]] == [(3, 4)] and len(kept["params"]) == 3
 
 
-def test_evaluate_scores_predictions_we_control_and_restores_the_mode():
+def test_loss_and_accuracy_scores_predictions_we_control_and_restores_the_mode():
     model = nn.Linear(3, 3)  # the identity: the inputs are the logits
     with torch.no_grad():
         model.weight.copy_(torch.eye(3))
@@ -64,12 +64,12 @@ def test_evaluate_scores_predictions_we_control_and_restores_the_mode():
     logits = torch.tensor([[3.0, 0, 0], [0, 3.0, 0], [0, 0, 3.0], [3.0, 0, 0], [0, 3.0, 0]])
     labels = torch.tensor([0, 1, 2, 1, 2])  # the first three right, the last two wrong
     model.train()
-    result = evaluate(model, DataLoader(TensorDataset(logits, labels), batch_size=2))  # batches of 2, 2 and 1
+    result = loss_and_accuracy(model, DataLoader(TensorDataset(logits, labels), batch_size=2))  # batches of 2, 2 and 1
     assert result["top1"] == 60.0
     assert math.isclose(result["loss"], F.cross_entropy(logits, labels).item(), rel_tol=1e-6)
     assert model.training
     model.eval()
-    evaluate(model, [(logits, labels)])
+    loss_and_accuracy(model, [(logits, labels)])
     assert not model.training
 
 
@@ -88,7 +88,7 @@ def test_fit_lowers_the_loss_and_returns_the_documented_history(name):
     model = create_model(name, **TINY, **({"local_up_to_layer": 1} if name == "convit_tiny" else {}))
     train_loader = DataLoader(blobs(96, 0), batch_size=16, shuffle=True, drop_last=True)
     val_loader = DataLoader(blobs(48, 1), batch_size=48)
-    before = evaluate(model, val_loader)
+    before = loss_and_accuracy(model, val_loader)
     history = fit(model, train_loader, val_loader, 4, lr=0.1, warmup_epochs=1, min_lr=1e-5)
     assert [row["epoch"] for row in history] == [1, 2, 3, 4]
     assert all(set(row) == {"epoch", "train_loss", "val_loss", "val_top1", "lr", "gates"} for row in history)

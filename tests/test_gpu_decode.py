@@ -13,12 +13,11 @@ from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from convit_edu.augment import augmentation, build_mixup, build_transforms
+from convit_edu.augment import DeviceTransforms, augmentation, build_mixup, build_transforms
 from convit_edu.config import TrainConfig
 from convit_edu.datasets import build_datasets
 from convit_edu.evaluation import evaluate
 from convit_edu.gpu_decode import DeviceRecipe, JpegFiles, build_gpu_decode_loaders, resized_crops
-from convit_edu.loaders import DeviceTransforms
 from convit_edu.samplers import SeededSamples
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),  # torchvision 0.29 warns at each decode: TorchCodec is next
@@ -225,8 +224,7 @@ def test_the_training_loop_finishes_mixes_and_evaluates_its_batches(folder):
 def test_train_with_loader_gpu_decode_evaluates_and_resumes_mid_epoch_to_identical_weights(folder, tmp_path):
     from dataclasses import replace
 
-    from convit_edu.callbacks import Callback
-    from convit_edu.checkpoints import read_checkpoint
+    from convit_edu.run_state import Callback, read_checkpoint
     from convit_edu.training import train
 
     class StopAtStep(Callback):

@@ -10,6 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from convit_edu import _nbexport as nbe
 from convit_edu import _nbtools as nbt
 
 HEADER = (Path(__file__).resolve().parents[1] / "nbs" / "00_index.py").read_text().split("# %%")[0]
@@ -136,19 +137,59 @@ def test_export_name_sends_a_cell_into_another_module_with_its_own_docstring_and
     assert any("convit_edu/shapes.py differs" in p for p in nbt.check(root))
 
 
-def test_a_module_exported_by_two_notebooks_is_refused_by_export_and_check(tmp_path, capsys, monkeypatch):
+MORE = SOURCE.replace("#| default_exp toy", "#| default_exp more").replace("# # Toy chapter", "# # More") + '''
+# %%
+#| export shapes
+from convit_edu.shapes import ring_area
+
+
+def ring_share(outer: float, inner: float) -> float:
+    """The ring's share of the outer circle."""
+    return ring_area(outer, inner) / circle_area(outer)
+'''
+
+
+def two_chapters(tmp_path: Path, more: str = MORE) -> Path:
     root = make_project(tmp_path, OTHER_MODULE)
-    (root / "nbs" / "02_more.py").write_text(SOURCE.replace("#| default_exp toy", "#| default_exp more").replace(
-        "# # Toy chapter", "# # More") + "\n# %%\n#| export shapes\nsquare = 4\n")
+    (root / "nbs" / "02_more.py").write_text(more)
+    return root
+
+
+def test_a_module_gathers_its_cells_from_several_chapters_in_chapter_order(tmp_path, monkeypatch):
+    root = two_chapters(tmp_path)
+    targets = nbt.export(root / "nbs" / "02_more", root)  # one chapter's export writes the module whole
+    assert sorted(t.name for t in targets) == ["more.py", "shapes.py"]
+    shapes = (root / "convit_edu" / "shapes.py").read_text()
+    assert "FROM THE NOTEBOOKS nbs/01_toy.py, nbs/02_more.py:\n# edit the notebooks, not this file" in shapes
+    assert shapes.index("def ring_area") < shapes.index("def ring_share")
+    assert "__all__ = ['ring_area', 'ring_share']" in shapes
+    assert "from convit_edu.shapes import" not in shapes  # the later chapter's import of the module itself
+    assert shapes.startswith('"""Shapes other than circles')  # the docstring given in the first chapter
+    nbt.export(root / "nbs" / "01_toy", root)
+    monkeypatch.setitem(sys.modules, "convit_edu.toy", load_module(root / "convit_edu" / "toy.py"))
+    module = load_module(root / "convit_edu" / "shapes.py")
+    assert module.ring_share(2.0, 1.0) == pytest.approx(0.75)
     for stem in ("01_toy", "02_more"):
         nbt.sync(root / "nbs" / stem)
         fake_clean_run(root / "nbs" / f"{stem}.ipynb")
-    with pytest.raises(nbt.NbToolsError, match="shapes.py is exported by 01_toy.py and by 02_more.py"):
-        nbt.module_owners(root)
-    assert any("shapes.py is exported by 01_toy.py and by 02_more.py" in p for p in nbt.check(root))
+    assert nbt.check(root) == []
+    (root / "convit_edu" / "shapes.py").write_text(shapes.replace("0.75", "0.5") + "# edited\n")
+    assert any("shapes.py differs from a fresh export of nbs/01_toy.py, nbs/02_more.py" in p for p in nbt.check(root))
+
+
+@pytest.mark.parametrize("cell, says", [
+    ("#| export shapes\ndef ring_area(outer, inner):\n    return 0.0\n",
+     "'ring_area' is already defined for convit_edu/shapes.py in nbs/01_toy.py, cell"),
+    ("#| export shapes\n# Shapes again.\n", "convit_edu/shapes.py has its docstring from nbs/01_toy.py, cell"),
+], ids=["a-name-defined-twice", "a-docstring-given-twice"])
+def test_a_module_of_several_chapters_refuses_a_name_or_docstring_given_twice(tmp_path, capsys, monkeypatch, cell,
+                                                                                says):
+    root = two_chapters(tmp_path, MORE + "\n# %%\n" + cell)
+    with pytest.raises(nbt.NbToolsError, match=re.escape(says)):
+        nbt.project_modules(root)
+    assert any(says in p for p in nbt.check(root))
     monkeypatch.chdir(root)
-    assert nbt.main(["export"]) == 1
-    assert "exported by 01_toy.py and by 02_more.py" in capsys.readouterr().err
+    assert nbt.main(["export"]) == 1 and says in capsys.readouterr().err
     assert not (root / "convit_edu" / "shapes.py").exists()  # refused before anything was written
 
 
@@ -310,7 +351,7 @@ import os.path as osp
 import math
 from collections import Counter
 from convit_edu._nbtools import (
-    CELL_TIMEOUT_S, CMD, FAST_VALUES, GENERATED_MARK, METADATA_FILTER, NB_GLOB, PAIRING,
+    CELL_TIMEOUT_S, CMD, FAST_VALUES, GENERATED_MARK, METADATA_FILTER, PACKAGE, PAIRING,
     Cell,
 )
 
@@ -357,7 +398,7 @@ from convit_edu._nbtools import (
     FAST_VALUES,
     GENERATED_MARK,
     METADATA_FILTER,
-    NB_GLOB,
+    PACKAGE,
     PAIRING,
     Cell,
     NbToolsError,
@@ -435,5 +476,5 @@ def test_export_refuses_imports_that_would_change_meaning_at_the_top(tmp_path, c
 
 
 def test_the_comment_below_default_exp_is_the_module_docstring():
-    assert nbt.module_doc("# One line.\n#\n# A second paragraph.") == "One line.\n\nA second paragraph."
-    assert nbt.module_doc("") == "" and nbt.module_doc("x = 1  # not a docstring") == ""
+    assert nbe.module_doc("# One line.\n#\n# A second paragraph.") == "One line.\n\nA second paragraph."
+    assert nbe.module_doc("") == "" and nbe.module_doc("x = 1  # not a docstring") == ""

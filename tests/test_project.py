@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import convit_edu
-from convit_edu import _nbtools
+from convit_edu import _nbexport, _nbtools
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,7 +134,7 @@ def test_the_package_import_graph_is_one_way():
 
     for name in sorted(graph):
         visit(name)
-    assert graph["training"] >= {"config", "distributed", "optimisation", "loaders"}  # the graph was read at all
+    assert graph["training"] >= {"config", "distributed", "optimisation", "run_state"}  # the graph was read at all
 
 
 def import_depth(graph: dict[str, set[str]]) -> dict[str, list[str]]:
@@ -176,27 +176,34 @@ def test_a_cycle_in_the_import_graph_would_be_caught(monkeypatch):
 
 
 def chapter_imports() -> list[tuple[str, int, str, int]]:
-    """(chapter, its number, a convit_edu module it imports, the number of the chapter exporting that module),
-    from each chapter's `#| default_exp` line and its imports (`from convit_edu.X import`, `import convit_edu.X`,
-    `from convit_edu import X`)."""
+    """(chapter, its number, what it imports of the package — a module, or `module.name` —, the number of the
+    chapter that exports it). A module may gather cells from several chapters, so a name counts from the chapter
+    that defines it, a module from its first chapter; read from each chapter's exported cells
+    (`_nbexport.notebook_parts`) and its imports (`from convit_edu.X import a, b` on one line or in parentheses,
+    `import convit_edu.X`, `from convit_edu import X`)."""
     chapters = sorted((ROOT / "nbs").glob("[0-9][0-9]_*.py"))
-    owner: dict[str, int] = {}  # a module's first chapter: its `#| default_exp`, or a cell's `#| export MODULE`
+    owner: dict[str, int] = {}  # module, and module.name, -> the chapter that exports it first
     for p in chapters:
-        for module in re.findall(r"^#\| (?:default_exp|export) (\w+)", p.read_text(), re.M):
-            owner.setdefault(module, int(p.name[:2]))
+        for module, part in _nbexport.notebook_parts(p, ROOT).items():
+            for key in [module, *(f"{module}.{name}" for name in part.defined)]:
+                owner.setdefault(key, int(p.name[:2]))
     found = []
     for p in chapters:
         text = p.read_text()
-        used = set(re.findall(r"^\s*(?:from|import) convit_edu\.(\w+)", text, re.M))
+        used = set(re.findall(r"^\s*import convit_edu\.(\w+)", text, re.M))
         used |= {name.split(" as ")[0].strip() for names in re.findall(r"^\s*from convit_edu import ([\w ,]+)", text, re.M)
                  for name in names.split(",")}
-        found += [(p.stem, int(p.name[:2]), module, owner[module]) for module in sorted(used) if module in owner]
+        for module, names in re.findall(r"^\s*from convit_edu\.(\w+) import (\([^)]*\)|[^(\n]+)$", text, re.M):
+            for name in names.strip("()").replace("\n", " ").split(","):
+                key = f"{module}.{name.split(' as ')[0].strip()}"
+                used.add(key if key in owner else module)
+        found += [(p.stem, int(p.name[:2]), key, owner[key]) for key in sorted(used) if key in owner]
     return found
 
 
 # The one tool met before its chapter: the course's photographs, which a student fetches with `convit-edu data
 # tiny-imagenet` before opening chapter 01 (README) and which chapter 10 needs; chapter 13 builds the function.
-USED_BEFORE_ITS_CHAPTER = {("10_fit", "datasets")}
+USED_BEFORE_ITS_CHAPTER = {("10_fit", "datasets.tiny_imagenet")}
 
 
 def test_chapters_are_in_dependency_order():
@@ -208,13 +215,13 @@ def test_chapters_are_in_dependency_order():
     fit = (ROOT / "nbs" / "10_fit.py").read_text()  # and of that module, only the data
     assert re.findall(r"from convit_edu\.datasets import (.+)", fit) == ["tiny_imagenet"]
     assert not later, "chapters out of dependency order: " + "; ".join(later)
-    assert ("25_training", 25, "optimisation", 20) in found  # the imports were read at all
+    assert ("25_training", 25, "optimisation.build_optimizer", 20) in found  # the imports were read at all
 
 
 def test_a_chapter_that_imports_a_later_module_would_be_caught(monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "chapter_imports", lambda: [
-        ("25_training", 25, "optimisation", 20), ("10_fit", 10, "training", 25)])
-    with pytest.raises(AssertionError, match=r"10_fit imports training \(chapter 25\)"):
+        ("25_training", 25, "optimisation.build_optimizer", 20), ("17_dali", 17, "benchmarks.bench_model", 27)])
+    with pytest.raises(AssertionError, match=r"17_dali imports benchmarks.bench_model \(chapter 27\)"):
         test_chapters_are_in_dependency_order()
 
 

@@ -12,12 +12,12 @@ import torch
 from test_training import config, make_data, make_model
 from training_checks import StopAt
 
-from convit_edu import cli, config as config_module, training
-from convit_edu.callbacks import Callback
-from convit_edu.checkpoints import read_checkpoint
+from convit_edu import cli, training
+from convit_edu import config as config_module
 from convit_edu.config import TrainConfig
 from convit_edu.fit import deit_lr
 from convit_edu.optimisation import scaled_lr
+from convit_edu.run_state import Callback, read_checkpoint
 from convit_edu.training import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -23,11 +23,9 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 from training_checks import StopAt, assert_same_weights
 
-from convit_edu import checkpoints, devices, distributed, evaluation, optimisation, training
-from convit_edu.callbacks import Callback
-from convit_edu.gpsa_reference import gate_means
-from convit_edu.checkpoints import read_checkpoint, save_checkpoint
+from convit_edu import devices, distributed, evaluation, files, optimisation, run_state, training
 from convit_edu.config import RECIPES, TrainConfig, recipe
+from convit_edu.run_state import Callback, read_checkpoint, save_checkpoint
 from convit_edu.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +47,9 @@ class TinyNet(nn.Module):
 
     def forward(self, x):
         return self.head(self.body(x) * torch.sigmoid(self.gate.gating_param).mean())
+
+    def gate_means(self) -> list[float]:  # what the trainer logs of a model's gates, as VisionTransformer's
+        return [torch.sigmoid(self.gate.gating_param).mean().item()]
 
 
 class DistilledTinyNet(TinyNet):
@@ -110,7 +111,7 @@ def test_loss_falls_on_a_small_learnable_problem(tmp_path):
     assert losses[-1] < 0.8 * losses[0], losses
     assert result.history[-1]["val_top1"] > 50  # chance is 25 %
     assert {"val_top5", "ema_top1", "lr", "images_per_s", "gates"} <= set(result.history[-1])
-    assert result.history[-1]["gates"] == pytest.approx(gate_means(result.model))
+    assert result.history[-1]["gates"] == pytest.approx(result.model.gate_means())
     assert (tmp_path / "log.jsonl").read_text().count("\n") == 6
     assert (tmp_path / "log.csv").read_text().splitlines()[0].startswith("epoch,step,train_loss")
     assert {"run.json", "last.pt", "best.pt", "curves.png"} <= {p.name for p in tmp_path.iterdir()}
@@ -216,7 +217,30 @@ def test_checkpoint_survives_a_crash_during_writing(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "save", crash_halfway)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint({"format": "convit-edu-train-1", "weights": torch.zeros(3)}, path)
-    assert torch.equal(read_checkpoint(path)["weights"], torch.arange(3.0))
+    assert torch.equal(files.load_file(path)["weights"], torch.arange(3.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_a_checkpoint_holds_its_keys_and_one_of_the_first_format_resumes_to_identical_weights(tmp_path):
+    """A run's last.pt holds exactly CHECKPOINT_KEYS; the same checkpoint as format 1 wrote it (DALI's states under
+    "dali", the sampler's position, no "pending" or "seconds" in the earliest files) resumes to the weights of an
+    uninterrupted run; files of a newer format, or lacking a key, are refused by name."""
+    straight = train(config(tmp_path / "straight"), model=make_model(), datasets=make_data())
+    train(config(tmp_path / "stopped"), model=make_model(), datasets=make_data(), callbacks=[StopAt(1, 3)])
+    ckpt = read_checkpoint(tmp_path / "stopped" / "last.pt")
+    assert tuple(ckpt) == run_state.CHECKPOINT_KEYS and ckpt["format"] == "convit-edu-train-2"
+    old = {k: v for k, v in ckpt.items() if k not in ("loader", "pending", "seconds")}
+    old |= {"format": "convit-edu-train-1", "dali": None, "sampler": {"epoch": 1, "start": 24}}
+    (tmp_path / "old").mkdir()
+    torch.save(old, tmp_path / "old" / "last.pt")
+    resumed = train(config(tmp_path / "old", resume="auto"), model=make_model(), datasets=make_data())
+    assert_same_weights(straight.model, resumed.model)
+    torch.save({**ckpt, "format": "convit-edu-train-3"}, tmp_path / "newer.pt")
+    with pytest.raises(ValueError, match="newer.pt is a training checkpoint of format 'convit-edu-train-3'"):
+        read_checkpoint(tmp_path / "newer.pt")
+    torch.save({k: v for k, v in ckpt.items() if k != "optimizer"}, tmp_path / "partial.pt")
+    with pytest.raises(ValueError, match="partial.pt is a training checkpoint without optimizer"):
+        train(config(tmp_path / "run", resume=str(tmp_path / "partial.pt")), model=make_model(), datasets=make_data())
 
 
 def test_corrupt_or_foreign_checkpoints_are_refused_by_name(tmp_path):
@@ -856,7 +880,7 @@ def test_the_ema_update_equals_averaged_models_own_without_reading_the_device():
 
 
 def test_the_runs_own_datasets_ship_uint8_and_a_uint8_batch_needs_its_finish(tmp_path):
-    from convit_edu.evaluation import finish_batch
+    from convit_edu.augment import finish_batch
 
     cfg = TrainConfig(model="deit_tiny", img_size=16, model_args={"patch_size": 4, "embed_dim": 16, "num_heads": 2,
                                                                   "depth": 1}, data="fake",

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from convit_edu.callbacks import Callback
+from convit_edu.run_state import Callback
 
 
 def assert_same_weights(a: nn.Module, b: nn.Module) -> None:

@@ -14,13 +14,14 @@
 # ---
 
 # %% [markdown]
-# # What a run is made of: data, models, resume, records
+# # What a run is made of, and what it leaves behind
 #
 # A run is built in the order that lets every bad input fail before any training work — the config was
 # checked when it was made; then the output folder (writable?), the data (more processes than samples? a batch
-# larger than a process's share?), the model and the resume checkpoint (the same model? the same global
-# batch?), the optimisation — and only then trained. `Trainer.__init__` (chapter 25) is that order; the
-# functions here are the pieces that need no trainer, each checked below on a small config.
+# larger than a process's share?), the model and the resume checkpoint (chapter 23: the same model? the same
+# global batch?), the optimisation — and only then trained. `Trainer.__init__` (chapter 25) is that order; the
+# functions here build its pieces (`run_setup`) and keep its records (`run_records`: the output folder, `run.json`,
+# the progress shown, the logs and the curves), each checked below on a small config.
 
 # %% tags=["parameters"]
 import os
@@ -28,47 +29,38 @@ import os
 FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
 
 # %%
-#| default_exp run_parts
-# The parts of a training run that need no trainer: its datasets and models, the checkpoint it resumes from and
-# the state restored from it, its output folder and the records it writes there.
+#| default_exp run_setup
+# A training run built from its config: its datasets, its loaders, its models and their wrapping (DDP, compile),
+# and the compile cache a requeued job finds.
 
 # %%
 #| export
 import contextlib
-import json
 import os
-import platform
-import sys
-import time
-from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torchvision
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.optim.lr_scheduler import LambdaLR
-from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import Dataset
 
-import convit_edu
 from convit_edu.augment import AUGMENTATIONS, AugConfig, build_transforms
-from convit_edu.callbacks import TrainState
-from convit_edu.checkpoints import read_checkpoint, set_rng_states
 from convit_edu.config import TrainConfig
 from convit_edu.dali import DaliLoaders
 from convit_edu.datasets import build_datasets
-from convit_edu.distributed import World, all_reduce, run_on_main
+from convit_edu.distributed import World, run_on_main
 from convit_edu.gpu_decode import build_gpu_decode_loaders
 from convit_edu.loaders import DataLoaders, build_loaders
 from convit_edu.models import VisionTransformer
-from convit_edu.optimisation import build_teacher, scaled_lr
+from convit_edu.optimisation import build_teacher
 
 # %%
+import json
 import tempfile
-from dataclasses import replace
+from dataclasses import asdict, replace
+
+import torch.distributed as dist
 
 from convit_edu.checks import expect_error
 
@@ -87,8 +79,8 @@ tiny = TrainConfig(model="convit_tiny", img_size=16, model_args={"patch_size": 4
 # datasets ship uint8 crops from the workers, and `finish_batch` normalises and erases each batch on the device
 # with chapter 16's `DeviceTransforms`; a caller's datasets that give float tensors pass through unchanged.
 # With `loader="dali"` chapter 17's `DaliLoaders` replaces `build_loaders`: the same uint8 batches, decoded on
-# the GPU; its exact resume is the pipelines' own state, one per process, saved in the checkpoint under `dali`
-# (so it resumes on as many processes as it ran).
+# the GPU; its exact resume is the pipelines' own state (`state()`), one per process, saved in the checkpoint
+# (chapter 23), so it resumes on as many processes as it ran.
 #
 # **Rank 0 writes, and builds the datasets first.** Every write of rank 0 goes through chapter 21's
 # `run_on_main`, so that a full disk there stops every process at once; rank 0 also builds the config's datasets
@@ -152,7 +144,7 @@ print(f"train batch {tuple(images.shape)} {images.dtype}; val batches of {[len(y
 assert images.shape == (8, 3, 16, 16) and sum(len(y) for _, y in run_loaders.val) == len(val_set)
 
 # %% [markdown]
-# ## The model, the teacher, the resume checkpoint
+# ## The model and the teacher
 #
 # The initial weights are a function of the seed alone, the same on every process. A teacher (hard
 # distillation, SM B; chapter 20's `build_teacher`) is frozen, and the student gets a distillation head.
@@ -184,94 +176,6 @@ assert student.config.distilled and not first.config.distilled and not teacher.t
 print(f"seed {tiny.seed}: the same {sum(p.numel() for p in first.parameters())} weights twice; with a teacher,",
       f"{sum(p.numel() for p in student.parameters()) - sum(p.numel() for p in first.parameters())} more for the",
       "distillation token and head")
-
-# %% [markdown]
-# A checkpoint to resume from must hold the same run (chapter 20's `check_resume`); it may come from another
-# number of processes, even mid-epoch: the sampler's position is a place in the epoch's one global stream, and
-# each sample's augmentation is seeded by that place (chapter 15). Every process must see the checkpoint, or
-# none: `--resume auto` is decided together (an all-reduce of "I see `last.pt`"), because processes that
-# disagreed would wait forever for each other at the first collective. The settings a resume mends are printed
-# and recorded in `invocations.jsonl` (`"changed": {"lr": [old, new]}`), and the new schedule holds from the
-# first step after the resume.
-#
-# The trainer restores a checkpoint in two moves: the weights are loaded before the optimiser and the EMA are
-# made (the EMA starts as a copy of the model), then `restore_run` puts back everything else — optimiser,
-# schedule, scaler, EMA, position, log, best score and every generator's state, and DALI's pipelines from the
-# states that `dali_states` gathered for the checkpoint. Chapter 25 checks that a resumed trainer holds what its
-# checkpoint saved.
-
-# %%
-#| export
-def resume_checkpoint(cfg: TrainConfig, world: World) -> tuple[dict | None, Path | None]:
-    """(checkpoint, its path) that `cfg.resume` names — `auto`: `output/last.pt` when it exists — or (None,
-    None); every process decides together, and one that sees the file while another does not is refused."""
-    if cfg.resume is None:
-        return None, None
-    path = Path(cfg.output) / "last.pt" if cfg.resume == "auto" else Path(cfg.resume)
-    seen = int(all_reduce(torch.tensor(float(path.exists()), device=world.device)).item())
-    if 0 < seen < world.world_size:  # every process must take the same decision, or the first collective hangs
-        raise ValueError(f"{seen} of {world.world_size} processes see {path}: put --output (and the checkpoint) "
-                         "on a file system that every node shares")
-    if cfg.resume == "auto" and not seen:
-        if world.main:
-            print(f"resume auto: no {path} yet, starting from scratch", flush=True)
-        return None, None
-    return read_checkpoint(path), path
-
-
-def restore_run(ckpt: dict, path: Path, changes: dict[str, list], state: TrainState, scheduler: LambdaLR,
-                scaler: torch.amp.GradScaler, ema: AveragedModel | None, loaders: DataLoaders | DaliLoaders,
-                world: World) -> float:
-    """Put the checkpoint `ckpt` (read from `path`, with the settings `changes` that the resume mends) back into
-    a new run: `state.optimizer`, the schedule (at this run's rates), the scaler, the EMA, the position and log in
-    `state`, every generator and DALI's pipelines. Returns the best top-1 so far."""
-    state.optimizer.load_state_dict(ckpt["optimizer"])
-    scheduler.load_state_dict(ckpt["scheduler"])
-    for group, base, lr_at in zip(state.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base * lr_at(scheduler.last_epoch)  # this run's schedule (a resume may change lr)
-    if ckpt["scaler"]:  # an fp16 run's scaler (empty when saved disabled: a resume may change the precision)
-        scaler.load_state_dict(ckpt["scaler"])
-    if ema is not None and ckpt["ema"] is not None:
-        ema.load_state_dict(ckpt["ema"])
-    state.epoch, state.step, state.global_step = ckpt["epoch"], ckpt["step"], ckpt["global_step"]
-    state.epoch_losses, state.history = ckpt["epoch_losses"], ckpt["history"]
-    state.pending, state.seconds = ckpt.get("pending"), ckpt.get("seconds", 0.0)  # (earlier versions have neither)
-    set_rng_states(ckpt["rng"])
-    if isinstance(loaders, DaliLoaders):
-        if len(ckpt["dali"]) != world.world_size:
-            raise ValueError(f"checkpoint {path} holds the DALI pipelines of {len(ckpt['dali'])} process(es): "
-                             f"loader 'dali' resumes with as many processes (each reads its own shard), not "
-                             f"{world.world_size}")
-        loaders.restore(ckpt["dali"][world.rank])
-    if world.main:
-        changed = "".join(f"; {k} {old!r} -> {new!r}" for k, (old, new) in changes.items())
-        print(f"resumed from {path}: epoch {state.epoch + 1}, step {state.step}/{state.steps_per_epoch}{changed}",
-              flush=True)
-    return ckpt["best_top1"]
-
-
-def dali_states(loaders: DataLoaders | DaliLoaders, world: World) -> list[bytes] | None:
-    """Every process's DALI pipeline state (rank order), gathered to all, for a checkpoint's `dali` (each process
-    reads its own shard); None for the torchvision loaders, whose position is the sampler's."""
-    if not isinstance(loaders, DaliLoaders):
-        return None
-    states = [loaders.state()] * world.world_size
-    if world.world_size > 1:
-        dist.all_gather_object(states, states[0])
-    return states
-
-
-# %% [markdown]
-# With no resume, or `auto` before the first checkpoint, a run starts from scratch; a named checkpoint that is
-# missing is an error, not a silent fresh start.
-
-# %%
-assert resume_checkpoint(tiny, world) == (None, None)
-assert resume_checkpoint(replace(tiny, resume="auto"), world) == (None, None)
-message = expect_error(lambda: resume_checkpoint(replace(tiny, resume=str(tmp / "nowhere.pt")), world),
-                       FileNotFoundError)
-assert "nowhere.pt" in message
-print(message)
 
 # %% [markdown]
 # ## The optimisation
@@ -351,15 +255,40 @@ if yours is not None:
 #
 # `run.json` (the config, the world, the batch sizes, the learning rate, the versions, the command line) when it
 # starts, and a line in `invocations.jsonl` every time it is started or resumed (a run extended with more
-# epochs, or resumed on another number of GPUs, keeps the record of each start); checkpoints — `last.pt` at
-# every epoch end and every `ckpt_every` steps, `best.pt` when the top-1 improved (a second name of that
-# epoch's `last.pt`); the logs, `log.jsonl` and `log.csv`, rewritten from the history at each evaluated epoch. No checkpoint ever holds non-finite weights: a
-# step can turn the weights to NaN while its loss was still finite, and saving them would make the "last good
-# checkpoint" a bad one, so the trainer's `checkpoint` refuses them on every process and names the last good
-# one (if any). Before any of it, the output folder must be writable.
+# epochs, or resumed on another number of GPUs, keeps the record of each start); chapter 23's checkpoints —
+# `last.pt` at every epoch end and every `ckpt_every` steps, `best.pt` when the top-1 improved (a second name of
+# that epoch's `last.pt`); the logs, `log.jsonl` and `log.csv`, rewritten from the history at each evaluated
+# epoch; the curves. Before any of it, the output folder must be writable.
 
 # %%
-#| export
+#| export run_records
+# A run's records: its output folder, run.json and invocations.jsonl, the progress rank 0 shows, the log files and
+# the curves.
+
+# %%
+#| export run_records
+import csv
+import io
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torchvision
+from fastprogress.fastprogress import IN_NOTEBOOK, ConsoleMasterBar, ConsoleProgressBar, NBMasterBar, NBProgressBar
+from matplotlib.figure import Figure
+
+import convit_edu
+from convit_edu.config import TrainConfig
+from convit_edu.distributed import World
+from convit_edu.files import atomic_write
+from convit_edu.optimisation import scaled_lr
+from convit_edu.run_state import TrainState
+
+
 def check_output(output: Path) -> None:
     """The run folder exists and is writable (else a ValueError naming it); temporary files that a killed run
     left behind are removed."""
@@ -433,3 +362,138 @@ assert starts[1]["changed"] == {"lr": [tiny.lr, 1e-3]} and starts[1]["config"]["
 print("run.json:", ", ".join(run))
 print("invocations.jsonl, (resumed?, changed) of each start:", [(s["resumed_from"] is not None, s["changed"])
                                                                 for s in starts])
+
+# %% [markdown]
+# Progress is shown by rank 0 only: fastprogress bars with live curves (train and val loss, val top-1
+# error) in a notebook, a console bar in a terminal, and plain lines (one every `log_every` steps and one
+# per epoch) when the output goes to a file — CI logs and SLURM's `slurm-JOB.out` stay readable.
+
+# %%
+#| export run_records
+class Progress:
+    """What rank 0 shows of a run: `mode` "bar" (fastprogress, live curves in a notebook), "lines" (one line per
+    `log_every` steps and per epoch) or "none"; "auto" is a bar in a notebook or a terminal, lines elsewhere."""
+
+    def __init__(self, mode: str, epochs: int, log_every: int):
+        if mode == "auto":
+            mode = "bar" if IN_NOTEBOOK or sys.stdout.isatty() else "lines"
+        self.mode, self.epochs, self.log_every, self.notebook = mode, epochs, log_every, IN_NOTEBOOK
+        self.master, self.losses, self.val_losses, self.val_errors = None, [], [], []
+
+    def epochs_of(self, epochs: range):
+        """`epochs`, under the master bar in bar mode."""
+        if self.mode != "bar":
+            return epochs
+        self.master = (NBMasterBar if self.notebook else ConsoleMasterBar)(epochs, total=self.epochs)
+        if self.notebook:
+            self.master.names = ["train loss", "val loss", "val top-1 error"]
+        return self.master
+
+    def steps_of(self, steps: range):
+        """An epoch's `steps`, under a child bar in bar mode."""
+        if self.mode != "bar":
+            return steps
+        return (NBProgressBar if self.notebook else ConsoleProgressBar)(steps, parent=self.master)
+
+    def step(self, state: TrainState, lr: float, images_per_s: float, data_wait: float, interval: float) -> None:
+        """After a read-back: the loss, and in lines mode the rate, the speed and how long the interval's steps
+        waited for data (`data_wait` of `interval` seconds: a share near 1 is a starving device)."""
+        x = state.epoch + state.step / state.steps_per_epoch
+        self.losses.append((x, state.loss))
+        if self.mode == "bar" and self.master is not None:
+            self.master.child.comment = f"loss {state.loss:.4f} data wait {100 * data_wait / interval:.0f} %"
+            if self.notebook and state.step % self.log_every == 0:
+                self._graph()
+        elif self.mode == "lines" and (state.step % self.log_every == 0 or state.step == state.steps_per_epoch):
+            print(f"epoch {state.epoch + 1}/{self.epochs} step {state.step}/{state.steps_per_epoch} "
+                  f"loss {state.loss:.4f} lr {lr:.3e} {images_per_s:.0f} img/s data wait {data_wait:.2f} s "
+                  f"({100 * data_wait / interval:.0f} %)", flush=True)
+
+    def epoch_end(self, row: dict) -> None:
+        """An evaluated epoch's log row: a line (written under the bar in bar mode), and the curves."""
+        self.val_losses.append((row["epoch"], row["val_loss"]))
+        self.val_errors.append((row["epoch"], 1 - row["val_top1"] / 100))
+        line = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                         for k, v in row.items() if k != "gates")
+        if self.mode == "bar" and self.master is not None:
+            self.master.write(line)
+            if self.notebook:
+                self._graph()
+        elif self.mode == "lines":
+            print(line, flush=True)
+
+    def _graph(self) -> None:
+        curves = [list(zip(*points)) if points else [[], []]
+                  for points in (self.losses, self.val_losses, self.val_errors)]
+        self.master.update_graph(curves)
+
+
+def write_logs(history: list[dict], output: Path) -> None:
+    """log.jsonl (one JSON line per epoch) and log.csv, rewritten from the checkpointed history."""
+    lines = "".join(json.dumps(row) + "\n" for row in history)
+    atomic_write(output / "log.jsonl", lambda f: f.write(lines.encode()))
+    flat = [{**{k: v for k, v in row.items() if k != "gates"},
+             **{f"gate_{i}": g for i, g in enumerate(row.get("gates", []))}} for row in history]
+    table = io.StringIO(newline="")
+    if flat:
+        writer = csv.DictWriter(table, fieldnames=list(flat[-1]))
+        writer.writeheader()
+        writer.writerows(flat)
+    atomic_write(output / "log.csv", lambda f: f.write(table.getvalue().encode()))
+
+
+# %%
+#| export run_records
+def plot_history(history: list[dict]):
+    """The curves of a run as a figure: loss with the learning rate of the schedule (right axis); top-1 and top-5
+    of the model and its EMA; mean σ(λ) per layer."""
+    epochs = [row["epoch"] for row in history]
+    gates = [row["gates"] for row in history if row.get("gates")]
+    fig = Figure(figsize=(11 if gates else 7.5, 3), dpi=80)
+    axes = fig.subplots(1, 3 if gates else 2)
+    axes[0].plot(epochs, [r["train_loss"] for r in history], "o-", label="train")
+    axes[0].plot(epochs, [r["val_loss"] for r in history], "o-", label="val")
+    axes[0].set(xlabel="epoch", ylabel="loss")
+    schedule = axes[0].twinx()
+    schedule.plot(epochs, [r["lr"] for r in history], ":", color="grey")
+    schedule.set_ylabel("learning rate (dotted)", color="grey")
+    for key in ("val_top1", "val_top5", "ema_top1", "ema_top5"):
+        if key in history[0]:
+            axes[1].plot(epochs, [r[key] for r in history], "o-", label=key)
+    axes[1].set(xlabel="epoch", ylabel="accuracy (%)")
+    if gates:
+        for layer, values in enumerate(zip(*gates)):
+            axes[2].plot(epochs[-len(gates):], values, label=f"layer {layer}")
+        axes[2].set(xlabel="epoch", ylabel="mean σ(λ)", ylim=(0, 1))
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+# %% [markdown]
+# What these write and show, checked on a made-up history of two epochs: `log.jsonl` holds the rows as they
+# are, `log.csv` flattens the gates into one column per layer (a spreadsheet opens it), the curves get a third
+# panel when there are gates, and a progress line in `lines` mode names the step, the loss, the rate, the speed
+# and the interval's wait for data.
+
+# %%
+history = [{"epoch": e, "step": 10 * e, "train_loss": 2.0 / e, "lr": 1e-3 / e, "images_per_s": 100.0,
+            "epoch_time_s": 5.0, "data_wait_s": 0.5, "data_wait_share": 0.1, "val_loss": 1.5 / e,
+            "val_top1": 30.0 * e, "val_top5": 60.0 + e, "gates": [0.73, 0.72 - 0.01 * e]} for e in (1, 2)]
+with tempfile.TemporaryDirectory() as folder:
+    write_logs(history, Path(folder))
+    rows = [json.loads(line) for line in (Path(folder) / "log.jsonl").read_text().splitlines()]
+    table = list(csv.DictReader(io.StringIO((Path(folder) / "log.csv").read_text())))
+    left = sorted(p.name for p in Path(folder).iterdir())
+assert rows == history and left == ["log.csv", "log.jsonl"]  # no temporary file left behind
+assert table[1]["gate_1"] == "0.7" and "gates" not in table[0]
+assert len(plot_history(history).axes) == 4  # loss (with the rate on a twin axis), accuracy, gates
+
+state = TrainState(cfg=None, model=torch.nn.Linear(1, 1), optimizer=None, rank=0, world_size=1, steps_per_epoch=20,
+                   step=10, loss=1.25)
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    Progress("lines", epochs=3, log_every=5).step(state, lr=1e-3, images_per_s=250.0, data_wait=0.3, interval=2.0)
+line = printed.getvalue().strip()
+assert line == "epoch 1/3 step 10/20 loss 1.2500 lr 1.000e-03 250 img/s data wait 0.30 s (15 %)", line
+print(line)
