@@ -15,8 +15,8 @@ class MHSA(nn.Module):
     """Multi-head self-attention, Eq. 1-3: ``concat_h[softmax(Q_h K_h^T / sqrt(head_dim)) V_h] W_out + b_out``.
 
     ``embed_dim`` is the token width D_emb, split into ``num_heads`` heads of ``head_dim = embed_dim //
-    num_heads``. ``forward(x)`` runs through ``F.scaled_dot_product_attention`` and never stores the
-    attention matrix; ``forward(x, return_attention=True)`` computes it explicitly and returns
+    num_heads``. ``forward(x)`` runs through ``F.scaled_dot_product_attention``, whose fused kernels do not store
+    the attention matrix; ``forward(x, return_attention=True)`` computes it explicitly and returns
     ``(y, attn)`` with ``attn`` of shape (B, num_heads, L, L), the softmax of Eq. 1 before attention dropout.
     """
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 __all__ = ['positive_int', 'number', 'one_of', 'expect_error', 'WrongAnswer', 'check_answer']
 
 
-# %% nbs/00_index.py 20
+# %% nbs/00_index.py 21
 def positive_int(name: str, value: object, minimum: int = 1) -> int:
     """``value`` as an int >= ``minimum``, or a TypeError / ValueError naming ``name`` and the bad value.
 
@@ -66,7 +66,7 @@ def expect_error(call: Callable[[], object], *kinds: type[BaseException]) -> str
     raise AssertionError(f"expected {names}, but the call returned {result!r:.80}")
 
 
-# %% nbs/00_index.py 23
+# %% nbs/00_index.py 24
 class WrongAnswer(AssertionError):
     """An exercise's answer failed its check; the message is a hint, not the answer."""
 

@@ -83,7 +83,8 @@ nearest = [share((0.5, 0.5), query + d) for d in (0, 1, 14, 15)]  # a ConViT-Ti 
 assert 0.2 < own < 0.3 and max(nearest) - min(nearest) < 1e-6 and nearest[0] < own
 print(f"a head centred on the query: {own:.2f} on the query's own patch; a ConViT-Ti head (offset (½, ½)): "
       f"{nearest[0]:.2f} on each of the 4 patches around its centre, query included")
-#
+
+# %% [markdown]
 # ## Hard vs soft inductive bias
 #
 # A **hard** bias builds the prior into the architecture: a convolution *cannot* look outside its kernel, and
@@ -131,8 +132,9 @@ for name, model, heads, dim, size, flops, speed, top1, top5 in TABLE_1:
     print(f"{name:<5}{model:<8}{heads:>4}{dim:>7}{dim // heads:>6}{size:>7}{flops:>7}{speed:>7}{top1:>7.1f}{top5:>7}")
 
 # %% [markdown]
-# Two things to read from it. The ConViTs of Ti/S/B keep DeiT's size by using head dimension 48 with more
-# heads (4, 9, 16 are perfect squares, so every head can sit on one tap of a 2×2, 3×3 or 4×4 kernel); the "+"
+# Two things to read from it. The ConViTs use heads of 48 channels, more of them than DeiT (4, 9, 16 are perfect
+# squares, so every head can sit on one tap of a 2×2, 3×3 or 4×4 kernel): Ti and B keep DeiT's size, S grows
+# (27 M against 22 M parameters, 5.4 against 4.3 GFLOPs: 9 × 48 = 432 channels where DeiT-S has 384); the "+"
 # models use the same heads and width 64 per head for both architectures, so the gain is not just more heads.
 # And every ConViT beats the DeiT of its size, while being slower per image in the official implementation —
 # chapter 27 shows how much of that slowness is the implementation, not the idea. The cell below checks
@@ -153,9 +155,9 @@ print("top-1 gain of ConViT over DeiT:", {d[0]: round(c[7] - d[7], 1) for d, c i
 #
 # ConViT-S vs DeiT-S trained on a fraction *f* of the images of each ImageNet class, with the number of epochs
 # multiplied by 1/f so that both see the same number of images. "Gap" is the relative improvement of the ConViT
-# over the DeiT. The less data, the larger the gain: exactly what a soft convolutional prior should give. (The
-# paper is not consistent at f = 10 %: its text gives 59.5 vs 46.5, Table 2 59.6 vs 48.0 — the row below —
-# and Table 3 59.7 vs 47.8.)
+# over the DeiT. The less data, the larger the gain: exactly what a soft convolutional prior should give. (At
+# f = 10 % the paper's text gives 59.5 vs 46.5 where Table 2 prints 59.6 vs 48.0 — the row below; Table 3's 59.7
+# vs 47.8 are other models, the ConViT-S+ and DeiT-S+ of its ablation.)
 
 # %%
 TABLE_2 = [  # (f, DeiT top-1, ConViT top-1, gap %, DeiT top-5, ConViT top-5, gap %)
@@ -219,8 +221,8 @@ CORE = [
     ("07_layers", "patch embedding, MLP, stochastic depth, the pre-norm block"),
     ("08_models", "the ConViT and DeiT models: configuration, class token, forward"),
     ("09_zoo", "Table 1 by name: parameters, MACs, resolutions, ablation switches"),
-    ("10_fit", "a training loop you write: a small ConViT and DeiT on real photographs"),
-    ("28_first_training_run", "the same runs with the production loop, and what it records"),
+    ("10_fit", "a first training loop, line by line: a small ConViT and DeiT on real photographs"),
+    ("28_first_training_run", "a pair like chapter 10's with the production loop, and what it records"),
     ("29_locality", "nonlocality (Eq. 8) and the gates during training, Figs. 5-6"),
     ("30_attention_maps", "attention maps (Fig. 7) and masking at test time (Tables 5-6)"),
     ("31_experiment_design", "Tables 2 and 3 at any scale; a design a CPU can run"),

@@ -186,9 +186,9 @@ print("matches nn.MultiheadAttention: output", tuple(y_torch.shape), "attention"
 # * `qkv`: Linear(embed_dim → 3·embed_dim), with a bias only if `qkv_bias` (DeiT: yes; ConViT: no);
 # * `proj`: the output projection W_out, b_out of Eq. 2;
 # * dropout on the attention weights (`attn_drop`) and on the output (`proj_drop`), 0 in the paper's recipes;
-# * a fast path: unless you ask for the attention map, it calls SDPA, which never stores the (B, N_h, L, L)
-#   matrix and picks the fastest kernel for the hardware (FlashAttention on recent GPUs), with the attention
-#   dropout done inside SDPA (`dropout_p`) in training;
+# * a fast path: unless you ask for the attention map, it calls SDPA, whose fused kernels never store the
+#   (B, N_h, L, L) matrix (its plain-PyTorch fallback does), and which picks the fastest kernel for the hardware
+#   (FlashAttention on recent GPUs), with the attention dropout done inside SDPA (`dropout_p`) in training;
 # * `return_attention=True` materialises A as in Eq. 1 and returns it with the output, for the analyses of
 #   chapters 29-30. The map returned is the softmax of Eq. 1 (rows sum to 1); in training the values are mixed with a
 #   dropped-out copy of it.
@@ -207,8 +207,8 @@ class MHSA(nn.Module):
     """Multi-head self-attention, Eq. 1-3: ``concat_h[softmax(Q_h K_h^T / sqrt(head_dim)) V_h] W_out + b_out``.
 
     ``embed_dim`` is the token width D_emb, split into ``num_heads`` heads of ``head_dim = embed_dim //
-    num_heads``. ``forward(x)`` runs through ``F.scaled_dot_product_attention`` and never stores the
-    attention matrix; ``forward(x, return_attention=True)`` computes it explicitly and returns
+    num_heads``. ``forward(x)`` runs through ``F.scaled_dot_product_attention``, whose fused kernels do not store
+    the attention matrix; ``forward(x, return_attention=True)`` computes it explicitly and returns
     ``(y, attn)`` with ``attn`` of shape (B, num_heads, L, L), the softmax of Eq. 1 before attention dropout.
     """
 

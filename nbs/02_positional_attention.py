@@ -239,7 +239,7 @@ assert torch.equal(maps[1][:, q_col], torch.arange(H) - float(q_row))  # δy dow
 # Each head has its own small vector v_pos^h ∈ R^{D_pos} (D_pos = 3 here; in the ConViT it is the weight of a `pos_proj`
 # = Linear(3 → N_h) layer). In Eq. 4 the relative encodings r_ij are learned too; the ConViT fixes them to (δx, δy,
 # ‖δ‖²) — its own change, the paper's "adaptive attention span" paragraph — so that PSA learns only N_h·D_pos positional
-# numbers, not one per pair of patches. We keep the 1/√D_h of Eq. 1 on the content term (Eq. 4 in the paper omits it;
+# numbers, not one vector per offset ((2H − 1)(2W − 1) of them, about 4L; the paper's "quadratic" overstates it). We keep the 1/√D_h of Eq. 1 on the content term (Eq. 4 in the paper omits it;
 # the official code scales the content scores). The positional scores do not depend on the image, so they are computed
 # once, for all samples of the batch.
 

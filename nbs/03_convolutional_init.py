@@ -64,8 +64,9 @@ _ = torch.manual_seed(0)
 # $$v^{h\top}_{pos} r_\delta = \alpha\,(2\Delta\cdot\delta - \|\delta\|^2) = -\alpha\,\|\delta - \Delta\|^2 + \alpha\,\|\Delta\|^2 .$$
 #
 # The last term is the same for every key, and a softmax over keys ignores constants, so head h's attention is
-# a discrete Gaussian **centred at the offset Δ_h** with variance 1/(2α) per axis. Δ_h is *where* the head
-# looks, α (`locality_strength`) *how sharply*. The same reasoning says the bias of `pos_proj` (one constant
+# a Gaussian on the patch lattice **centred at the offset Δ_h**, narrower as α grows: the continuous Gaussian's
+# variance is 1/(2α) per axis, which the lattice keeps only for α up to about 1 (at α = 2 it is 0.21, not 0.25;
+# at α = 4, 0.035, not 0.125). Δ_h is *where* the head looks, α (`locality_strength`) *how sharply*. The same reasoning says the bias of `pos_proj` (one constant
 # per head) never changes the attention.
 #
 # By hand, on a 5×5 grid, query in the middle, one head with Δ = (1, 0) (one patch to the right) and α = 1:
@@ -93,7 +94,7 @@ assert attn.argmax() == query + 1  # the patch to the right of the query
 # **Even k.** A kernel with an even side has no middle tap, so c is a half-integer: 4 heads sit at
 # (±½, ±½), symmetric around the query. The score −α‖δ − Δ‖² of Δ = (½, ½) is then the *same* for the four
 # patches δ ∈ {0, 1}²: such a head never singles out one patch, however large α; as α → ∞ it averages a 2×2
-# block. (The caption of Fig. 3 lists the 4 centres as (±1, ±1); the official code, with which the
+# block. (The text under Eq. 5 gives Fig. 3(c)'s 4 centres as (±1, ±1); the official code, with which the
 # checkpoints were trained, uses (±½, ±½), and so do we.) For an *exact* even convolution the centres must
 # be moved by half a patch onto integer offsets — that is what chapter 04's proof does.
 #

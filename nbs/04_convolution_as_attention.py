@@ -261,9 +261,11 @@ print(f"{len(paths)} (output channel, input channel, tap) paths; a general 3 × 
 assert len(paths) == heads * width and (paths[:, 0] == paths[:, 1]).all()  # one tap, its own channel, per output
 
 # %% [markdown]
-# With the ConViT-Ti's 4 heads, the centres are (±½, ±½): each head averages the four pixels around its centre
-# (shown above), so the layer starts as a 2 × 2 box blur of each channel group, shifted by half a pixel in its
-# own direction, followed by the 1 × 1 projection. Training then widens what each head reads: content
+# With the ConViT-Ti's 4 heads, the centres are (±½, ±½). In the limit assumed above (α → ∞, the gate fully
+# positional) each head averages the four pixels around its centre, and the layer is a 2 × 2 box blur of each
+# channel group, shifted by half a pixel in its own direction, followed by the 1 × 1 projection. At the real
+# initialisation (α = 1, σ(1) = 0.73) that 2 × 2 block holds about 0.57 of a head's attention (0.73 × 0.77 from
+# the positional softmax, plus the content term's small share): a blur, wider than the box. Training then widens what each head reads: content
 # attention (through the gate, next chapter) and W_val, W_out move away from their initial values.
 
 # %% [markdown]

@@ -250,7 +250,8 @@ with torch.no_grad():
 torch.testing.assert_close(silent(x, grid_size=(3, 4)), x)
 
 # %% [markdown]
-# The block as a picture, its boxes read from the module's own children in the order the forward uses them:
+# The block as a picture: its boxes are the module's own children, in the forward's order (a list written by hand,
+# `path` below, not read from the forward):
 
 # %%
 import matplotlib.pyplot as plt

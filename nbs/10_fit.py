@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # A first `fit`: the training loop you write
+# # A first `fit`: a training loop, line by line
 #
 # Chapters 01-09 built the ConViT and its DeiT twin and checked them at initialisation. To watch them learn we
 # need the **data** (photographs in batches), the **models** (from the zoo), an **optimiser** with DeiT's

@@ -330,9 +330,9 @@ size = dict(patch_size=8, embed_dim=48, num_heads=4, depth=6)
 base = TrainConfig(model="deit_tiny", model_args=size, img_size=64, data="imagefolder",
                    data_root=str(tiny_imagenet("../data")), classes=10, epochs=1, fraction=0.02 if FAST else 1.0,
                    batch_size=64, lr=8e-3, warmup_epochs=0.5, precision="fp32", num_workers=1, seed=0,
-                   progress="none", output="runs/25_deit")
+                   progress="none", output="runs/29_deit")
 configs = {"DeiT": base, "ConViT": replace(base, model="convit_tiny", model_args={**size, "local_up_to_layer": 4},
-                                           output="runs/25_convit")}
+                                           output="runs/29_convit")}
 _, val_set, classes = build_datasets("imagefolder", base.data_root, max_classes=10,
                                      val_transform=build_transforms(base.aug_config())[1])
 probe = torch.stack([val_set[i][0] for i in range(0, len(val_set), len(val_set) // 64)][:64])  # 64 val images

@@ -308,17 +308,19 @@ assert all(layer.gate_override is None for layer in model.local_layers) and not 
 #   by 0.03 to 0.19 patch in both seeds: plain SA layers drift towards locality — the paper's direction, but its
 #   Fig. 5 shows DeiT layers moving by several patches, an order of magnitude more. The
 #   ConViT's GPSA layers climb out of their local start (1.98) by 0.12 to 0.19 patch, and the later GPSA
-#   layers (3 and 4) climb more than the earlier ones (1 and 2), in both seeds — the paper's ordering, where
-#   the last GPSA layers escape locality most. None of it comes near the paper's swings.
+#   layers (3 and 4) climb more than the earlier ones (1 and 2), in both seeds — half of the paper's pattern: its
+#   final GPSA layers escape locality strongly, but so does its first, while the intermediate ones (the second
+#   most) stay more local. None of it comes near the paper's swings.
 # * **Gates (Fig. 6).** In the paper σ(λ) falls in every layer, to about 0 in the last ones. Ours fell by
 #   0.01 to 0.025 from σ(1) = 0.731 (chapter 34: 0.02 to 0.06 at f = 10 %). In logit units a layer's mean
 #   gate moved by at most 0.12 of the 1.89 that this schedule's learning rates would let AdamW move it: the
-#   gradient on λ is small, not the room to move. The ConViT's GPSA layers are still mostly positional — mostly a fixed
-#   3 × 3 averaging. Escaping the convolutional start is slow, which is why GPSA needs its gate (App. A) and
+#   gradient on λ is small, not the room to move. The ConViT's GPSA layers are still mostly positional, close to
+#   their convolutional start: each head a blurred shift of its channel group, one tap of a 3 × 3 kernel, then the
+#   trained 1 × 1 `proj` (chapter 04). Escaping the convolutional start is slow, which is why GPSA needs its gate (App. A) and
 #   many epochs.
 # * **The logging bug** changes the measured nonlocality of the deeper layers by up to a tenth of a patch
 #   (the DeiT's block 4: 4.10 on its true input, 4.22 on the embeddings); on models whose attention depends
-#   strongly on content, as after 300 epochs, the error can only grow.
+#   strongly on content, as after 300 epochs, the error may be larger; that is not measured here.
 # * **Masking (Tables 5-6).** Masking the absolute positional embedding costs our DeiT 5.6 points and our
 #   ConViT 2.4, the direction of Table 5 (72.2 → 38.3 for DeiT-Ti, 73.1 → 67.1 for ConViT-Ti), but the
 #   difference between the two models is within the noise of 500 validation images (the standard error of

@@ -25,9 +25,8 @@
 # Those runs cost hundreds of GPU-days. This chapter describes a grid of runs at any scale — a run is a folder
 # name and a `TrainConfig`, printed as the `convit-edu train` words of its recipe and what differs from it —
 # writes the paper's own grid as a script, and designs a version small enough for a 2-core CPU that *can* show
-# the effect, with its pre-conditions stated before any run; that design is a recipe of its own,
-# `--preset sample-efficiency`. Chapter 33 runs grids with one command and turns their logs into tables;
-# chapter 34 reads the results.
+# the effect, with its pre-conditions stated before any run (a recipe of its own, `--preset sample-efficiency`).
+# Chapter 33 runs grids with one command and turns their logs into tables; chapter 34 reads the results.
 
 # %% tags=["parameters"]
 import os
@@ -290,8 +289,7 @@ print(len(paper_runs), "Table 2 runs,", len(paper_ablations), "Table 3 / App. A 
 assert paper_runs[0].config.epochs == 6000 and paper_runs[0].config.warmup_epochs == 100
 
 # %% [markdown]
-# A grid at the paper's scale is most useful as a script a cluster job runs line by line (chapter 38 wraps
-# one in SLURM); `commands_script` writes it:
+# At the paper's scale a grid is a script a cluster job runs line by line (chapter 38), `commands_script`'s:
 
 # %%
 #| export
@@ -321,7 +319,9 @@ assert paper_script.count("torchrun") == 2 and "--fraction 0.05" in paper_script
 #   and 50 validation images per class, 64 × 64-px photographs), at 64 px in 8 × 8-px patches: an 8 × 8 grid;
 # * **models**: ConViT and DeiT of the same size, width 72 with **9 heads** of 8, depth 6, the ConViT with 4
 #   GPSA blocks. Nine heads put the locality prior on a 3 × 3 kernel with one head on the query, as in ConViT-S
-#   (4 heads would give a 2 × 2 kernel of four overlapping blurs);
+#   (4 heads would give a 2 × 2 kernel of four overlapping blurs). Built as `convit_tiny` / `deit_tiny` with other
+#   widths, they are *not* ConViT-Ti and DeiT-Ti: heads of 8 channels (the paper's 48, 64) leave content attention
+#   little capacity, which may weaken whatever attention adds beyond the prior;
 # * **recipe**: crops of 35–100 % of the image and flips, label smoothing 0.1, drop path 0.05, and **no**
 #   RandAugment, MixUp, CutMix or erasing: heavy augmentation hides data starvation. AdamW, 10⁻³ at batch 32 (written as a
 #   base rate of 1.6 × 10⁻² for 512, DeiT's linear scaling rule), weight decay 0.05, warm-up over 10 000

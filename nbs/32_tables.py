@@ -255,7 +255,9 @@ assert spread["diff_se"] > four_seeds["diff_se"]
 # ## Pre-conditions: is this a grid that *could* show the effect?
 #
 # A grid can fail to show the paper's effect because the effect is not there, or because the design gives it no
-# chance. Chapter 31 states four pre-conditions; `check_preconditions` checks them on a grid's records, on the
+# chance. Chapter 31's first design stated three pre-conditions; its second design (chapter 35's grid) has these
+# four, whose (2) is another condition than the first design's (2), "the models fit their training data" (chapter
+# 34 checks that one). `check_preconditions` checks the four on a grid's records, on the
 # images training is scored on (the dev images, `val/`), never on the test images, so the design can be
 # chosen and checked without looking at the result it is meant to test:
 #

@@ -126,7 +126,7 @@ for label, names in designs.items():
 # run fits in 25 minutes on one core: a training step of this ConViT alone on one idle core of the Xeon ran 76
 # images/s (`benchmarks.measure_model`, batch 32; the DeiT 94), 20 minutes of steps before data loading, evaluation
 # and a neighbour on the other core. The other pilots ask whether the prior can do more: a fifth GPSA layer of six
-# (the paper's 10 of 12), DeiT's full augmentation (which the paper used), a wider model. Queue 2's remaining pilots
+# (the paper's 10 of 12), DeiT's full augmentation (which the paper used), a wider model. The second round's other pilots
 # (the 8 × 8 grid, whose answer the first design already gave; 90 000 images at the base rate, whose sum of 1.43
 # fails (3) on paper; a 16 × 16 grid at 40 000 images) were dropped for `lr2x-90k`.
 #
@@ -319,8 +319,8 @@ assert round(lr_sum_16, 1) == 1.1 < 1.5
 # the designs that fit the budget, the one that fails the fewest pre-conditions (a pre-condition not checked counts as
 # failed: the single-change pilots at f = 0.1 alone check two of five). That is **the doubled learning rate** (`lr2x`:
 # it fails (2) and (4)) over the base (it fails four). Its grid (`results/second-design/grid.sh`, seeds 1-4, seed 0 left
-# to the pilots; Table 3's ablations with seeds 1 and 3), 6.2 hours of one core, started on 2026-11-24 and is committed
-# as its runs land; its tables are reported below, with (2) and (4) failed beside them.
+# to the pilots; Table 3's ablations with seeds 1 and 3) took 6.2 hours of one core; its tables are reported below,
+# with (2) and (4) failed beside them.
 
 # %%
 fitting = {"base": ("grid12", "grid12-f1"), "learning rate doubled": ("lr2x", "lr2x-f1")}  # 60 000 images each

@@ -8,7 +8,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel
 from torch.utils.flop_counter import FlopCounterMode
 
-from convit_edu import gpsa, gpsa_reference
+from convit_edu import gated_attention, gpsa
 from convit_edu.checkpoints import guess_architecture, load_weights, read_state_dict
 from convit_edu.conv_init import head_centres, v_pos
 from convit_edu.layers import Block, DropPath, resize_pos_embed
@@ -449,8 +449,8 @@ def test_a_fresh_convit_holds_the_eq5_weights_applied_once_per_layer(monkeypatch
         calls.append((pos_proj, locality_strength))
         return local_init(pos_proj, v, locality_strength)
 
-    local_init = gpsa_reference.local_init
-    monkeypatch.setattr(gpsa_reference, "local_init", counting_local_init)
+    local_init = gated_attention.local_init
+    monkeypatch.setattr(gated_attention, "local_init", counting_local_init)
     model = seeded("convit_tiny", img_size=32, locality_strength=2.0)
     assert [pos_proj for pos_proj, _ in calls] == [layer.pos_proj for layer in model.local_layers]
     assert {alpha for _, alpha in calls} == {2.0}
