@@ -18,7 +18,7 @@ from convit_edu.positional import rel_indices
 __all__ = ['softmax_without_denormals', 'PositionalAttention', 'gate_values', 'GatedAttention']
 
 
-# %% nbs/05_gpsa_reference.py 11
+# %% nbs/05_gpsa_reference.py 10
 class _SoftmaxWithoutDenormals(torch.autograd.Function):
     """Softmax over the last dim with denormal entries set to 0 in its output and in the gradient it sends back."""
 

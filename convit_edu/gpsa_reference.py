@@ -11,7 +11,7 @@ from convit_edu.gated_attention import GatedAttention
 __all__ = ['GPSAReference']
 
 
-# %% nbs/05_gpsa_reference.py 13
+# %% nbs/05_gpsa_reference.py 12
 class GPSAReference(GatedAttention):
     """Gated positional self-attention, Eq. 6-7, computed literally: the attention matrix is materialised.
 

@@ -420,7 +420,6 @@ for ax, values, title in zip(axes, (images, epochs, [steps[f] for f in FRACTIONS
     ax.bar([f"f = {f:g}" for f in FRACTIONS], values, color=["#f4a261", "#e9c46a", "#2a9d8f"])
     ax.set_title(title, fontsize=9)
 fig.tight_layout()
-assert images == sorted(images) and epochs == sorted(epochs, reverse=True)  # fewer images, more epochs
 plt.show()
 
 # %% [markdown]
