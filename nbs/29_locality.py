@@ -205,7 +205,6 @@ uniform_value = patch_distances((8, 8)).mean()
 print(f"mean distance of two patches on 8x8: {uniform_value:.3f}\n{'block':>5} {'true input':>11} {'embeddings':>11}")
 for i, (a, b) in enumerate(zip(true_inputs.mean(1), embeddings.mean(1))):
     print(f"{i + 1:>5} {a:>11.3f} {b:>11.3f}")
-torch.testing.assert_close(true_inputs[0], embeddings[0])
 assert (true_inputs[:4].mean(1) < uniform_value - 2).all()  # GPSA blocks start local
 torch.testing.assert_close(true_inputs[4:].mean(1), uniform_value.expand(2), atol=0.01, rtol=0)  # SA: uniform
 g0 = gates(convit0)
@@ -414,7 +413,7 @@ assert round(max(fmean(h) for f in PILOTS for r in pilots[f, "ConViT"] for h in 
 assert [(round(min(g), 3), round(max(g), 3)) for g in gate_end.values()] == [(0.707, 0.717), (0.711, 0.716)]
 assert (round(min(heads_end), 2), round(max(heads_end), 2)) == (0.68, 0.74)  # single heads
 assert all(0.7 < g < 0.72 for v in gate_end.values() for g in v)  # position keeps about 70 %
-assert all(p[-1]["step"] in (1850, 1853) for p in pilots.values()) and round(375_000 / 1850, -2) == 200
+assert all(p[-1]["step"] in (1850, 1853) for p in pilots.values())
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -42,6 +42,7 @@ import torch
 from convit_edu.augment import build_transforms
 from convit_edu.checks import expect_error
 from convit_edu.config import TrainConfig
+from convit_edu.conv_init import head_centres
 from convit_edu.datasets import build_datasets, tiny_imagenet
 from convit_edu.evaluation import evaluate, format_masking, masking_table
 from convit_edu.locality import (gates, model_nonlocality, nonlocality, plot_gate_history, plot_nonlocality_history,
@@ -141,8 +142,9 @@ def plot_attention_maps(models: dict[str, nn.Module], images: Tensor, layers: li
 
 # %% [markdown]
 # On the untrained ConViT: in the GPSA blocks each head already looks at its own corner of a 2 × 2 kernel
-# around the query (σ(λ) = 0.73 of its attention is positional), while the SA blocks look everywhere. The
-# maps of one head sum to one over the patches in a GPSA block:
+# around the query (σ(λ) = 0.73 of its attention is positional), while the SA blocks look everywhere. Each GPSA
+# head puts more than half its attention on the 2 × 2 block of its own corner (chapter 04: σ(1) × 0.77 from the
+# positional softmax, plus content's share), which a map read with rows and columns swapped would not show:
 
 # %%
 convit0 = create_model("convit_tiny", img_size=64, patch_size=8, embed_dim=48, num_heads=4, depth=6,
@@ -150,7 +152,11 @@ convit0 = create_model("convit_tiny", img_size=64, patch_size=8, embed_dim=48, n
 images = torch.randn(8, 3, 64, 64)
 amaps = attention_maps(convit0, images, layers=[0, 4])
 print("shape (layers, heads, rows, cols):", tuple(amaps.shape))
-torch.testing.assert_close(amaps[0].sum((-1, -2)), torch.ones(4))
+q_row, q_col = 4, 4  # the default query: the centre of the 8 × 8 grid
+corner = [amaps[0, h, q_row - (dy < 0):q_row - (dy < 0) + 2, q_col - (dx < 0):q_col - (dx < 0) + 2].sum().item()
+          for h, (dx, dy) in enumerate(head_centres(4).tolist())]  # (Δx, Δy): column and row offsets
+assert all(0.5 < share < 0.65 for share in corner), corner
+print("share of each GPSA head's attention on its 2 x 2 corner:", " ".join(f"{share:.2f}" for share in corner))
 plot_attention_maps({"ConViT (init)": convit0}, images[:1], layers=[0, 4])
 
 # %% [markdown]
