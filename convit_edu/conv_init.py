@@ -15,7 +15,7 @@ from convit_edu.positional import rel_indices
 __all__ = ['check_locality_strength', 'head_centres', 'v_pos', 'local_init', 'positional_attention']
 
 
-# %% nbs/03_convolutional_init.py 8
+# %% nbs/03_convolutional_init.py 10
 def check_locality_strength(locality_strength: float) -> float:
     """α as a float, or a ValueError: Eq. 5 needs α > 0 (α ≤ 0 attends *away* from the centre, or uniformly).
 
@@ -83,7 +83,7 @@ def local_init(pos_proj: nn.Linear, v: nn.Linear, locality_strength: float) -> N
             v.bias.zero_()
 
 
-# %% nbs/03_convolutional_init.py 14
+# %% nbs/03_convolutional_init.py 16
 def positional_attention(pos_proj: nn.Linear, height: int, width: int) -> torch.Tensor:
     """Softmax over keys of the positional scores, (N_h, L, L): the attention of W_qry = W_key = 0."""
     return rearrange(pos_proj(rel_indices(height, width)).softmax(dim=1), "q k h -> h q k")

@@ -64,11 +64,20 @@ _ = torch.manual_seed(0)
 # $$v^{h\top}_{pos} r_\delta = \alpha\,(2\Delta\cdot\delta - \|\delta\|^2) = -\alpha\,\|\delta - \Delta\|^2 + \alpha\,\|\Delta\|^2 .$$
 #
 # The last term is the same for every key, and a softmax over keys ignores constants, so head h's attention is
-# a Gaussian on the patch lattice **centred at the offset Δ_h**, narrower as α grows: the continuous Gaussian's
-# variance is 1/(2α) per axis, which the lattice keeps only for α up to about 1 (at α = 2 it is 0.21, not 0.25;
-# at α = 4, 0.035, not 0.125). Δ_h is *where* the head looks, α (`locality_strength`) *how sharply*. The same reasoning says the bias of `pos_proj` (one constant
-# per head) never changes the attention.
-#
+# a Gaussian on the patch lattice **centred at the offset Δ_h**, narrower as α grows. Δ_h is *where* the head
+# looks, α (`locality_strength`) *how sharply*. The same reasoning says the bias of `pos_proj` (one constant per
+# head) never changes the attention. The continuous Gaussian's variance would be 1/(2α) per axis; the lattice's
+# keeps to it only for α up to about 1, and is far below it for sharper heads:
+
+# %%
+offsets = torch.arange(-30, 31, dtype=torch.float64)  # one axis of a wide grid, the head centred on 0
+for alpha in (1.0, 2.0, 4.0):
+    weights = (-alpha * offsets**2).exp()
+    variance = float((offsets**2 * weights).sum() / weights.sum())
+    print(f"alpha {alpha:g}: variance on the lattice {variance:.3f}, continuous 1/(2 alpha) {1 / (2 * alpha):.3f}")
+    assert abs(variance - 0.5) < 0.01 if alpha == 1 else variance < 0.9 / (2 * alpha)
+
+# %% [markdown]
 # By hand, on a 5×5 grid, query in the middle, one head with Δ = (1, 0) (one patch to the right) and α = 1:
 
 # %%

@@ -265,8 +265,16 @@ assert len(paths) == heads * width and (paths[:, 0] == paths[:, 1]).all()  # one
 # positional) each head averages the four pixels around its centre, and the layer is a 2 × 2 box blur of each
 # channel group, shifted by half a pixel in its own direction, followed by the 1 × 1 projection. At the real
 # initialisation (α = 1, σ(1) = 0.73) that 2 × 2 block holds about 0.57 of a head's attention (0.73 × 0.77 from
-# the positional softmax, plus the content term's small share): a blur, wider than the box. Training then widens what each head reads: content
-# attention (through the gate, next chapter) and W_val, W_out move away from their initial values.
+# the positional softmax, computed below on a wide grid, plus the content term's small share): a blur, wider than
+# the box. Training then widens what each head reads: content attention (through the gate, next chapter) and
+# W_val, W_out move away from their initial values.
+
+# %%
+offsets = torch.arange(-20, 21, dtype=torch.float64)  # one axis; the head's centre at ½, between offsets 0 and 1
+axis = (-((offsets - 0.5) ** 2)).exp()  # α = 1
+block = torch.sigmoid(torch.tensor(1.0, dtype=torch.float64)) * (axis[20:22].sum() / axis.sum()) ** 2
+print(f"positional share of a head's attention on its 2 x 2 block at init: {block:.3f}")
+assert 0.55 < block < 0.58
 
 # %% [markdown]
 # ## What we have
