@@ -129,6 +129,8 @@ class DecodedBatches:
     def _decoded(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         batch = {name: value[0] for name, value in batch.items()}  # the loader's "batch" of one JpegBatches item
         files = list(batch["data"].split(batch["lengths"].tolist()))
+        if self.device.type == "cuda":  # nvJPEG's hardware decoder writes its outputs before the work queued on this
+            torch.cuda.current_stream(self.device).synchronize()  # stream has read the blocks they reuse: drain it
         try:
             images = decode_jpeg(files, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:

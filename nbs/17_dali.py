@@ -281,6 +281,13 @@ class DaliEvalBatches:
 # v2's applies one op to a whole batch tensor, so per slot the device sorts the batch by the op each image drew, runs
 # each op once on its group (torchvision's private `_apply_image_or_video_transform`, pinned by the checks), restores
 # the order: ≤ 29 calls per slot, the per-image recipe exactly. A file that is not a readable JPEG is an error.
+#
+# **One host sync per batch, on purpose.** torchvision allocates the decoded images on the training stream, but
+# nvJPEG's hardware engine (an H100's, an H200's) writes them without waiting for the work queued there; the caching
+# allocator hands out a block the moment it is freed, so the decoder can overwrite tensors that queued kernels have not
+# read yet. The GPU check of 2026-11-27 (H200, `nbs/results/gpu/`) saw it as a NaN loss at step 3 of an
+# otherwise healthy run (pytorch/vision PR 9606 reports the same corruption). `DecodedBatches` therefore lets the
+# stream drain before each decode: the device idles while the next batch decodes, the price of correct pixels.
 
 # %%
 #| export gpu_decode
@@ -410,6 +417,8 @@ class DecodedBatches:
     def _decoded(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         batch = {name: value[0] for name, value in batch.items()}  # the loader's "batch" of one JpegBatches item
         files = list(batch["data"].split(batch["lengths"].tolist()))
+        if self.device.type == "cuda":  # nvJPEG's hardware decoder writes its outputs before the work queued on this
+            torch.cuda.current_stream(self.device).synchronize()  # stream has read the blocks they reuse: drain it
         try:
             images = decode_jpeg(files, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:

@@ -49,7 +49,9 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -115,23 +117,33 @@ def fit_watched(cfg: TrainConfig, count_from: int = 3) -> dict:
     torch._dynamo.reset()
     counters.clear()
     trainer = Trainer(cfg, init_world(cfg.device))
-    step, sites, seen = trainer.step, Counter(), {"checked_steps": 0, "frames": 0}
+    step, sites, seen = trainer.step, Counter(), {"checked_steps": 0, "frames": 0, "first": {}}
     cuda = trainer.world.device.type == "cuda"
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:
+        """Called where the warning surfaces: each site's first time, its step, thread and Python stack are kept."""
+        if "synchroniz" not in str(message):
+            return
+        site = f"{Path(filename).name}:{lineno}"
+        sites[site] += 1
+        seen["first"].setdefault(site, {"step": trainer.state.global_step + 1,
+                                        "thread": threading.current_thread().name, "stack": [f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno} "
+                                                  f"{f.name}" for f in traceback.extract_stack()[-14:-1]]})
 
     def watched(batches) -> None:
         if trainer.state.global_step == 1:
             seen["frames"] = counters["frames"]["total"]
         if not cuda or trainer.state.global_step + 1 < count_from:
             return step(batches)
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings():
             warnings.simplefilter("always")
+            warnings.showwarning = record  # restored when the block ends
             torch.cuda.set_sync_debug_mode("warn")
             try:
                 step(batches)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         seen["checked_steps"] += 1
-        sites.update(f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
 
     trainer.step = watched
     try:
@@ -139,6 +151,7 @@ def fit_watched(cfg: TrainConfig, count_from: int = 3) -> dict:
     finally:  # a cycle trainer -> watched -> trainer would leave the loaders to the garbage collector, whose
         del trainer.step  # finalisers close their queues first and then wait for workers that ignore SIGTERM
     return {"history": history, "syncs": sum(sites.values()) if cuda else None, "sync_sites": dict(sites),
+            "sync_first_seen": seen["first"],
             "checked_steps": seen["checked_steps"], "recompiles": counters["frames"]["total"] - seen["frames"],
             "graph_breaks": sum(counters["graph_break"].values())}
 

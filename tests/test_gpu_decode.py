@@ -133,6 +133,38 @@ def test_the_device_part_reads_nothing_back_from_the_device(folder):
     assert out.device.type == "meta" and out.shape == (24, 3, 16, 16) and out.dtype == torch.uint8
 
 
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_on_a_gpu_the_stream_drains_before_each_decode(monkeypatch, device):
+    """nvJPEG's hardware decoder writes its outputs before the stream's queued work has read the blocks they reuse
+    (the NaN loss of the 2026-11-27 GPU check): on CUDA the current stream is synchronised first, on the CPU not."""
+    import convit_edu.gpu_decode as gpu_decode
+
+    events = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_decode(files, mode, device):
+        events.append(("decode", torch.device(device).type, len(files)))
+        raise Stop
+
+    monkeypatch.setattr(gpu_decode, "decode_jpeg", fake_decode)
+    class Stream:
+        def __init__(self, dev):
+            self.dev = dev
+
+        def synchronize(self):
+            events.append(("sync", self.dev.type))
+
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    batches = gpu_decode.DecodedBatches(loader=None, view=None, device=torch.device(device), samples=[])
+    batch = {"data": torch.arange(6, dtype=torch.uint8)[None], "lengths": torch.tensor([[2, 4]]),
+             "index": torch.tensor([[0, 1]]), "label": torch.tensor([[0, 1]])}
+    with pytest.raises(Stop):
+        batches._decoded(batch)
+    assert events == ([("sync", "cuda")] if device == "cuda" else []) + [("decode", device, 2)]
+
+
 # ------------------------------------------------------------------------------------------ positions and resume
 
 
