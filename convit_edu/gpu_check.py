@@ -47,7 +47,7 @@ from convit_edu.gpu_correctness import (
 from convit_edu.run_records import check_output
 from convit_edu.training import Trainer
 
-__all__ = ['check_graph_breaks', 'fit_watched', 'check_host_syncs', 'check_compiled_train', 'S_TARGETS', 'check_throughput_small', 'make_jpegs', 'run_cli', 'check_jpeg_runs', 'PHASES', 'main']
+__all__ = ['check_graph_breaks', 'is_sync_warning', 'fit_watched', 'check_host_syncs', 'check_compiled_train', 'S_TARGETS', 'check_throughput_small', 'make_jpegs', 'run_cli', 'check_jpeg_runs', 'PHASES', 'main']
 
 
 # %% nbs/40_gpu_check.py 7
@@ -66,6 +66,14 @@ def check_graph_breaks(ctx: CheckContext) -> PhaseResult:
         f"{n} {r['graphs']} graph(s) {r['breaks']} break(s)" for n, r in rows.items()), rows)
 
 
+def is_sync_warning(message: Warning | str) -> bool:
+    """Whether a warning is sync-debug mode's report of a synchronising CUDA call. Not the notice that switching the
+    mode on prints once ("Synchronization debug mode is a prototype feature and does not yet detect all
+    synchronizing operations"): matching "synchroniz" alone counted that notice as a sync (the H200 check of
+    2026-11-27)."""
+    return "called a synchronizing CUDA operation" in str(message)
+
+
 def fit_watched(cfg: TrainConfig, count_from: int = 3) -> dict:
     """Train `cfg` with the package's `Trainer` in this process, watching its steps: on a GPU every optimiser step from
     step `count_from` on runs under CUDA's sync-debug mode (host syncs between read-backs, counted by the line causing
@@ -78,7 +86,7 @@ def fit_watched(cfg: TrainConfig, count_from: int = 3) -> dict:
 
     def record(message, category, filename, lineno, file=None, line=None) -> None:
         """Called where the warning surfaces: each site's first time, its step, thread and Python stack are kept."""
-        if "synchroniz" not in str(message):
+        if not is_sync_warning(message):
             return
         site = f"{Path(filename).name}:{lineno}"
         sites[site] += 1

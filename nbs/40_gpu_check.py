@@ -110,6 +110,14 @@ def check_graph_breaks(ctx: CheckContext) -> PhaseResult:
         f"{n} {r['graphs']} graph(s) {r['breaks']} break(s)" for n, r in rows.items()), rows)
 
 
+def is_sync_warning(message: Warning | str) -> bool:
+    """Whether a warning is sync-debug mode's report of a synchronising CUDA call. Not the notice that switching the
+    mode on prints once ("Synchronization debug mode is a prototype feature and does not yet detect all
+    synchronizing operations"): matching "synchroniz" alone counted that notice as a sync (the H200 check of
+    2026-11-27)."""
+    return "called a synchronizing CUDA operation" in str(message)
+
+
 def fit_watched(cfg: TrainConfig, count_from: int = 3) -> dict:
     """Train `cfg` with the package's `Trainer` in this process, watching its steps: on a GPU every optimiser step from
     step `count_from` on runs under CUDA's sync-debug mode (host syncs between read-backs, counted by the line causing
@@ -122,7 +130,7 @@ def fit_watched(cfg: TrainConfig, count_from: int = 3) -> dict:
 
     def record(message, category, filename, lineno, file=None, line=None) -> None:
         """Called where the warning surfaces: each site's first time, its step, thread and Python stack are kept."""
-        if "synchroniz" not in str(message):
+        if not is_sync_warning(message):
             return
         site = f"{Path(filename).name}:{lineno}"
         sites[site] += 1
