@@ -90,30 +90,37 @@ def fit_watched(cfg: TrainConfig, count_from: int = 3) -> dict:
             return
         site = f"{Path(filename).name}:{lineno}"
         sites[site] += 1
+        stack = [f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno} {f.name}"
+                 for f in traceback.extract_stack()[-14:-1]]
         seen["first"].setdefault(site, {"step": trainer.state.global_step + 1,
-                                        "thread": threading.current_thread().name, "stack": [f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno} "
-                                                  f"{f.name}" for f in traceback.extract_stack()[-14:-1]]})
+                                        "thread": threading.current_thread().name, "stack": stack})
 
-    def watched(batches) -> None:
-        if trainer.state.global_step == 1:
-            seen["frames"] = counters["frames"]["total"]
-        if not cuda or trainer.state.global_step + 1 < count_from:
-            return step(batches)
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = record  # restored when the block ends
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                step(batches)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        seen["checked_steps"] += 1
+    class Watched:
+        """The trainer's step, its steps from `count_from` on run under sync-debug mode; its read-back as it is."""
 
-    trainer.step = watched
+        read_back = step.read_back
+
+        def __call__(self, batches) -> float:
+            if trainer.state.global_step == 1:
+                seen["frames"] = counters["frames"]["total"]
+            if not cuda or trainer.state.global_step + 1 < count_from:
+                return step(batches)
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")
+                warnings.showwarning = record  # restored when the block ends
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    waited = step(batches)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            seen["checked_steps"] += 1
+            return waited
+
+    trainer.step = Watched()
     try:
         history = trainer.fit().history
-    finally:  # a cycle trainer -> watched -> trainer would leave the loaders to the garbage collector, whose
-        del trainer.step  # finalisers close their queues first and then wait for workers that ignore SIGTERM
+    finally:  # a cycle trainer -> Watched -> trainer would leave the loaders to the garbage collector, whose
+        trainer.step = step  # finalisers close their queues first and then wait for workers that ignore SIGTERM
     return {"history": history, "syncs": sum(sites.values()) if cuda else None, "sync_sites": dict(sites),
             "sync_first_seen": seen["first"],
             "checked_steps": seen["checked_steps"], "recompiles": counters["frames"]["total"] - seen["frames"],

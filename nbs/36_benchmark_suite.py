@@ -507,7 +507,10 @@ for label, value, target in targets:
 #   on a step.
 # - *`torch.compile`* could **not** be measured: Inductor's C++ compilation of a ConViT-Ti training step did not finish
 #   within the 60 s limit (nor in 5 minutes when the chapter was written); when it does, `compile_s` gives its cost.
-# - *On a GPU* nothing was measured. The "40 % of the H100's bf16 peak" once printed here predicted about 5.2×10⁴
-#   images/s for the Ti models, 3–5× what a ViT of that size reaches. A reading estimated, for one H100 SXM, bf16,
-#   compiled, 224 px, batch 256: ConViT-S 5–7.5k, DeiT-S 7–10k, the Ti models 10–20k images/s — **estimates, not
-#   measurements**, until the GPU check's results (`convit-edu bench --device cuda`) exist under `nbs/results/gpu/`.
+# - *On a GPU* (the GPU check, chapter 40: one H200 — an H100's compute with more and faster memory — 16 Xeon
+#   cores, torch 2.11, bf16, 224 px, batch 256, `nbs/results/gpu/2026-11-27T1622Z-nvidia-h200`): ConViT-S 2 661
+#   img/s eager and 5 023 compiled, DeiT-S 5 207 and 8 187 (0.51× and 0.61×); ConViT-Ti 3 010 and 5 757, DeiT-Ti
+#   6 256 and 8 302 (0.48× and 0.69×). A reading had estimated ConViT-S 5–7.5k and DeiT-S 7–10k compiled, and the
+#   design ≥ 6 000 img/s and ≥ 0.8× DeiT-S: both missed. Where ConViT's extra time goes was not measured there:
+#   SDPA's fused kernel does all of DeiT's attention but only GPSA's content term, beside which GPSA computes its
+#   positional softmax and the gated mix of the two; the CPU's 0.90× (above) did not foretell the GPU's 0.61×.

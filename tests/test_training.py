@@ -177,18 +177,18 @@ def test_the_loop_reads_the_device_back_once_per_logging_interval(tmp_path, monk
             return _original(self, *args)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    step, read_back = training.Trainer.step, training.Trainer.read_back
+    step, read_back = training.TrainStep.__call__, training.TrainStep.read_back
 
-    def watched_step(trainer, batches):
+    def watched_step(self, batches):
         inside_step[0] = True
         try:
-            return step(trainer, batches)
+            return step(self, batches)
         finally:
             inside_step[0] = False
 
-    monkeypatch.setattr(training.Trainer, "step", watched_step)
-    monkeypatch.setattr(training.Trainer, "read_back", lambda trainer: read_backs.append(trainer.state.step) or
-                        read_back(trainer))
+    monkeypatch.setattr(training.TrainStep, "__call__", watched_step)
+    monkeypatch.setattr(training.TrainStep, "read_back", lambda self, *args: read_backs.append(self.state.step) or
+                        read_back(self, *args))
     result = train(config(tmp_path, epochs=2, log_every=5, clip_grad=1.0), model=make_model(), datasets=make_data())
     assert reads == []
     assert read_backs == [5, 10, 12, 5, 10, 12]  # 12 steps per epoch: every 5th and the epoch's last
@@ -887,9 +887,9 @@ def test_the_runs_own_datasets_ship_uint8_and_a_uint8_batch_needs_its_finish(tmp
                       data_args={"num_train": 16, "num_val": 8, "num_classes": 2, "image_size": 16}, epochs=1,
                       batch_size=8, num_workers=0, precision="fp32", progress="none", output=str(tmp_path))
     trainer = training.Trainer(cfg, distributed.World(0, 1, torch.device("cpu"), False))
-    images, _ = next(iter(trainer.loaders.train))
-    assert images.dtype == torch.uint8 and trainer.device_transforms is not None
-    assert finish_batch(images, trainer.device_transforms, train=True).dtype == torch.float32
+    images, _ = next(iter(trainer.data.loaders.train))
+    assert images.dtype == torch.uint8 and trainer.data.device_transforms is not None
+    assert finish_batch(images, trainer.data.device_transforms, train=True).dtype == torch.float32
     with pytest.raises(ValueError, match="pass finish=DeviceTransforms"):
         finish_batch(images, None, train=False)
     floats = torch.rand(2, 3, 16, 16)
