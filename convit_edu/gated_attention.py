@@ -40,7 +40,7 @@ class _SoftmaxWithoutDenormals(torch.autograd.Function):
 def softmax_without_denormals(scores: Tensor) -> Tensor:
     """``scores.softmax(-1)`` with every denormal number (below about 1.2e-38 in fp32) set to 0, in the forward
     and in the backward pass: such numbers change no sum they enter, but x86 CPUs multiply them many times
-    slower (chapter 05, "Denormal numbers")."""
+    slower (chapter 31, "Denormal numbers")."""
     return _SoftmaxWithoutDenormals.apply(scores)
 
 
@@ -66,13 +66,13 @@ def _grid(length: int, grid_size: tuple[int, int] | None) -> tuple[int, int]:
 class PositionalAttention(nn.Module):
     """What GPSA (Eq. 6-7) and PSA (Eq. 4) share: projections, relative positions, positional scores.
 
-    The base of ``GPSAReference`` and of chapter 06's ``GPSA`` and ``PSA``: the maps ``qk``, ``v``, ``proj`` and
+    The base of ``GPSAReference`` and of chapter 07's ``GPSA`` and ``PSA``: the maps ``qk``, ``v``, ``proj`` and
     ``pos_proj`` (v_pos of Eq. 5), the ``rel_indices`` buffer of the patch grid (built for ``grid_size`` at
     construction when given and the forward reads it, else when first needed) and ``init_weights``; a subclass
     writes ``forward``.
     """
 
-    forward_reads_rel_indices = True  # chapter 06's fast GPSA does not: it builds them only when P is asked for
+    forward_reads_rel_indices = True  # chapter 07's fast GPSA does not: it builds them only when P is asked for
 
     def __init__(
         self,
@@ -178,7 +178,7 @@ def gate_values(gating_param: Tensor, gate_override: float | None = None) -> Ten
 class GatedAttention(PositionalAttention):
     """``PositionalAttention`` with the gate of Eq. 7: ``gating_param`` λ (one per head, initialised to 1), a
     test-time ``gate_override`` and Eq. 7's mixed attention matrix; the base of ``GPSAReference`` and of chapter
-    06's fast ``GPSA``."""
+    07's fast ``GPSA``."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -107,7 +107,7 @@ print(f"a head centred on the query: {own:.2f} on the query's own patch; a ConVi
 # ## Table 1 of the paper: ConViT vs DeiT trained from scratch on ImageNet-1k
 #
 # Speed is images/s on one Quadro GP100 at batch 128. The paper does not define "Flops"; counting
-# multiply-accumulates without the attention matmuls reproduces the column (chapter 09), so that is our reading
+# multiply-accumulates without the attention matmuls reproduces the column (chapter 10), so that is our reading
 # of it, inferred rather than stated. Top-5 was not reported for DeiT-Ti/S/B.
 
 # %%
@@ -137,7 +137,7 @@ for name, model, heads, dim, size, flops, speed, top1, top5 in TABLE_1:
 # (27 M against 22 M parameters, 5.4 against 4.3 GFLOPs: 9 × 48 = 432 channels where DeiT-S has 384); the "+"
 # models use the same heads and width 64 per head for both architectures, so the gain is not just more heads.
 # And every ConViT beats the DeiT of its size, while being slower per image in the official implementation —
-# chapter 27 shows how much of that slowness is the implementation, not the idea. The cell below checks
+# chapter 30 shows how much of that slowness is the implementation, not the idea. The cell below checks
 # both claims on the table.
 
 # %%
@@ -201,10 +201,10 @@ print("top-1 gain recomputed:", {f"{f:.0%}": f"{100 * (c1 - d1) / d1:.1f}%" for 
 #   loop's machinery, the command line and clusters, performance.
 #
 # The numbers are the order in which the chapters build on each other: a chapter uses only the modules of
-# itself and of earlier chapters, so the package's imports run one way. The core path is chapters 01-10, then
-# 28-32, 34 and 35: chapter 10 writes a first training loop by hand, and from chapter 28 on the core path uses the
-# engineering track's tools — the loop of chapter 10, hardened in chapters 11-26 — as given; skip chapters
-# 11-27, 33 and 36-40 and come back when a tool's inside interests you. The cell below reads the module each
+# itself and of earlier chapters, so the package's imports run one way. The core path is chapters 01-11, then
+# 32-36 and 38-40: chapter 11 writes a first training loop by hand, and from chapter 32 on the core path uses the
+# engineering track's tools — the loop of chapter 11, hardened in chapters 12-29 — as given; skip chapters
+# 12-31, 37 and 41-45 and come back when a tool's inside interests you. The cell below reads the module each
 # chapter exports from the chapter itself, and fails if a chapter is missing from the map.
 
 # %%
@@ -217,43 +217,48 @@ CORE = [
     ("03_convolutional_init", "Eq. 5: head centres and locality strength, Fig. 3"),
     ("04_convolution_as_attention", "k² PSA heads compute a k×k convolution; a ConViT layer at init"),
     ("05_gpsa_reference", "Eq. 6-7: gated positional self-attention, the reference; the layer at init"),
-    ("06_gpsa", "the fast GPSA the models train with, and PSA: the same numbers"),
-    ("07_layers", "patch embedding, MLP, stochastic depth, the pre-norm block"),
-    ("08_models", "the ConViT and DeiT models: configuration, class token, forward"),
-    ("09_zoo", "Table 1 by name: parameters, MACs, resolutions, ablation switches"),
-    ("10_fit", "a first training loop, line by line: a small ConViT and DeiT on real photographs"),
-    ("28_first_training_run", "a pair like chapter 10's with the production loop, and what it records"),
-    ("29_locality", "nonlocality (Eq. 8) and the gates during training, Figs. 5-6"),
-    ("30_attention_maps", "attention maps (Fig. 7) and masking at test time (Tables 5-6)"),
-    ("31_experiment_design", "Tables 2 and 3 at any scale; a design a CPU can run"),
-    ("32_tables", "records to Tables 2 and 3: a paired test over images and seeds; pre-conditions"),
-    ("34_experiment_results", "Tables 2 and 3 in miniature: the results"),
-    ("35_pilots", "the second design: pilots, the rule that picks the grid, its tables: no gain beyond noise"),
+    ("06_gpsa_gate", "Eq. 7 as the gate moves: a head from content to position"),
+    ("07_gpsa", "the fast GPSA the models train with, and PSA: the same numbers"),
+    ("08_layers", "patch embedding, MLP, stochastic depth, the pre-norm block"),
+    ("09_models", "the ConViT and DeiT models: configuration, class token, forward"),
+    ("10_zoo", "Table 1 by name: parameters, MACs, resolutions, ablation switches"),
+    ("11_fit", "a first training loop, line by line: a small ConViT and DeiT on real photographs"),
+    ("32_first_training_run", "a pair like chapter 11's with the production loop, and what it records"),
+    ("33_locality", "nonlocality (Eq. 8) and the gates during training, Figs. 5-6"),
+    ("34_attention_maps", "attention maps (Fig. 7) and masking at test time (Tables 5-6)"),
+    ("35_experiment_design", "Tables 2 and 3 at any scale; a design a CPU can run"),
+    ("36_tables", "records to Tables 2 and 3: a paired test over images and seeds; pre-conditions"),
+    ("38_experiment_results", "Tables 2 and 3 in miniature: the results"),
+    ("39_pilots", "the second design: pilots, and the rule that picks the grid"),
+    ("40_grid_results", "the second design's grid: Tables 2 and 3, Figs. 5-6: no gain beyond noise"),
 ]
 ENGINEERING = [
-    ("11_checkpoints", "official and timm weights in, training checkpoints out; hard distillation"),
-    ("12_image_files", "image files read as RGB, an unreadable one skipped, a folder listed once"),
-    ("13_datasets", "CIFAR-100, ImageNet folders, a fraction of each class, the first K classes"),
-    ("14_augment", "the DeiT recipe: RandAugment, erasing, MixUp / CutMix"),
-    ("15_samplers", "samplers for many processes: repeated augmentation, resuming, per-sample seeds"),
-    ("16_loaders", "loaders: workers, uint8 batches finished on the device, which stage limits"),
-    ("17_dali", "decoding on the GPU: torchvision's nvJPEG (`gpu-decode`) and NVIDIA DALI (optional)"),
-    ("18_devices", "the device, and bf16 only where it pays"),
-    ("19_config", "a run is a config; the paper's recipes; configs as command-line words"),
-    ("20_optimisation", "the schedule, the loss and its teacher, the EMA, per-step randomness, resume"),
-    ("21_distributed", "torchrun and srun, rank 0's writes, clean stops, a SLURM script"),
-    ("22_evaluation", "exact evaluation over processes; masking at test time"),
-    ("23_run_state", "a run's state and its checkpoint: hooks, what a checkpoint holds, resuming"),
-    ("24_run_setup", "what a run is made of (data, models, DDP) and its records: run.json, progress, logs, curves"),
-    ("25_training", "the loop of chapter 10, hardened: `Trainer` and `train`"),
-    ("26_training_checks", "exact resume, hooks, a NaN, two processes: checked"),
-    ("27_benchmarks", "why GPSA is slow and how to make it fast"),
-    ("33_experiments", "one command per grid: a fixed test split, per-image scores, resuming"),
-    ("36_benchmark_suite", "compile, the machine's peak, the data, the benchmark suite"),
-    ("37_cli", "convit-edu train / eval / bench / experiment"),
-    ("38_clusters", "launching at every scale: torchrun, many nodes, SLURM"),
-    ("39_gpu_correctness", "is this GPU set up right? Phases under a deadline; the step and GPSA against the CPU"),
-    ("40_gpu_check", "how fast does it train? Compile, host syncs, throughput, JPEGs; `convit-edu-check-gpu`"),
+    ("12_checkpoints", "official and timm weights in, training checkpoints out; hard distillation"),
+    ("13_image_files", "image files read as RGB, an unreadable one skipped, a folder listed once"),
+    ("14_datasets", "CIFAR-100, ImageNet folders, a fraction of each class, the first K classes"),
+    ("15_augment", "the DeiT recipe: RandAugment, erasing, MixUp / CutMix"),
+    ("16_samplers", "samplers for many processes: repeated augmentation, resuming, per-sample seeds"),
+    ("17_loaders", "loaders: workers, uint8 batches finished on the device, which stage limits"),
+    ("18_dali", "decoding on the GPU with NVIDIA DALI (optional)"),
+    ("19_gpu_decode", "decoding on the training device with torchvision's nvJPEG (`gpu-decode`)"),
+    ("20_devices", "the device, and bf16 only where it pays"),
+    ("21_config", "a run is a config; the paper's recipes"),
+    ("22_config_words", "a config as command-line words, and back"),
+    ("23_optimisation", "the schedule, the loss and its teacher, the EMA, per-step randomness, resume"),
+    ("24_distributed", "torchrun and srun, rank 0's writes, clean stops, a SLURM script"),
+    ("25_evaluation", "exact evaluation over processes; masking at test time"),
+    ("26_run_state", "a run's state and its checkpoint: hooks, what a checkpoint holds, resuming"),
+    ("27_run_setup", "what a run is made of (data, models, DDP) and its records: run.json, progress, logs, curves"),
+    ("28_training", "the loop of chapter 11, hardened: `Trainer` and `train`"),
+    ("29_training_checks", "exact resume, hooks, a NaN, two processes: checked"),
+    ("30_benchmarks", "why GPSA is slow and how to make it fast"),
+    ("31_model_throughput", "whole models' training throughput; denormal numbers on a CPU"),
+    ("37_experiments", "one command per grid: a fixed test split, per-image scores, resuming"),
+    ("41_benchmark_suite", "compile, the machine's peak, the data, the benchmark suite"),
+    ("42_cli", "convit-edu train / eval / bench / experiment"),
+    ("43_clusters", "launching at every scale: torchrun, many nodes, SLURM"),
+    ("44_gpu_correctness", "is this GPU set up right? Phases under a deadline; the step and GPSA against the CPU"),
+    ("45_gpu_check", "how fast does it train? Compile, host syncs, throughput, JPEGs; `convit-edu-check-gpu`"),
 ]
 written = sorted(p.stem for p in Path(".").glob("[0-9][0-9]_*.py") if p.stem != "00_index")
 assert sorted(stem for stem, _ in CORE + ENGINEERING) == written, "the map and nbs/ differ"
@@ -277,7 +282,7 @@ for track, chapters in (("core path", CORE), ("engineering track", ENGINEERING))
 # Every notebook starts with a `parameters` cell that sets `FAST` from the environment variable
 # `CONVIT_EDU_FAST` (falling back to `CI`). FAST mode shrinks data and epochs so the whole course runs in a few
 # minutes in CI; full mode is what a student runs, and what the committed outputs come from: on a 2-core CPU,
-# seconds for chapters 01–09 and minutes for those that train (about 6 for chapter 10; the README lists them).
+# seconds for chapters 01–10 and minutes for those that train (about 6 for chapter 11; the README lists them).
 
 # %%
 # NBVAL_IGNORE_OUTPUT

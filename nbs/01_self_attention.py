@@ -191,7 +191,7 @@ print("matches nn.MultiheadAttention: output", tuple(y_torch.shape), "attention"
 #   (B, N_h, L, L) matrix (its plain-PyTorch fallback does), and which picks the fastest kernel for the hardware
 #   (FlashAttention on recent GPUs), with the attention dropout done inside SDPA (`dropout_p`) in training;
 # * `return_attention=True` materialises A as in Eq. 1 and returns it with the output, for the analyses of
-#   chapters 29-30. The map returned is the softmax of Eq. 1 (rows sum to 1); in training the values are mixed with a
+#   chapters 33-34. The map returned is the softmax of Eq. 1 (rows sum to 1); in training the values are mixed with a
 #   dropped-out copy of it.
 #
 # Names and layout (`qkv`, `proj`, q|k|v stacked, heads contiguous inside each) are those of DeiT and ConViT

@@ -124,7 +124,7 @@ from torch import Tensor, nn
 def check_locality_strength(locality_strength: float) -> float:
     """α as a float, or a ValueError: Eq. 5 needs α > 0 (α ≤ 0 attends *away* from the centre, or uniformly).
 
-    The one rule for α, shared by ``local_init`` and ``ModelConfig`` (chapter 08)."""
+    The one rule for α, shared by ``local_init`` and ``ModelConfig`` (chapter 09)."""
     alpha = float(locality_strength)
     if not alpha > 0:  # also rejects NaN
         raise ValueError(f"locality_strength (α) must be > 0, got {locality_strength!r}")

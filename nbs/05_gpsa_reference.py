@@ -19,10 +19,10 @@
 # Chapter 02 built positional self-attention (PSA, Eq. 4), where content and position scores are *summed*
 # before one softmax; chapter 03 initialised the positional part like a convolution (Eq. 5). This chapter
 # builds the ConViT's layer, **gated** positional self-attention (Eq. 6–7), as a *reference* that writes the
-# attention matrix down exactly as the paper does, and looks at it: at initialisation, and as its gate moves.
+# attention matrix down exactly as the paper does, and looks at it at initialisation; chapter 06 moves its gate.
 # It exports `convit_edu/gpsa_reference.py`: the parts every positional layer shares, with the parameter names
 # of the official checkpoints (`qk`, `v`, `proj`, `pos_proj`, `gating_param`), the gate, and `GPSAReference`.
-# Chapter 06 builds the fast GPSA that the models train with, and PSA as a module, on the same parts.
+# Chapter 07 builds the fast GPSA that the models train with, and PSA as a module, on the same parts.
 
 # %% tags=["parameters"]
 import os
@@ -35,9 +35,6 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # reference that the fast GPSA is tested against.
 
 # %%
-import json
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import torch
 
@@ -83,8 +80,8 @@ print("gated attention A:\n", A)
 # one. So every row of A is a convex combination of two probability vectors and sums to one already:
 # $\sum_j A_{ij} = (1-\sigma) \cdot 1 + \sigma \cdot 1 = 1$. Dividing by the row sum divides by one. The
 # official code performs the division anyway; it changes nothing but rounding, and the fast implementation
-# of chapter 06 leaves it out. (A check of row sums here would only repeat this algebra; the one that could fail is
-# chapter 06's: its fast layer, without the division, against this chapter's reference, with it.)
+# of chapter 07 leaves it out. (A check of row sums here would only repeat this algebra; the one that could fail is
+# chapter 07's: its fast layer, without the division, against this chapter's reference, with it.)
 
 # %% [markdown]
 # ## The class token has no position
@@ -100,22 +97,24 @@ print("gated attention A:\n", A)
 #
 # ## The shared parts
 #
-# Both GPSAs (this chapter's reference, chapter 06's fast one) and PSA have the same projections, the same positional
+# Both GPSAs (this chapter's reference, chapter 07's fast one) and PSA have the same projections, the same positional
 # scores and the same grid handling. `qk` maps to queries and keys, `v` to the values (two layers, as in the official
-checkpoints; the forward stacks their weights and computes all three in one matmul), `pos_proj` maps the 3
+# checkpoints; the forward stacks their weights and computes all three in one matmul), `pos_proj` maps the 3
 # channels of r_δ = (δx, δy, ‖δ‖²) to one score per head (its weight rows are the v_pos of Eq. 5), and `proj` mixes the
 # heads. `rel_indices` is a buffer that is *not* saved in checkpoints. A layer told its grid at construction
-# (`grid_size=(rows, cols)`, as the ConViT of chapter 08 does) builds it there, so the first forward finds it ready: a
+# (`grid_size=(rows, cols)`, as the ConViT of chapter 09 does) builds it there, so the first forward finds it ready: a
 # forward that assigns a new tensor to a buffer is one graph for `torch.compile` and the forwards after it another,
-# which costs a second compilation. A layer built without a grid builds it at its first forward (and chapter 06's fast
+# which costs a second compilation. A layer built without a grid builds it at its first forward (and chapter 07's fast
 # GPSA, whose forward does not read it, only when the attention matrix is asked for). Either way it is
 # rebuilt when a forward sees another grid, and whenever the device or dtype of the layer changes, so a model moved to
 # another device or dtype after a forward pass keeps working (the official code caches it for one device and size).
 #
 # Initialisation has one home, `init_weights`, which the constructor calls: DeiT's normal(0, 0.02) for the
-# linear maps (what the whole model gives every other linear map, chapter 08), then Eq. 5 — chapter 03's
+# linear maps (what the whole model gives every other linear map, chapter 09), then Eq. 5 — chapter 03's
 # `local_init` — for `pos_proj` and `v`. A model built of these layers does not initialise them again.
 # These base classes, `PositionalAttention` and the gated `GatedAttention`, are the module `convit_edu.gated_attention`.
+# Their positional softmax sets P's denormal numbers (below about 10⁻³⁸ in fp32) to zero, which changes no sum but
+# spares a CPU its slow path for them: chapter 31 measures it.
 
 # %%
 #| export gated_attention
@@ -157,7 +156,7 @@ class _SoftmaxWithoutDenormals(torch.autograd.Function):
 def softmax_without_denormals(scores: Tensor) -> Tensor:
     """``scores.softmax(-1)`` with every denormal number (below about 1.2e-38 in fp32) set to 0, in the forward
     and in the backward pass: such numbers change no sum they enter, but x86 CPUs multiply them many times
-    slower (chapter 05, "Denormal numbers")."""
+    slower (chapter 31, "Denormal numbers")."""
     return _SoftmaxWithoutDenormals.apply(scores)
 
 
@@ -183,13 +182,13 @@ def _grid(length: int, grid_size: tuple[int, int] | None) -> tuple[int, int]:
 class PositionalAttention(nn.Module):
     """What GPSA (Eq. 6-7) and PSA (Eq. 4) share: projections, relative positions, positional scores.
 
-    The base of ``GPSAReference`` and of chapter 06's ``GPSA`` and ``PSA``: the maps ``qk``, ``v``, ``proj`` and
+    The base of ``GPSAReference`` and of chapter 07's ``GPSA`` and ``PSA``: the maps ``qk``, ``v``, ``proj`` and
     ``pos_proj`` (v_pos of Eq. 5), the ``rel_indices`` buffer of the patch grid (built for ``grid_size`` at
     construction when given and the forward reads it, else when first needed) and ``init_weights``; a subclass
     writes ``forward``.
     """
 
-    forward_reads_rel_indices = True  # chapter 06's fast GPSA does not: it builds them only when P is asked for
+    forward_reads_rel_indices = True  # chapter 07's fast GPSA does not: it builds them only when P is asked for
 
     def __init__(
         self,
@@ -295,7 +294,7 @@ def gate_values(gating_param: Tensor, gate_override: float | None = None) -> Ten
 class GatedAttention(PositionalAttention):
     """``PositionalAttention`` with the gate of Eq. 7: ``gating_param`` λ (one per head, initialised to 1), a
     test-time ``gate_override`` and Eq. 7's mixed attention matrix; the base of ``GPSAReference`` and of chapter
-    06's fast ``GPSA``."""
+    07's fast ``GPSA``."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -320,8 +319,8 @@ class GatedAttention(PositionalAttention):
 # no-op, kept here to stay literally faithful to Eq. 6), attention dropout on A, then A·V. This is the
 # computation of the official code and of timm but for one thing: they expand `rel_indices` to the batch and
 # so compute the positional softmax once per *image*, where it is the same for every image; here it is
-# computed once per forward (chapter 27 measures what that saves). It is what to read, what to
-# use for attention maps, and the yardstick chapter 06's fast version is tested against.
+# computed once per forward (chapter 30 measures what that saves). It is what to read, what to
+# use for attention maps, and the yardstick chapter 07's fast version is tested against.
 
 # %%
 #| export
@@ -357,62 +356,6 @@ class GPSAReference(GatedAttention):
 print(expect_error(lambda: GPSAReference(192, 4)(torch.randn(1, 197, 192))))
 
 # %% [markdown]
-# ## Denormal numbers
-#
-# Eq. 5 makes a head's positional score fall as −α‖δ‖² with the distance δ from its kernel offset, so on a large
-# grid P holds probabilities like e⁻¹⁰⁰ for far-away keys. An fp32 number below about 1.2·10⁻³⁸ is *denormal*
-# (subnormal): stored without the implicit leading bit, and on x86 CPUs every multiplication that touches one takes a
-# slow micro-code path, often tens of times slower. Such a probability cannot change any sum it enters (each row of
-# P sums to 1, so it is 10³¹ times below the rounding error of the row's largest term), but P @ V multiplies every
-# one of them with a value of every image, and the backward pass does it again. `positional_softmax` therefore sets
-# them to 0. On the 2-core Intel Xeon of chapter 35, before this flush, the grid's ConViT (a 12 × 12 grid, where
-# 5.9 % of P's entries are denormal) trained 28 % faster when the CPU itself flushed denormals to zero (76.1
-# against 97.4 images/s, one thread; `results/second-design/psa_speed.json`). The cell below reads that
-# measurement, counts the denormals on a 14 × 14 grid, and checks that flushing them changes P @ V by nothing above
-# the denormal range.
-#
-# The backward pass makes its own: the gradient of the scores is P ⊙ (g − ⟨g, P⟩), and a probability of 10⁻³⁷
-# times a gradient of 10⁻³ is denormal. PyTorch's softmax backward also multiplies the P it saved before the
-# flush. Counting the denormals that every operation of a ConViT-Ti training step makes (224 px, batch 8, once, on
-# an AMD EPYC) found over a hundred thousand gradients from this one place, and none in DeiT-Ti. So
-# `softmax_without_denormals` is a small autograd function that saves the flushed P and sets the denormals of the
-# gradient it returns to 0 too; `tests/test_gpsa.py` checks that no denormal then enters any other operation. That costs one
-# pass over a (heads, L, L) tensor per layer, whatever the batch. Telling the CPU to flush denormals itself
-# (`torch.set_flush_denormal`) would be an alternative, but it reaches only the calling thread: the intra-op threads
-# that torch had already started go on computing with denormals. (Chapter 06's fast GPSA never builds P: it applies
-# P's two one-axis factors, and flushes those the same way.)
-
-# %%
-torch.manual_seed(0)
-layer = GPSAReference(192, 4)
-with torch.no_grad():
-    raw = layer.positional_scores((14, 14)).softmax(dim=-1)  # P before the flush
-    flushed = layer.positional_softmax((14, 14))
-    values = torch.randn(4, 196, 48)
-    change = (raw @ values - flushed @ values).abs().max().item()
-denormal = (raw > 0) & (raw < torch.finfo(raw.dtype).tiny)
-print(f"denormal entries of P on a 14 x 14 grid: {denormal.float().mean().item():.1%}; after the flush: "
-      f"{int(((flushed > 0) & (flushed < torch.finfo(flushed.dtype).tiny)).sum())}")
-assert denormal.any() and torch.equal(flushed[~denormal], raw[~denormal]) and change < 1e-30
-speed = json.loads(Path("results/second-design/psa_speed.json").read_text())  # measured before the flush
-rates = speed["train_images_per_s"]
-print(f"{speed['cpu']}: GPSA {rates['gpsa']:.1f} images/s, {rates['gpsa flush denormals']:.1f} with the CPU "
-      f"flushing denormals; {speed['positional_denormal_share']:.1%} of P denormal")
-assert round(100 * (rates["gpsa flush denormals"] / rates["gpsa"] - 1)) == 28
-assert round(100 * speed["positional_denormal_share"], 1) == 5.9
-
-# %%
-tiny = torch.finfo(torch.float32).tiny
-scores = layer.positional_scores((14, 14)).detach().requires_grad_()
-upstream = torch.randn(4, 196, 196) * 1e-3  # a gradient of P of a typical size
-ours, = torch.autograd.grad((softmax_without_denormals(scores) * upstream).sum(), scores)
-plain, = torch.autograd.grad((scores.softmax(dim=-1) * upstream).sum(), scores)
-print("denormal entries of the scores' gradient:",
-      int(((ours != 0) & (ours.abs() < tiny)).sum()), "with softmax_without_denormals")
-assert ((plain != 0) & (plain.abs() < tiny)).any()  # softmax's own backward makes some
-torch.testing.assert_close(ours, plain, rtol=0, atol=1e-9)  # equal up to rounding (gradients up to 1e-3)
-
-# %% [markdown]
 # ## What the layer looks like at initialisation
 #
 # With the convolutional init (α = 1) each of the 4 heads attends around its own offset Δ_h of a 2 × 2
@@ -444,62 +387,6 @@ for h, p in enumerate(peaks):
     dx, dy = centres[h].tolist()
     assert abs(col - 7 - dx) <= 0.5 and abs(row - 7 - dy) <= 0.5, (h, row, col, dx, dy)
 print("every head peaks within half a patch of query + Δ_h")
-
-# %% [markdown]
-# ## Eq. 7 as the gate moves
-#
-# The gate slides each head's attention along a straight line between two maps: its content attention
-# (σ = 0, what a ViT head would do) and its positional attention (σ = 1, a blurred tap of a convolution).
-# Below, one head of a freshly initialised layer reads the Grace Hopper photograph (patches of 16 pixels
-# embedded by a random 16 × 16 convolution and a LayerNorm, as in chapter 03's Fig. 3), with its gate forced
-# to five values (`gate_override`, the hook chapter 30's masking uses), on one logarithmic colour scale. At
-# initialization (weights of standard deviation 0.02) the content map is nearly uniform; we scale W_qry and
-# W_key up 4 times so that it shows something, a random read-out of the picture — training (chapter 28) makes
-# it useful. The ConViT starts at σ(1) = 0.73, the fourth panel: mostly the positional bump (over half the
-# attention on the four patches around query + Δ_h, where the content map puts less than uniform would), with the
-# picture faintly behind it.
-
-# %%
-from matplotlib import cbook
-from PIL import Image
-from torchvision.transforms.functional import pil_to_tensor
-
-with cbook.get_sample_data("grace_hopper.jpg") as f:
-    photo = Image.open(f).convert("RGB").resize((224, 224), Image.BICUBIC)
-pixels = pil_to_tensor(photo)[None].float() / 255
-torch.manual_seed(0)
-embed, norm = nn.Conv2d(3, 192, kernel_size=16, stride=16), nn.LayerNorm(192)
-tokens = norm(rearrange(embed((pixels - pixels.mean()) / pixels.std()), "1 d h w -> 1 (h w) d")).detach()
-layer = GPSAReference(192, 4)
-with torch.no_grad():
-    layer.qk.weight.mul_(4)  # init's std 0.02 makes content attention nearly uniform: give it something to show
-query, head, sigmas = 5 * 14 + 6, 0, (0.0, 0.27, 0.5, 0.73, 1.0)
-mixed = {}
-for sigma in sigmas:
-    layer.gate_override = sigma
-    with torch.no_grad():
-        mixed[sigma] = layer(tokens, return_attention=True)[1][0, head, query]
-layer.gate_override = None
-dx, dy = head_centres(4)[head].tolist()  # (−½, −½): the bump covers the 4 patches around query + Δ_h
-bump = [int((5 + dy + a) * 14 + 6 + dx + b) for a in (-0.5, 0.5) for b in (-0.5, 0.5)]
-share = {sigma: round(mixed[sigma][bump].sum().item(), 3) for sigma in sigmas}
-assert share[0.73] > 0.5 > share[0.5] and share[0.0] < 4 / 196, share  # at init: mostly the bump
-from matplotlib.colors import LogNorm
-
-# (far from its centre the positional softmax underflows to 0: the scale starts at the content map's floor)
-scale = LogNorm(vmin=float(mixed[0.0].min()) / 10, vmax=max(float(m.max()) for m in mixed.values()), clip=True)
-fig, axes = plt.subplots(1, len(sigmas) + 1, figsize=(12, 2.3), dpi=80)
-axes[0].imshow(photo)
-axes[0].add_patch(plt.Rectangle((6 * 16, 5 * 16), 16, 16, fill=False, color="red", lw=2))
-for ax, sigma in zip(axes[1:], sigmas):
-    ax.imshow(mixed[sigma].reshape(14, 14), cmap="viridis", norm=scale)  # one log scale for all five
-    ax.add_patch(plt.Rectangle((6 - 0.5, 5 - 0.5), 1, 1, fill=False, color="red"))
-    ax.set_title({0.0: "σ = 0: content", 1.0: "σ = 1: position"}.get(sigma, f"σ = {sigma}"), fontsize=9)
-for ax in axes:
-    ax.set_xticks([]), ax.set_yticks([])
-fig.tight_layout()
-plt.show()
-print("share of the attention on the 4 patches around query + Δ_h, per σ:", share)
 
 # %% [markdown]
 # ## Exercises

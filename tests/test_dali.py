@@ -1,4 +1,4 @@
-"""Tests of the optional NVIDIA DALI loader (chapter 17's `DaliLoaders`, `TrainConfig(loader="dali")`), on the CPU.
+"""Tests of the optional NVIDIA DALI loader (chapter 18's `DaliLoaders`, `TrainConfig(loader="dali")`), on the CPU.
 
 They need the extra (`pip install -e ".[dali]"`) and skip without it, except the checks of the config, which
 hold either way.

@@ -1,4 +1,4 @@
-"""Tests for the data chapters 12-16 (convit_edu.image_files, datasets, augment, samplers, loaders): datasets,
+"""Tests for the data chapters 13-17 (convit_edu.image_files, datasets, augment, samplers, loaders): datasets,
 subsampling, the DeiT recipe, samplers, loaders."""
 
 import hashlib

@@ -1,4 +1,4 @@
-"""The GPU check (`convit-edu-check-gpu`, chapters 39 and 40): its smoke run on the CPU, a failing phase, the deadline,
+"""The GPU check (`convit-edu-check-gpu`, chapters 44 and 45): its smoke run on the CPU, a failing phase, the deadline,
 bad input, a compiled throughput. One smoke run of every phase (about a minute on 2 cores) serves the tests that read
 its results."""
 

@@ -1,4 +1,4 @@
-"""Tests of the "gpu-decode" loader (chapter 17's `build_gpu_decode_loaders`, `TrainConfig(loader="gpu-decode")`) on
+"""Tests of the "gpu-decode" loader (chapter 19's `build_gpu_decode_loaders`, `TrainConfig(loader="gpu-decode")`) on
 the CPU: the workers' draws are the torchvision path's, the device's crop is torchvision's resize, batches are a
 function of (seed, epoch, sample), the val view, bad files named, and what the training loop does with them."""
 

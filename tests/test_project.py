@@ -202,8 +202,8 @@ def chapter_imports() -> list[tuple[str, int, str, int]]:
 
 
 # The one tool met before its chapter: the course's photographs, which a student fetches with `convit-edu data
-# tiny-imagenet` before opening chapter 01 (README) and which chapter 10 needs; chapter 13 builds the function.
-USED_BEFORE_ITS_CHAPTER = {("10_fit", "datasets.tiny_imagenet")}
+# tiny-imagenet` before opening chapter 01 (README) and which chapter 11 needs; chapter 14 builds the function.
+USED_BEFORE_ITS_CHAPTER = {("11_fit", "datasets.tiny_imagenet")}
 
 
 def test_chapters_are_in_dependency_order():
@@ -212,16 +212,16 @@ def test_chapters_are_in_dependency_order():
     found = chapter_imports()
     later = [f"{stem} imports {module} (chapter {n:02d})" for stem, number, module, n in found
              if 0 < number < n and (stem, module) not in USED_BEFORE_ITS_CHAPTER]
-    fit = (ROOT / "nbs" / "10_fit.py").read_text()  # and of that module, only the data
+    fit = (ROOT / "nbs" / "11_fit.py").read_text()  # and of that module, only the data
     assert re.findall(r"from convit_edu\.datasets import (.+)", fit) == ["tiny_imagenet"]
     assert not later, "chapters out of dependency order: " + "; ".join(later)
-    assert ("25_training", 25, "optimisation.build_optimizer", 20) in found  # the imports were read at all
+    assert ("28_training", 28, "optimisation.build_optimizer", 23) in found  # the imports were read at all
 
 
 def test_a_chapter_that_imports_a_later_module_would_be_caught(monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "chapter_imports", lambda: [
-        ("25_training", 25, "optimisation.build_optimizer", 20), ("17_dali", 17, "benchmarks.bench_model", 27)])
-    with pytest.raises(AssertionError, match=r"17_dali imports benchmarks.bench_model \(chapter 27\)"):
+        ("28_training", 28, "optimisation.build_optimizer", 23), ("18_dali", 18, "benchmarks.bench_model", 30)])
+    with pytest.raises(AssertionError, match=r"18_dali imports benchmarks.bench_model \(chapter 30\)"):
         test_chapters_are_in_dependency_order()
 
 

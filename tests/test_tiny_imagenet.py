@@ -1,4 +1,4 @@
-"""Tests of the course's photographs, chapter 13's `tiny_imagenet` (and chapter 12's verified download and atomic
+"""Tests of the course's photographs, chapter 14's `tiny_imagenet` (and chapter 13's verified download and atomic
 extraction under it), offline: a small zip in the published Tiny ImageNet layout, served over HTTP on 127.0.0.1 or
 read from disk, and the course's tar.gz of the same images."""
 

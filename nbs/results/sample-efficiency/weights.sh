@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The model weights (fp32 state dicts, 1.6 MB) of the f = 1, seed 0 runs, for chapter 30's analyses; the runs'
+# The model weights (fp32 state dicts, 1.6 MB) of the f = 1, seed 0 runs, for chapter 34's analyses; the runs'
 # training checkpoints (with the optimizer state) stay on the machine that ran them. Run from the repository root.
 set -euo pipefail
 python -c "

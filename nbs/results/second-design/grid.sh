@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26's pre-registered grid at the design chapter 35's rule picked (the doubled learning rate: 12 x 12 grid,
+# Issue 26's pre-registered grid at the design chapter 39's rule picked (the doubled learning rate: 12 x 12 grid,
 # 48-px images in 4-px patches, 60 000 images per run, lr 3.2e-2): Table 2 at f = 0.1 and f = 1, seeds 1-4 (seed 0
 # stays the pilots'), and Table 3's ablations at f = 0.1, seeds 1 and 3 (one per queue). Two queues side by side,
 # one core each; start queue 1 first (it builds the test split), queue 2 once data/split.json exists:

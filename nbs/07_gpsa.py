@@ -1,0 +1,441 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The fast GPSA, and PSA as a module
+#
+# Chapter 05 wrote gated positional self-attention (Eq. 6–7) down literally: `GPSAReference` builds both
+# softmaxes and their mix as batch × heads × L × L tensors and keeps them for the backward pass. That is the
+# form to read; the models of chapter 09 train with another. This chapter derives a **fast** `GPSA` that gives
+# the same numbers without ever building a batch × heads × L × L tensor, and PSA (Eq. 4) as a module for the
+# paper's App. A ablation. Both stand on chapter 05's parts: the projections, the positional scores, the grid
+# and Eq. 5's initialisation (`PositionalAttention`) and, for GPSA, the gate (`GatedAttention`); so they have the
+# reference's constructor, parameters and checkpoint keys, and its weights load into them. Both export to
+# `convit_edu/gpsa.py`.
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
+
+# %%
+#| default_exp gpsa
+# Gated positional self-attention (GPSA, Eq. 6-7) in its fast form, and PSA (Eq. 4), on the base classes of
+# gated_attention.
+
+# %%
+import torch
+import torch.nn.functional as F
+
+from convit_edu.checks import WrongAnswer, check_answer, expect_error
+from convit_edu.gpsa_reference import GPSAReference
+
+torch.set_printoptions(precision=4, sci_mode=False)
+_ = torch.manual_seed(0)
+
+# %% [markdown]
+# ## The fast GPSA
+#
+# Write A·V with Eq. 7 and distribute the product over the sum:
+#
+# $$\mathbf{A}^h\mathbf{V}^h = \big(1-\sigma_h\big)\,
+#   \underbrace{\operatorname{softmax}\!\big(\mathbf{Q}^h\mathbf{K}^{h\top}/\sqrt{d}\big)\mathbf{V}^h}_{
+#   \text{scaled dot-product attention}}
+#   + \sigma_h\,\underbrace{\operatorname{softmax}\!\big(\mathbf{v}^{h\top}_{pos}\mathbf{r}\big)}_{
+#   \mathbf{P}^h\text{: no batch index}}\,\mathbf{V}^h .$$
+#
+# * The first term is ordinary attention: `F.scaled_dot_product_attention` computes it with a fused kernel
+#   (flash attention on GPUs and on CPUs) that never stores the L × L matrix and saves only the output and
+#   one number per row for the backward pass.
+# * The second term's attention P does not depend on the image: it is computed **once per forward** and
+#   applied to all images at once by folding the batch into the columns of V. (Writing `P @ V` with
+#   broadcasting over the batch looks the same but makes torch expand P into one copy per image — and keep that
+#   copy for the backward pass.) And P need not be built at all, as the next section shows.
+# * The gate mixes the two *outputs* (B, heads, L, head_dim), never two (B, heads, L, L) matrices; the
+#   normalisation is dropped (it is the identity, chapter 05).
+#
+# ### P is a row attention times a column attention
+#
+# With Eq. 5's encoding r_δ = (δx, δy, δx² + δy²), a head's positional score is a sum of a part that depends
+# only on the column offset δx and a part that depends only on the row offset δy (the bias b shifts every
+# score of the head alike, and a softmax does not see it):
+#
+# $$\mathbf{v}_{pos}^\top \mathbf{r}_\delta = \underbrace{w_1\,\delta_x + w_3\,\delta_x^2}_{s_x(\delta_x)}
+#   + \underbrace{w_2\,\delta_y + w_3\,\delta_y^2}_{s_y(\delta_y)} + b
+#   \quad\Longrightarrow\quad
+#   \mathbf{P}_{(i,j),(k,l)} = \frac{e^{s_y(k-i)}\,e^{s_x(l-j)}}{\sum_{k'} e^{s_y(k'-i)} \sum_{l'} e^{s_x(l'-j)}}
+#   = \mathbf{P}^y_{ik}\,\mathbf{P}^x_{jl},$$
+#
+# for a query at row i, column j and a key at row k, column l: the exponential of a sum is a product, and the
+# sum over the keys of the grid is a sum over its rows times a sum over its columns. P (L × L) is the
+# Kronecker product P^y ⊗ P^x of a softmax over the rows (H × H) and one over the columns (W × W). Applying
+# it to V is then two small products — along the columns with P^x, then along the rows with P^y — of
+# L·(H + W) multiply-adds per channel instead of L²: for a 14 × 14 grid, 7 times fewer. `positional_factors`
+# builds the two factors (each row of each a softmax over one axis, without denormals), and the forward never
+# builds P.
+#
+# ### The gate, folded into the weights
+#
+# The mix itself can cost nothing. Each head's σ = sigmoid(λ) and 1 − σ = sigmoid(−λ), so
+# σ / (1 − σ) = e^λ and
+#
+# $$(1-\sigma)\,\operatorname{SDPA}(\mathbf{Q},\mathbf{K},\mathbf{V}) + \sigma\,\mathbf{P}\mathbf{V}
+#   = \operatorname{SDPA}(\mathbf{Q},\mathbf{K},\mathbf{V}') + e^{\lambda}\,\mathbf{P}\,\mathbf{V}',
+#   \qquad \mathbf{V}' = (1-\sigma)\,\mathbf{V} = \mathbf{X}\big((1-\sigma)\,\mathbf{W}_{val}\big)^\top .$$
+#
+# The factor 1 − σ goes into the *weights* of the value map (head_dim rows per head, D² numbers rather than the
+# batch's B·L·D values; the product is the same matmul that makes Q and K), and e^λ into the row factor P^y
+# (heads × H × H, once per forward). What
+# was an elementwise pass over the batch's outputs in the forward and several in the backward becomes a plain
+# sum, whose backward is free. It is exact in real numbers and needs a number format with room: when a gate
+# nears 1, V' gets small and e^λ large. fp32 and bf16 have 8 exponent bits: e^λ overflows past λ ≈ 88, so the
+# layer clamps λ to ±60 there, where the weaker term weighs 10⁻²⁶ of the other and changes no sum. fp16 has 5 (e^λ
+# overflows past λ ≈ 11, and V' loses digits sooner), so in fp16, and with a test-time `gate_override` (a σ of
+# exactly 0 or 1 has no λ), the layer mixes the two outputs with `torch.lerp` instead.
+#
+# Attention dropout on A cannot be split this way (one mask on the mixed matrix is not two masks on its
+# parts), so in training with `attn_drop > 0` the fast class computes the reference form; the ConViT/DeiT
+# recipe uses no attention dropout, so the fast path is what trains. Asking for the attention matrix
+# (`return_attention=True`) also computes it explicitly — only then.
+
+# %%
+#| export
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+from convit_edu.gated_attention import GatedAttention, PositionalAttention, softmax_without_denormals
+
+
+def _computes_in_fp16(x: Tensor) -> bool:
+    """Whether a forward on ``x`` runs in fp16: fp16 inputs, or fp16 autocast on their device."""
+    device = x.device.type
+    return x.dtype == torch.float16 or (
+        torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
+    )
+
+
+def _positional_output(py: Tensor, px: Tensor, v: Tensor) -> Tensor:
+    """(Py ⊗ Px) @ V for the whole batch, (B, heads, L, d): along the columns with Px (heads, W, W), then along the
+    rows with Py (heads, H, H), each one (heads, n, n) @ (heads, n, B·…) product."""
+    batch, rows = v.shape[0], py.shape[-1]
+    by_cols = px.to(v.dtype) @ rearrange(v, "b h (y x) d -> h x (b y d)", y=rows)
+    by_rows = py.to(v.dtype) @ rearrange(by_cols, "h j (b y d) -> h y (b j d)", b=batch, y=rows)
+    return rearrange(by_rows, "h i (b j d) -> b h (i j) d", b=batch, j=px.shape[-1])
+
+
+class GPSA(GatedAttention):
+    """Gated positional self-attention, Eq. 6-7, fast: ``(1 − σ)·SDPA(Q, K, V) + σ·(P @ V)``, computed as
+    ``SDPA(Q, K, V') + e^λ·(Py ⊗ Px) @ V'`` with V' = (1 − σ)·V from the same matmul as Q and K.
+
+    Same constructor, parameters, checkpoint keys and outputs as ``GPSAReference``. The positional attention P
+    is applied as its row and column factors (``positional_factors``), once per forward for the whole batch; no
+    (L, L) or (B, heads, L, L) tensor is built unless ``return_attention=True`` (or attention dropout is active
+    in training). In fp16, or with a ``gate_override``, the two outputs are mixed with ``torch.lerp`` (fp16 has
+    no room for e^λ and V').
+    """
+
+    forward_reads_rel_indices = False  # built only when P is asked for
+
+    def positional_factors(self, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """Py (heads, rows, rows) and Px (heads, cols, cols) with P = Py ⊗ Px, P the positional attention
+        ``positional_softmax`` builds: each row a softmax of the scores along one axis, in at least fp32, without
+        denormals. ``pos_proj.bias`` cancels in the softmax; it is added to the row scores so that every
+        parameter is in the graph (DDP expects that), and its gradient is rounding noise, as in the reference."""
+        weight, bias = self.pos_proj.weight, self.pos_proj.bias
+        dtype = torch.promote_types(weight.dtype, torch.float32)
+        weight, bias = weight.to(dtype), bias.to(dtype)[:, None, None]
+
+        def along(size: int, w_offset: Tensor, shift: Tensor | float) -> Tensor:
+            offsets = torch.arange(size, device=weight.device, dtype=dtype)
+            delta = offsets[None, :] - offsets[:, None]  # [query, key] = key − query, as in rel_indices
+            scores = w_offset[:, None, None] * delta + weight[:, 2, None, None] * delta**2 + shift
+            return softmax_without_denormals(scores)
+
+        rows, cols = grid_size
+        return along(rows, weight[:, 1], bias), along(cols, weight[:, 0], 0.0)
+
+    def forward(
+        self, x: Tensor, grid_size: tuple[int, int] | None = None, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        grid = self._check_input(x, grid_size)
+        if return_attention or (self.training and self.attn_drop.p > 0):
+            q, k, v = self._projections(x)
+            attn = self._mixed_attention(q, k, grid)
+            y = self._output(self.attn_drop(attn) @ v)
+            return (y, attn) if return_attention else y
+        py, px = self.positional_factors(grid)
+        if self.gate_override is not None or _computes_in_fp16(x):
+            q, k, v = self._projections(x)
+            sigma = self.gate().to(v.dtype).view(-1, 1, 1)
+            content = F.scaled_dot_product_attention(q, k, v)
+            return self._output(torch.lerp(content, _positional_output(py, px, v), sigma))
+        # at |λ| = 60 the weaker term weighs 1e-26 of the other (it changes no fp32 sum), and e^60 and σ(−60) are
+        # still normal fp32 numbers (e^89 is none)
+        lam = self.gating_param.clamp(-60.0, 60.0)
+        q, k, v = self._projections(x, value_scale=torch.sigmoid(-lam))  # V' = (1 − σ)·V
+        position = _positional_output(py * lam.exp().view(-1, 1, 1), px, v)  # e^λ·P V' = σ·P V
+        return self._output(F.scaled_dot_product_attention(q, k, v) + position)
+
+
+# %% [markdown]
+# `torch.lerp(content, position, σ)` is (1 − σ)·content + σ·position in one fused operation.
+#
+# ## PSA as a module (App. A ablation)
+#
+# The paper's App. A compares GPSA with plain positional self-attention (Eq. 4, chapter 02): content and
+# positional scores summed inside *one* softmax, no gate. Its fast form is also one SDPA call: the positional
+# scores (heads, L, L) are an additive float `attn_mask`, broadcast over the batch.
+
+# %%
+#| export
+class PSA(PositionalAttention):
+    """Positional self-attention, Eq. 4: ``softmax(Q Kᵀ/√d + v_posᵀ r) V`` per head, with the Eq. 5 init.
+
+    Same constructor, forward signature and checkpoint keys as ``GPSA`` minus ``gating_param``; computed with
+    SDPA and the positional scores as an additive mask unless the attention matrix is asked for (or attention
+    dropout is active in training).
+    """
+
+    def forward(
+        self, x: Tensor, grid_size: tuple[int, int] | None = None, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        grid = self._check_input(x, grid_size)
+        q, k, v = self._projections(x)
+        scores = self.positional_scores(grid).to(q.dtype)
+        if return_attention or (self.training and self.attn_drop.p > 0):
+            attn = (q @ k.transpose(-2, -1) * self.head_dim**-0.5 + scores).softmax(dim=-1)
+            y = self._output(self.attn_drop(attn) @ v)
+            return (y, attn) if return_attention else y
+        return self._output(F.scaled_dot_product_attention(q, k, v, attn_mask=scores))
+
+
+# %% [markdown]
+# ## Checks: one interface, the same numbers
+#
+# A layer of ConViT-Ti's size: D = 192, 4 heads (head_dim 48), a 14 × 14 grid. Copying the reference's
+# weights into the fast layer works because the checkpoint keys are the same — and `rel_indices` is not among
+# them. The parameter count, term by term: W_qry and W_key (2·D², no bias), W_val (D², no bias), the output
+# projection (D² + D), v_pos (3·N_h weights + N_h biases) and λ (N_h).
+
+# %%
+from convit_edu.gpsa import GPSA, PSA
+
+torch.manual_seed(0)
+ref = GPSAReference(192, 4)
+fast = GPSA(192, 4)
+fast.load_state_dict(ref.state_dict())
+print(sorted(ref.state_dict()))
+print("parameters:", sum(p.numel() for p in ref.parameters()))
+D, N_h = 192, 4
+assert sum(p.numel() for p in ref.parameters()) == 2 * D * D + D * D + (D * D + D) + (3 * N_h + N_h) + N_h == 147_668
+assert "rel_indices" not in ref.state_dict()
+
+def rel_err(a, b):
+    """‖a − b‖ / ‖b‖: the relative error of a whole tensor (elementwise ratios blow up near zero)."""
+    return float((a - b).norm() / b.norm()) if not a.requires_grad else rel_err(a.detach(), b.detach())
+
+
+x = torch.randn(2, 196, 192)
+assert rel_err(fast(x), ref(x)) <= 1e-5
+print("relative error fast vs reference at init: at most 1e-5")
+
+# %% [markdown]
+# The same after perturbing every weight and gate (the gates far from their initial value, in both
+# directions), on a non-square 7 × 12 grid, for outputs and for the gradients of every parameter. One
+# gradient is zero in exact arithmetic: `pos_proj.bias` shifts all of a head's positional scores by the same
+# amount, and a softmax does not see such a shift — both implementations return rounding noise for it.
+
+# %%
+with torch.no_grad():
+    for p in ref.parameters():
+        p.add_(torch.randn_like(p) * 0.05)
+    ref.gating_param.copy_(torch.tensor([-3.0, -0.5, 0.5, 3.0]))
+fast.load_state_dict(ref.state_dict())
+x = torch.randn(3, 84, 192, requires_grad=True)
+y_ref, y_fast = ref(x, grid_size=(7, 12)), fast(x, grid_size=(7, 12))
+assert rel_err(y_fast, y_ref) <= 1e-5
+names = ["x", *dict(ref.named_parameters())]
+g_ref = dict(zip(names, torch.autograd.grad(y_ref.square().sum(), [x, *ref.parameters()])))
+g_fast = dict(zip(names, torch.autograd.grad(y_fast.square().sum(), [x, *fast.parameters()])))
+bias_noise = max(g_ref.pop("pos_proj.bias").abs().max(), g_fast.pop("pos_proj.bias").abs().max())
+assert bias_noise < 1e-5 * g_ref["pos_proj.weight"].abs().max(), bias_noise
+errors = {name: rel_err(g_fast[name], g_ref[name]) for name in g_ref}
+assert max(errors.values()) <= 1e-5, errors
+print(f"perturbed, 7x12 grid: output and the gradients of x and of all {len(errors) - 1} other parameters "
+      "agree to a relative 1e-5")
+
+# %% [markdown]
+# The factorisation, checked on its own: Py ⊗ Px (one (i, j, k, l) product per head) is the L × L matrix
+# `positional_softmax` builds from `rel_indices`, on the 7 × 12 grid with the perturbed v_pos; and the gate at
+# its extremes, λ = ±12 (σ within 10⁻⁵ of 0 or 1), where the folded form leans hardest on V' and e^λ: fp32
+# still agrees with the reference. In fp16, e^12 does not exist (the largest fp16 number is 65504), which is why
+# an fp16 forward takes the `lerp` form; under fp16 autocast the layer agrees with the fp32 reference to fp16's
+# precision.
+
+# %%
+py, px = fast.positional_factors((7, 12))
+print("Py:", tuple(py.shape), "Px:", tuple(px.shape))
+kron = torch.einsum("hik,hjl->hijkl", py, px).reshape(N_h, 84, 84)
+assert rel_err(kron, fast.positional_softmax((7, 12))) <= 1e-6
+rows, cols = 14, 14
+print(f"P·V per channel on a {rows}x{cols} grid: {(rows * cols) ** 2} multiply-adds as one matrix, "
+      f"{rows * cols * (rows + cols)} as two factors ({(rows * cols) ** 2 / (rows * cols * (rows + cols)):.0f}x fewer)")
+
+with torch.no_grad():
+    ref.gating_param.copy_(torch.tensor([-12.0, -6.0, 6.0, 12.0]))
+    fast.load_state_dict(ref.state_dict())
+    want = ref(x, grid_size=(7, 12))
+    assert rel_err(fast(x, grid_size=(7, 12)), want) <= 1e-5
+    assert torch.isinf(torch.tensor(12.0).exp().half())
+    with torch.autocast("cpu", dtype=torch.float16):
+        y16 = fast(x, grid_size=(7, 12))
+    assert y16.dtype == torch.float16 and rel_err(y16.float(), want) <= 2e-3
+print("gates at ±12: fp32 equals the reference to 1e-5; fp16 autocast (the lerp form) to 2e-3")
+
+# %% [markdown]
+# The gate's two ends are the two pure forms: σ = 1 leaves only the positional attention P·V (a
+# convolution-like layer), σ = 0 only content attention — exactly chapter 01's self-attention with the same
+# projections.
+
+# %%
+q, k, v = fast._projections(x.detach())
+with torch.no_grad():
+    fast.gate_override = 1.0
+    P = fast.positional_scores((7, 12)).softmax(-1)
+    torch.testing.assert_close(fast(x.detach(), (7, 12)), fast._output(P @ v))
+    fast.gate_override = 0.0
+    torch.testing.assert_close(fast(x.detach(), (7, 12)), fast._output(F.scaled_dot_product_attention(q, k, v)))
+    fast.gate_override = None
+print("sigma = 1: pure positional attention; sigma = 0: pure content attention")
+
+# %% [markdown]
+# ## Speed and memory
+#
+# How much faster and leaner the fast layer is than the official form and the reference is measured in
+# chapter 30, "One GPSA layer: official form, reference and fast".
+
+# %% [markdown]
+# ## Exercises
+#
+# **1. The fast form by hand.** Write `mix(content, pos_attn, v, sigma)`: given the content attention's output
+# `content` = softmax(QKᵀ/√d)·V and the values `v`, both (B, N_h, L, d), the positional attention `pos_attn`
+# (N_h, L, L, the same for every image) and the gates `sigma` (N_h,), return Eq. 7's output per head,
+# (1 − σ)·content + σ·(P·V), as (B, N_h, L, d) — without making a copy of P per image.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def mix(content: torch.Tensor, pos_attn: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    position = torch.einsum("hqk,bhkd->bhqd", pos_attn, v)  # P is shared by the batch
+    return torch.lerp(content, position, sigma.view(-1, 1, 1))
+
+
+# %%
+# your answer: def mix(content, pos_attn, v, sigma): ...
+
+# %%
+def check_mix(fn) -> None:
+    torch.manual_seed(5)
+    ref = GPSAReference(32, 4).eval()
+    with torch.no_grad():
+        ref.gating_param.copy_(torch.tensor([-2.0, 0.0, 1.0, 3.0]))
+        x = torch.randn(2, 16, 32)
+        q, k, v = ref._projections(x)
+        got = ref._output(fn(F.scaled_dot_product_attention(q, k, v), ref.positional_softmax((4, 4)), v, ref.gate()))
+        want = ref(x)
+    check_answer(got.shape == want.shape, f"mix should return (B, N_h, L, d); the layer's output came out "
+                 f"{tuple(got.shape)}")
+    check_answer(torch.allclose(got, want, atol=1e-5), "each head's σ weighs the positional part and 1 − σ the "
+                 "content part; P·V multiplies over the key axis of P and the token axis of V")
+
+
+check_mix(mix)
+print(expect_error(lambda: check_mix(lambda c, p, v, s: torch.lerp(c, p @ v, 1 - s.view(-1, 1, 1))), WrongAnswer))
+
+# %% [markdown]
+# **2. PSA through SDPA.** Write `psa_attend(q, k, v, scores)`: Eq. 4's attention output per head,
+# softmax(QKᵀ/√d + scores)·V, for queries, keys and values (B, N_h, L, d) and the positional scores `scores` as
+# `pos_proj` computes them from `rel_indices`, (L, L, N_h): one call of `F.scaled_dot_product_attention`, whose
+# float `attn_mask` is *added* to the scaled content scores and broadcast over any dimension of size 1.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def psa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=scores.permute(2, 0, 1))  # (N_h, L, L): one per head
+
+
+# %%
+# your answer: def psa_attend(q, k, v, scores): ...
+
+# %%
+from convit_edu.positional import rel_indices
+
+
+def check_psa_attend(fn) -> None:
+    torch.manual_seed(1)
+    q, k, v = torch.randn(3, 2, 4, 12, 8).unbind(0)  # B = 2, N_h = 4, L = 12, d = 8
+    scores = torch.randn(12, 12, 4) * 3
+    want = (q @ k.transpose(-2, -1) / 8**0.5 + scores.permute(2, 0, 1)).softmax(-1) @ v
+    got = fn(q, k, v, scores)
+    check_answer(got.shape == want.shape, f"psa_attend should return (B, N_h, L, d) = {tuple(want.shape)}, "
+                 f"got {tuple(got.shape)}")
+    check_answer(torch.allclose(got, want, atol=1e-5), "SDPA scales Q·Kᵀ by 1/√d itself and adds the mask as it is; "
+                 "the mask of head h is scores[:, :, h], (query, key)")
+    layer = PSA(32, 4)  # the same computation as the module's forward, on a 3 × 4 grid
+    x = torch.randn(2, 12, 32)
+    with torch.no_grad():
+        got, want = layer._output(fn(*layer._projections(x), layer.pos_proj(rel_indices(3, 4)))), layer(x, (3, 4))
+    check_answer(torch.allclose(got, want, atol=1e-5), "with a PSA layer's own scores, your output is not its forward")
+
+
+check_psa_attend(psa_attend)
+print("psa_attend equals softmax(QKᵀ/√d + scores)·V, and PSA's forward")
+print(expect_error(lambda: check_psa_attend(lambda q, k, v, s: psa_attend(q, k, v, s / q.shape[-1] ** 0.5)),
+                   WrongAnswer))
+
+# %% [markdown]
+# **3. P as two factors.** Write `apply_factors(py, px, v)`: P·V for every image and head, where
+# P = P^y ⊗ P^x is given by its factors `py` (N_h, H, H) and `px` (N_h, W, W) and `v` is (B, N_h, L = H·W, d),
+# tokens row-major — without building the (L, L) matrix. Hint: view each head's values as (H, W, d); P^x mixes
+# along W, P^y along H.
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+def apply_factors(py: torch.Tensor, px: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    grid = v.unflatten(2, (py.shape[-1], px.shape[-1]))  # (B, N_h, H, W, d)
+    return torch.einsum("hik,hjl,bhkld->bhijd", py, px, grid).flatten(2, 3)
+
+
+# %%
+# your answer: def apply_factors(py, px, v): ...
+
+# %%
+def check_apply_factors(fn) -> None:
+    torch.manual_seed(7)
+    layer = GPSA(24, 4)
+    with torch.no_grad():
+        layer.pos_proj.weight.add_(torch.randn_like(layer.pos_proj.weight))  # a non-symmetric P
+    py, px = (f.detach() for f in layer.positional_factors((3, 5)))
+    v = torch.randn(2, 4, 15, 6)
+    want = layer.positional_softmax((3, 5)).detach() @ v
+    got = fn(py, px, v)
+    check_answer(isinstance(got, torch.Tensor) and got.shape == want.shape,
+                 f"apply_factors should return (B, N_h, L, d) = {tuple(want.shape)}")
+    check_answer(torch.allclose(got, want, atol=1e-5), "token t = row·W + col: P^y mixes the rows (query row i, key "
+                 "row k), P^x the columns, each head with its own factors")
+
+
+check_apply_factors(apply_factors)
+print("apply_factors equals P @ V on a 3 x 5 grid")
+print(expect_error(lambda: check_apply_factors(lambda py, px, v: apply_factors(torch.eye(3).expand_as(py), px, v)),
+                   WrongAnswer))  # the rows not mixed

@@ -1,0 +1,499 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # What a run is made of, and what it leaves behind
+#
+# A run is built in the order that lets every bad input fail before any training work — the config was
+# checked when it was made; then the output folder (writable?), the data (more processes than samples? a batch
+# larger than a process's share?), the model and the resume checkpoint (chapter 26: the same model? the same
+# global batch?), the optimisation — and only then trained. `Trainer.__init__` (chapter 28) is that order; the
+# functions here build its pieces (`run_setup`) and keep its records (`run_records`: the output folder, `run.json`,
+# the progress shown, the logs and the curves), each checked below on a small config.
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
+
+# %%
+#| default_exp run_setup
+# A training run built from its config: its datasets, its loaders, its models and their wrapping (DDP, compile),
+# and the compile cache a requeued job finds.
+
+# %%
+#| export
+import contextlib
+import os
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import Dataset
+
+from convit_edu.augment import AUGMENTATIONS, AugConfig, build_transforms
+from convit_edu.config import TrainConfig
+from convit_edu.dali import DaliLoaders
+from convit_edu.datasets import build_datasets
+from convit_edu.distributed import World, run_on_main
+from convit_edu.gpu_decode import build_gpu_decode_loaders
+from convit_edu.loaders import DataLoaders, build_loaders
+from convit_edu.models import VisionTransformer
+from convit_edu.optimisation import build_teacher
+
+# %%
+import json
+import tempfile
+from dataclasses import asdict, replace
+
+import torch.distributed as dist
+
+from convit_edu.checks import expect_error
+
+world = World(0, 1, torch.device("cpu"), False)  # one process on the CPU: rank 0 of 1
+tmp = Path(tempfile.mkdtemp())
+tiny = TrainConfig(model="convit_tiny", img_size=16, model_args={"patch_size": 4, "embed_dim": 48, "depth": 2,
+                   "local_up_to_layer": 1}, data="fake", data_args={"num_train": 64, "num_val": 16, "image_size": 16},
+                   epochs=1, batch_size=8, precision="fp32", num_workers=0, progress="none", output=str(tmp / "run"))
+
+# %% [markdown]
+# ## The data
+#
+# The datasets (the config's, or the caller's), the per-process batch and the global batch it implies, chapter
+# 17's `build_loaders` for this process's share with `cfg.loader_workers()` workers (by default what this
+# process's share of the node's CPUs allows), and the batch mixing of the augmentation. The config's own
+# datasets ship uint8 crops from the workers, and `finish_batch` normalises and erases each batch on the device
+# with chapter 17's `DeviceTransforms`; a caller's datasets that give float tensors pass through unchanged.
+# With `loader="dali"` chapter 18's `DaliLoaders` replaces `build_loaders`: the same uint8 batches, decoded on
+# the GPU; its exact resume is the pipelines' own state (`state()`), one per process, saved in the checkpoint
+# (chapter 26), so it resumes on as many processes as it ran.
+#
+# **Rank 0 writes, and builds the datasets first.** Every write of rank 0 goes through chapter 24's
+# `run_on_main`, so that a full disk there stops every process at once; rank 0 also builds the config's datasets
+# first, so that an ImageNet folder's 1.28 M file names are listed once, by rank 0, which caches the list
+# (chapter 13), and read from that cache by the others.
+
+# %%
+#| export
+def config_datasets(cfg: TrainConfig, world: World, aug: AugConfig | None) -> tuple:
+    """The config's datasets (train, val, class names), built by rank 0 first (an image folder's file list is
+    then cached, chapter 13) and by the other processes after it, from that cache. With `loader="torchvision"`
+    their samples are uint8 crops, for `DeviceTransforms` to finish on the device."""
+    if aug is None:
+        raise ValueError("aug None (no augmentation) needs datasets passed to train(); the config's own "
+                         f"datasets need an augmentation ({', '.join(AUGMENTATIONS)})")
+    train_tf, val_tf = build_transforms(aug, on_device=True) if cfg.loader == "torchvision" else (None, None)
+    build = partial(build_datasets, cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
+                    fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
+    datasets = run_on_main(world, f"read the dataset in {cfg.data_root}", build)
+    return datasets if world.main else build()
+
+
+# %% [markdown]
+# The config's fake data: its crops leave the workers as uint8, a quarter of the bytes of float32; and a config
+# without augmentation is refused here, since it is meant for datasets that the caller prepared.
+
+# %%
+train_set, val_set, classes = config_datasets(tiny, world, tiny.aug_config())
+image, label = train_set[0]
+assert image.dtype == torch.uint8 and image.shape == (3, 16, 16), (image.dtype, image.shape)
+print(f"{len(train_set)} training and {len(val_set)} validation images of {len(classes)} classes;",
+      f"a sample: {image.dtype} {tuple(image.shape)}")
+message = expect_error(lambda: config_datasets(replace(tiny, aug=None), world, None))
+assert "needs datasets passed to train()" in message
+print(message)
+
+# %% [markdown]
+# The loaders are of the config's kind (`loader`): chapter 17's workers, which decode and augment each image, the
+# GPU-decoding ones of chapter 19, whose workers only read file bytes, or DALI's pipelines (chapter 18). Each kind
+# gives the train batches of an epoch from a position (`epoch(e, start)`) and this process's evaluation batches
+# (`val`), whose workers, like the train loader's, are started once and kept.
+
+# %%
+#| export
+def build_run_loaders(cfg: TrainConfig, world: World, aug: AugConfig | None, train_set: Dataset, val_set: Dataset,
+                      batch_size: int, num_workers: int) -> DataLoaders | DaliLoaders:
+    """This process's loaders of the kind `cfg.loader` names, `batch_size` images a step (val: twice that)."""
+    common = dict(batch_size=batch_size, num_replicas=world.world_size, rank=world.rank, seed=cfg.seed)
+    if cfg.loader == "dali":
+        return DaliLoaders(train_set, val_set, aug, num_threads=max(1, num_workers), **common,
+                           device_id=world.device.index if world.device.type == "cuda" else None)
+    if cfg.loader == "gpu-decode":
+        return build_gpu_decode_loaders(train_set, val_set, aug, num_workers=num_workers, repeats=cfg.repeats,
+                                        device=world.device, **common)
+    return build_loaders(train_set, val_set, num_workers=num_workers, repeats=cfg.repeats, **common)
+
+# %%
+run_loaders = build_run_loaders(tiny, world, tiny.aug_config(), train_set, val_set, batch_size=8, num_workers=0)
+images, labels = next(run_loaders.epoch(0))
+print(f"train batch {tuple(images.shape)} {images.dtype}; val batches of {[len(y) for _, y in run_loaders.val]}")
+assert images.shape == (8, 3, 16, 16) and sum(len(y) for _, y in run_loaders.val) == len(val_set)
+
+# %% [markdown]
+# ## The model and the teacher
+#
+# The initial weights are a function of the seed alone, the same on every process. A teacher (hard
+# distillation, SM B; chapter 23's `build_teacher`) is frozen, and the student gets a distillation head.
+
+# %%
+#| export
+def build_models(cfg: TrainConfig, num_classes: int, device: torch.device, model: nn.Module | None = None,
+                 teacher: nn.Module | None = None) -> tuple[nn.Module, nn.Module | None]:
+    """(student, teacher or None) on `device`: `model`, else `cfg.model` (with a distillation head when there is
+    a teacher) seeded by `cfg.seed` alone; `teacher`, else `cfg.distill_teacher` when set, in eval mode."""
+    torch.manual_seed(cfg.seed)  # the initial weights are a function of the seed, identical on every rank
+    if teacher is None and cfg.distill_teacher:
+        teacher = build_teacher(cfg.distill_teacher, cfg.teacher_checkpoint, num_classes, cfg.img_size)
+    if model is None:
+        model = VisionTransformer(cfg.model_config(num_classes, distilled=teacher is not None))
+    return model.to(device), teacher.to(device).eval() if teacher is not None else None
+
+
+# %% [markdown]
+# Two builds from one seed hold the same weights, as every process's build must; a teacher passed in comes back
+# in eval mode, and the student beside it has a distillation token and head.
+
+# %%
+first, _ = build_models(tiny, len(classes), world.device)
+again, _ = build_models(tiny, len(classes), world.device)
+assert all(torch.equal(p, q) for p, q in zip(first.state_dict().values(), again.state_dict().values()))
+student, teacher = build_models(tiny, len(classes), world.device, teacher=nn.Linear(3 * 16 * 16, len(classes)))
+assert student.config.distilled and not first.config.distilled and not teacher.training
+print(f"seed {tiny.seed}: the same {sum(p.numel() for p in first.parameters())} weights twice; with a teacher,",
+      f"{sum(p.numel() for p in student.parameters()) - sum(p.numel() for p in first.parameters())} more for the",
+      "distillation token and head")
+
+# %% [markdown]
+# ## The optimisation
+#
+# The optimisation is chapter 23's: `build_optimizer` (AdamW and the DeiT schedule), the fp16 loss scaler (a
+# no-op in other precisions) and the EMA of the weights, updated by `update_ema` without reading the device
+# back. Then the wrappers: DDP for several processes and `torch.compile` when asked.
+#
+# DDP all-reduces the gradients in buckets; with `gradient_as_bucket_view` the gradients *are* views of those
+# buckets, which saves a copy of every gradient per step. By default DDP also sends rank 0's buffers to every
+# process before each forward, accumulation micro-steps included. The only buffers of a ConViT of PSA layers
+# (the App. A ablation) are its `rel_indices`: non-persistent constants that every process builds alike, 4.6 MB
+# per forward at 224 px for nothing (the fast GPSA holds none: it never builds P, chapter 07). So buffers travel
+# only when the model has state buffers, the ones a `state_dict` keeps, such as BatchNorm's running statistics.
+#
+# A compiled run spends its first step compiling, and a requeued job would compile again from nothing: torch's
+# compile cache sits in `/tmp` of a node that may be another one. `compile_cache` points the cache at the run's
+# folder for the duration of the run, unless `TORCHINDUCTOR_CACHE_DIR` is set, and then puts the variable back.
+# The trainer reports the first step's seconds as `compile_s`.
+
+# %%
+#| export
+def wrap_model(model: nn.Module, world: World, compile: bool) -> tuple[nn.Module, nn.Module]:
+    """(`model` in DDP when there are several processes, else `model`; what the step calls: that, compiled when
+    `compile`). DDP reuses its buckets as gradients, and broadcasts buffers only when the model has state buffers."""
+    ddp = model
+    if world.world_size > 1:
+        state = model.state_dict(keep_vars=True)
+        ddp = DistributedDataParallel(model, device_ids=[world.device] if world.device.type == "cuda" else None,
+                                      broadcast_buffers=any(b is state.get(n) for n, b in model.named_buffers()),
+                                      gradient_as_bucket_view=True)
+    return ddp, torch.compile(ddp) if compile else ddp
+
+
+@contextlib.contextmanager
+def compile_cache(output: Path, compile: bool):
+    """For the duration of a compiled run: torch's compile cache in `output/compile-cache` (a requeued job finds
+    it there), unless `TORCHINDUCTOR_CACHE_DIR` is set; the variable is restored afterwards."""
+    if not compile or "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        yield
+        return
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str((output / "compile-cache").resolve())
+    try:
+        yield
+    finally:
+        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+# %% [markdown]
+# A PSA ConViT's buffers are all constants, so DDP would not broadcast them; a model with BatchNorm has running
+# statistics, which it would. (The check builds the real DDP on a one-process gloo group; a run of one process
+# gets no wrapper at all.) The compile cache is set inside the run and gone after it.
+
+# %%
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+two = World(0, 2, torch.device("cpu"), False)  # a world of two as DDP's flags are concerned
+convit = VisionTransformer(replace(tiny, model_args={**tiny.model_args, "local_attention": "psa"}).model_config(4, distilled=False))
+with_bn = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+wrapped = {name: wrap_model(m, two, compile=False)[0] for name, m in (("ConViT", convit), ("BatchNorm", with_bn))}
+dist.destroy_process_group()
+print({name: ddp.broadcast_buffers for name, ddp in wrapped.items()})
+assert not wrapped["ConViT"].broadcast_buffers and wrapped["BatchNorm"].broadcast_buffers
+psa_tiny = replace(tiny, model_args={"local_attention": "psa"}, img_size=224).model_config(1000, distilled=False)
+buffer_mb = sum(b.numel() * b.element_size() for b in VisionTransformer(psa_tiny).buffers()) / 1e6
+print(f"PSA ConViT-Ti at 224 px: {buffer_mb:.1f} MB of buffers that DDP would send before every forward")
+assert round(buffer_mb, 1) == 4.6
+assert not list(VisionTransformer(replace(psa_tiny, local_attention="gpsa")).buffers())  # the fast GPSA: none
+assert wrap_model(convit, world, compile=False) == (convit, convit)
+yours = os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # as on a machine that does not set it
+with compile_cache(tmp / "run", compile=True):
+    inside = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+assert inside == str((tmp / "run" / "compile-cache").resolve()) and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+if yours is not None:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = yours
+
+# %% [markdown]
+# ## What a run writes
+#
+# `run.json` (the config, the world, the batch sizes, the learning rate, the versions, the command line) when it
+# starts, and a line in `invocations.jsonl` every time it is started or resumed (a run extended with more
+# epochs, or resumed on another number of GPUs, keeps the record of each start); chapter 26's checkpoints —
+# `last.pt` at every epoch end and every `ckpt_every` steps, `best.pt` when the top-1 improved (a second name of
+# that epoch's `last.pt`); the logs, `log.jsonl` and `log.csv`, rewritten from the history at each evaluated
+# epoch; the curves. Before any of it, the output folder must be writable.
+
+# %%
+#| export run_records
+# A run's records: its output folder, run.json and invocations.jsonl, the progress rank 0 shows, the log files and
+# the curves.
+
+# %%
+#| export run_records
+import csv
+import io
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torchvision
+from fastprogress.fastprogress import IN_NOTEBOOK, ConsoleMasterBar, ConsoleProgressBar, NBMasterBar, NBProgressBar
+from matplotlib.figure import Figure
+
+import convit_edu
+from convit_edu.config import TrainConfig
+from convit_edu.distributed import World
+from convit_edu.files import atomic_write
+from convit_edu.optimisation import scaled_lr
+from convit_edu.run_state import TrainState
+
+
+def check_output(output: Path) -> None:
+    """The run folder exists and is writable (else a ValueError naming it); temporary files that a killed run
+    left behind are removed."""
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        probe = output / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+        for stale in output.glob("*.tmp"):  # a checkpoint or log write that was killed before its rename
+            stale.unlink()
+    except OSError as e:
+        raise ValueError(f"output directory {output} is not writable ({e.strerror}): choose another --output") from None
+
+
+def versions() -> dict[str, str]:
+    """The versions that a run's results depend on: Python, torch, torchvision and convit_edu."""
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "torchvision": torchvision.__version__, "convit_edu": convit_edu.__version__}
+
+
+def write_run_info(output: Path, cfg: TrainConfig, world: World, *, batch_size: int, global_batch: int,
+                   steps_per_epoch: int, num_workers: int, precision: str, resumed_from: Path | None = None,
+                   changes: dict[str, list] | None = None) -> None:
+    """`run.json` when the run starts (a resumed run keeps it), and one line per start in `invocations.jsonl`,
+    with the checkpoint resumed from and the settings the resume changed ({setting: [old, new]})."""
+    info = {"config": asdict(cfg), "world_size": world.world_size, "batch_size": batch_size,
+            "global_batch": global_batch, "scaled_lr": scaled_lr(cfg.lr, global_batch),
+            "steps_per_epoch": steps_per_epoch, "num_workers": num_workers, "device": str(world.device),
+            "precision": precision, "seed": cfg.seed, "versions": versions(), "command": sys.argv}
+    if resumed_from is None:
+        (output / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from": resumed_from, "changed": changes or {},
+            **info}
+    with open(output / "invocations.jsonl", "a") as f:
+        f.write(json.dumps(line, default=str) + "\n")
+
+
+# %% [markdown]
+# The output check makes the folder and sweeps a killed run's temporary files, and refuses a folder it cannot
+# write — here one whose parent is a file:
+
+# %%
+output = Path(tiny.output)
+check_output(output)
+(output / "last.pt.tmp").write_bytes(b"half a checkpoint")
+check_output(output)
+assert output.is_dir() and list(output.iterdir()) == []
+(tmp / "a-file").write_text("not a folder")
+message = expect_error(lambda: check_output(tmp / "a-file" / "run"))
+assert "is not writable" in message
+print(message)
+
+# %% [markdown]
+# The run's records: a first start writes `run.json` and a line of `invocations.jsonl`; a resume that mends the
+# learning rate leaves `run.json` as it was and adds a line that says from where it resumed and what changed.
+
+# %%
+sizes = dict(batch_size=8, global_batch=8, steps_per_epoch=8, num_workers=0, precision="fp32")
+write_run_info(output, tiny, world, **sizes)
+first_record = (output / "run.json").read_text()
+write_run_info(output, replace(tiny, lr=1e-3), world, **sizes, resumed_from=output / "last.pt",
+               changes={"lr": [tiny.lr, 1e-3]})
+run = json.loads((output / "run.json").read_text())
+starts = [json.loads(line) for line in (output / "invocations.jsonl").read_text().splitlines()]
+assert (output / "run.json").read_text() == first_record and run["config"] == asdict(tiny)
+assert {"world_size", "batch_size", "global_batch", "scaled_lr", "versions", "command"} <= run.keys()
+assert run["scaled_lr"] == scaled_lr(tiny.lr, 8) and set(run["versions"]) == {"python", "torch", "torchvision",
+                                                                              "convit_edu"}
+assert [s["resumed_from"] for s in starts] == [None, str(output / "last.pt")]
+assert starts[1]["changed"] == {"lr": [tiny.lr, 1e-3]} and starts[1]["config"]["lr"] == 1e-3
+print("run.json:", ", ".join(run))
+print("invocations.jsonl, (resumed?, changed) of each start:", [(s["resumed_from"] is not None, s["changed"])
+                                                                for s in starts])
+
+# %% [markdown]
+# Progress is shown by rank 0 only: fastprogress bars with live curves (train and val loss, val top-1
+# error) in a notebook, a console bar in a terminal, and plain lines (one every `log_every` steps and one
+# per epoch) when the output goes to a file — CI logs and SLURM's `slurm-JOB.out` stay readable.
+
+# %%
+#| export run_records
+class Progress:
+    """What rank 0 shows of a run: `mode` "bar" (fastprogress, live curves in a notebook), "lines" (one line per
+    `log_every` steps and per epoch) or "none"; "auto" is a bar in a notebook or a terminal, lines elsewhere."""
+
+    def __init__(self, mode: str, epochs: int, log_every: int):
+        if mode == "auto":
+            mode = "bar" if IN_NOTEBOOK or sys.stdout.isatty() else "lines"
+        self.mode, self.epochs, self.log_every, self.notebook = mode, epochs, log_every, IN_NOTEBOOK
+        self.master, self.losses, self.val_losses, self.val_errors = None, [], [], []
+
+    def epochs_of(self, epochs: range):
+        """`epochs`, under the master bar in bar mode."""
+        if self.mode != "bar":
+            return epochs
+        self.master = (NBMasterBar if self.notebook else ConsoleMasterBar)(epochs, total=self.epochs)
+        if self.notebook:
+            self.master.names = ["train loss", "val loss", "val top-1 error"]
+        return self.master
+
+    def steps_of(self, steps: range):
+        """An epoch's `steps`, under a child bar in bar mode."""
+        if self.mode != "bar":
+            return steps
+        return (NBProgressBar if self.notebook else ConsoleProgressBar)(steps, parent=self.master)
+
+    def step(self, state: TrainState, lr: float, images_per_s: float, data_wait: float, interval: float) -> None:
+        """After a read-back: the loss, and in lines mode the rate, the speed and how long the interval's steps
+        waited for data (`data_wait` of `interval` seconds: a share near 1 is a starving device)."""
+        x = state.epoch + state.step / state.steps_per_epoch
+        self.losses.append((x, state.loss))
+        if self.mode == "bar" and self.master is not None:
+            self.master.child.comment = f"loss {state.loss:.4f} data wait {100 * data_wait / interval:.0f} %"
+            if self.notebook and state.step % self.log_every == 0:
+                self._graph()
+        elif self.mode == "lines" and (state.step % self.log_every == 0 or state.step == state.steps_per_epoch):
+            print(f"epoch {state.epoch + 1}/{self.epochs} step {state.step}/{state.steps_per_epoch} "
+                  f"loss {state.loss:.4f} lr {lr:.3e} {images_per_s:.0f} img/s data wait {data_wait:.2f} s "
+                  f"({100 * data_wait / interval:.0f} %)", flush=True)
+
+    def epoch_end(self, row: dict) -> None:
+        """An evaluated epoch's log row: a line (written under the bar in bar mode), and the curves."""
+        self.val_losses.append((row["epoch"], row["val_loss"]))
+        self.val_errors.append((row["epoch"], 1 - row["val_top1"] / 100))
+        line = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                         for k, v in row.items() if k != "gates")
+        if self.mode == "bar" and self.master is not None:
+            self.master.write(line)
+            if self.notebook:
+                self._graph()
+        elif self.mode == "lines":
+            print(line, flush=True)
+
+    def _graph(self) -> None:
+        curves = [list(zip(*points)) if points else [[], []]
+                  for points in (self.losses, self.val_losses, self.val_errors)]
+        self.master.update_graph(curves)
+
+
+def write_logs(history: list[dict], output: Path) -> None:
+    """log.jsonl (one JSON line per epoch) and log.csv, rewritten from the checkpointed history."""
+    lines = "".join(json.dumps(row) + "\n" for row in history)
+    atomic_write(output / "log.jsonl", lambda f: f.write(lines.encode()))
+    flat = [{**{k: v for k, v in row.items() if k != "gates"},
+             **{f"gate_{i}": g for i, g in enumerate(row.get("gates", []))}} for row in history]
+    table = io.StringIO(newline="")
+    if flat:
+        writer = csv.DictWriter(table, fieldnames=list(flat[-1]))
+        writer.writeheader()
+        writer.writerows(flat)
+    atomic_write(output / "log.csv", lambda f: f.write(table.getvalue().encode()))
+
+
+# %%
+#| export run_records
+def plot_history(history: list[dict]):
+    """The curves of a run as a figure: loss with the learning rate of the schedule (right axis); top-1 and top-5
+    of the model and its EMA; mean σ(λ) per layer."""
+    epochs = [row["epoch"] for row in history]
+    gates = [row["gates"] for row in history if row.get("gates")]
+    fig = Figure(figsize=(11 if gates else 7.5, 3), dpi=80)
+    axes = fig.subplots(1, 3 if gates else 2)
+    axes[0].plot(epochs, [r["train_loss"] for r in history], "o-", label="train")
+    axes[0].plot(epochs, [r["val_loss"] for r in history], "o-", label="val")
+    axes[0].set(xlabel="epoch", ylabel="loss")
+    schedule = axes[0].twinx()
+    schedule.plot(epochs, [r["lr"] for r in history], ":", color="grey")
+    schedule.set_ylabel("learning rate (dotted)", color="grey")
+    for key in ("val_top1", "val_top5", "ema_top1", "ema_top5"):
+        if key in history[0]:
+            axes[1].plot(epochs, [r[key] for r in history], "o-", label=key)
+    axes[1].set(xlabel="epoch", ylabel="accuracy (%)")
+    if gates:
+        for layer, values in enumerate(zip(*gates)):
+            axes[2].plot(epochs[-len(gates):], values, label=f"layer {layer}")
+        axes[2].set(xlabel="epoch", ylabel="mean σ(λ)", ylim=(0, 1))
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+# %% [markdown]
+# What these write and show, checked on a made-up history of two epochs: `log.jsonl` holds the rows as they
+# are, `log.csv` flattens the gates into one column per layer (a spreadsheet opens it), the curves get a third
+# panel when there are gates, and a progress line in `lines` mode names the step, the loss, the rate, the speed
+# and the interval's wait for data.
+
+# %%
+history = [{"epoch": e, "step": 10 * e, "train_loss": 2.0 / e, "lr": 1e-3 / e, "images_per_s": 100.0,
+            "epoch_time_s": 5.0, "data_wait_s": 0.5, "data_wait_share": 0.1, "val_loss": 1.5 / e,
+            "val_top1": 30.0 * e, "val_top5": 60.0 + e, "gates": [0.73, 0.72 - 0.01 * e]} for e in (1, 2)]
+with tempfile.TemporaryDirectory() as folder:
+    write_logs(history, Path(folder))
+    rows = [json.loads(line) for line in (Path(folder) / "log.jsonl").read_text().splitlines()]
+    table = list(csv.DictReader(io.StringIO((Path(folder) / "log.csv").read_text())))
+    left = sorted(p.name for p in Path(folder).iterdir())
+assert rows == history and left == ["log.csv", "log.jsonl"]  # no temporary file left behind
+assert table[1]["gate_1"] == "0.7" and "gates" not in table[0]
+assert len(plot_history(history).axes) == 4  # loss (with the rate on a twin axis), accuracy, gates
+
+state = TrainState(cfg=None, model=torch.nn.Linear(1, 1), optimizer=None, rank=0, world_size=1, steps_per_epoch=20,
+                   step=10, loss=1.25)
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    Progress("lines", epochs=3, log_every=5).step(state, lr=1e-3, images_per_s=250.0, data_wait=0.3, interval=2.0)
+line = printed.getvalue().strip()
+assert line == "epoch 1/3 step 10/20 loss 1.2500 lr 1.000e-03 250 img/s data wait 0.30 s (15 %)", line
+print(line)

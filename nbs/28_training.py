@@ -1,0 +1,450 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The training loop, hardened: `Trainer` and `train`
+#
+# The first training loop anyone writes is a dozen lines — chapter 11's `fit`, in short:
+#
+# ```python
+# for epoch in range(epochs):
+#     model.train()
+#     for images, labels in train_loader:
+#         loss = F.cross_entropy(model(images), labels)
+#         loss.backward()
+#         optimizer.step()
+#         optimizer.zero_grad()
+#         scheduler.step()
+#     print(epoch, evaluate(model, val_set))
+# ```
+#
+# This chapter is that loop, hardened with the pieces of chapters 12-27 for runs of days on many GPUs. Its
+# shape stays; each line grows:
+#
+# * `for images, labels in train_loader` — this process's share of a sampler that can start mid-epoch, uint8
+#   batches finished on the device, Mixup/CutMix, and a clock on how long the step waited for its data;
+# * `loss = …` — under autocast, with a teacher's answer for distillation, over `accum_steps` micro-batches
+#   whose gradients DDP synchronises once;
+# * `backward`, `step` — through the fp16 loss scaler and the gradient clipping, then the EMA of the weights;
+# * `print(loss)` — the loss stays on the device and is read back once per `log_every` steps, with every
+#   process's stop signals in the same all-reduce;
+# * the end of an epoch — one checkpoint, written before the evaluation and kept as `best.pt` when it scores
+#   best, the logs;
+# * and around it all: an exact resume, a clean stop on SIGTERM, non-finite numbers named, rank 0 the only writer.
+#
+# A run is one object, `Trainer` (in the spirit of miniai's `Learner`): built from a `TrainConfig`, it holds the
+# data, the models and the run's state (chapter 26); its `step` and its `fit` each read top to bottom in one
+# place, and it decides when to checkpoint. `train(cfg)` builds one and fits it.
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
+
+# %%
+#| default_exp training
+# The training loop: a `Trainer` built from a config, and `train`, which builds one and fits it — from a laptop CPU
+# to many GPUs.
+
+# %%
+#| export
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim.swa_utils import AveragedModel
+
+from convit_edu.augment import DeviceTransforms, MixupCutmix, build_mixup, finish_batch
+from convit_edu.config import TrainConfig
+from convit_edu.devices import autocast, resolve_precision
+from convit_edu.distributed import StopSignals, World, all_reduce, init_world, run_on_main
+from convit_edu.evaluation import evaluate
+from convit_edu.files import keep_as
+from convit_edu.loaders import DataLoaders
+from convit_edu.optimisation import build_optimizer, seed_step, train_loss, update_ema
+from convit_edu.run_records import Progress, check_output, plot_history, write_logs, write_run_info
+from convit_edu.run_setup import build_models, build_run_loaders, compile_cache, config_datasets, wrap_model
+from convit_edu.run_state import (Callback, TrainState, checked_weights, loader_states, restore_run,
+                                  resume_checkpoint, resume_weights, run_checkpoint, save_checkpoint)
+
+# %% [markdown]
+# ## The trainer
+#
+# What `train` returns first: the model, its EMA, the log, where it all is, and whether the run was stopped.
+
+# %%
+#| export
+@dataclass
+class TrainResult:
+    """What `train` returns. `stopped` says why it ended early ("SIGTERM", "SIGINT", "callback") or is None."""
+
+    model: nn.Module
+    ema: nn.Module | None
+    history: list[dict]
+    output: Path
+    stopped: str | None
+
+# %% [markdown]
+# What a run reads, and how much of it one step takes, is settled once, before any model exists: the datasets of
+# the config (or yours), checked (two classes at least, one step per epoch at least), this process's loaders,
+# the batch per process and per step, and the device end of the recipe (MixUp/CutMix, normalising and erasing
+# uint8 batches, label smoothing). `new_train_state` then gives a model its optimiser, schedule, fp16 scaler and
+# EMA: the run's state of chapter 26 at step 0.
+
+# %%
+#| export
+@dataclass
+class RunData:
+    """What a run reads and how much of it one step takes, built once from its config by `build_run_data`."""
+
+    loaders: DataLoaders  # this process's train and val batches (their workers kept between epochs)
+    num_classes: int
+    batch_size: int  # per process and micro-batch
+    global_batch: int  # per optimiser step: every process, every micro-batch
+    steps_per_epoch: int
+    num_workers: int  # loader processes (DALI: threads) of this process
+    mixup: MixupCutmix | None  # the recipe's MixUp/CutMix, on the device
+    device_transforms: DeviceTransforms | None  # normalise (and, training, erase) uint8 batches on the device
+    smoothing: float  # label smoothing, when MixUp/CutMix does not smooth the labels itself
+
+
+def build_run_data(cfg: TrainConfig, world: World, datasets: tuple | None = None) -> RunData:
+    """`cfg`'s datasets, or `datasets` = (train, val, class names), checked, and their loaders on this process."""
+    aug = cfg.aug_config()
+    if datasets is None:
+        datasets = config_datasets(cfg, world, aug)
+    elif cfg.loader != "torchvision":
+        raise ValueError(f"loader {cfg.loader!r} reads the config's own image folder (data_root): datasets "
+                         "passed to train() need loader 'torchvision'")
+    train_set, val_set, classes = datasets
+    if len(classes) < 2:
+        raise ValueError(f"the dataset has {len(classes)} class(es) ({', '.join(map(str, classes))}): a "
+                         "classifier needs at least two (check --data-root, --classes)")
+    batch_size = cfg.per_device_batch(world.world_size)
+    steps_per_epoch = cfg.steps_per_epoch(len(train_set), world.world_size)
+    if steps_per_epoch == 0 and len(train_set) >= world.world_size:  # (else build_loaders says so)
+        share = math.ceil(len(train_set) / world.world_size)  # samples per process and epoch
+        raise ValueError(f"each of the {world.world_size} processes gets {share} samples per epoch, fewer than "
+                         f"one optimiser step of batch {batch_size} × accum_steps {cfg.accum_steps}: lower the batch")
+    num_workers = cfg.loader_workers()
+    return RunData(build_run_loaders(cfg, world, aug, train_set, val_set, batch_size, num_workers), len(classes),
+                   batch_size, cfg.images_per_step(world.world_size), steps_per_epoch, num_workers,
+                   build_mixup(aug, len(classes)) if aug else None, DeviceTransforms(aug) if aug else None,
+                   aug.label_smoothing if aug else 0.0)
+
+
+def new_train_state(cfg: TrainConfig, world: World, model: nn.Module, data: RunData, precision: str) -> TrainState:
+    """A run's state at step 0: `model`'s optimiser and schedule, fp16's loss scaler, and the EMA — a copy of the
+    model as it is now, so load resumed weights first."""
+    optimizer, scheduler = build_optimizer(cfg, model, data.global_batch, data.steps_per_epoch, world.device)
+    scaler = torch.amp.GradScaler(world.device.type, enabled=precision == "fp16")
+    ema = AveragedModel(model, use_buffers=True) if cfg.ema_decay else None  # see `update_ema`
+    return TrainState(cfg, model, optimizer, world.rank, world.world_size, data.steps_per_epoch, scheduler, scaler,
+                      ema)
+
+# %% [markdown]
+# `Trainer(cfg, world)` builds a run in chapter 27's order — output folder, data, models, resume checkpoint,
+# optimisation — and restores a checkpoint with chapter 26's `resume_weights` and `restore_run`. Its state,
+# `trainer.state`, is the one its hooks see. Two objects share the loop: `trainer.step`, a `TrainStep`, knows *how*
+# a step runs and holds what only the step needs (the model wrapped for DDP and compiled, the teacher, the losses
+# not read back yet); the `Trainer` decides *when* — to read back, to checkpoint, to evaluate, to stop.
+#
+# **`step(batches)`**, one optimiser step: `accum_steps` micro-batches, each finished on the device, mixed
+# (MixUp/CutMix) and run under autocast beside the teacher; DDP synchronises the gradients on the last one only.
+# Then the scaler, the clipping, the optimiser, the schedule and the EMA. Every random draw in it is seeded
+# from (seed, rank, epoch, step) first (chapter 23), so a resumed run draws the same.
+#
+# **`step.read_back`**: the step's loss and whether it was finite stay **on the device**. Reading a number back
+# (`.item()`, `.tolist()`) makes the CPU wait for the GPU to finish everything queued, and a GPU that waits
+# for the CPU to queue the next step idles. So the loop reads back once per logging interval (`log_every`
+# steps, the end of an epoch, a checkpoint or a stop): one all-reduce carries, for every process at once, the
+# losses of the steps since the last read-back, whether each was finite, and whether a stop signal arrived, so
+# that every process takes the same decision at the same step. The price: a non-finite loss is noticed up to
+# `log_every` steps late, after the optimiser has used it — which is why checkpoints refuse non-finite weights
+# and the error names the last good checkpoint.
+#
+# **`train_epoch`** starts the sampler at the trainer's position (mid-epoch after a resume) and takes steps
+# until the epoch is done or a stop is asked for (a signal on any process, or a hook's `state.stop`), reading
+# back at each interval with the time its steps waited for data, and writing `last.pt` every `ckpt_every`
+# steps.
+#
+# **`end_epoch`** first checkpoints — so that a signal during a long evaluation (an ImageNet pass takes
+# minutes) loses nothing: the checkpoint keeps the epoch's training numbers as `pending`, and a run resumed from
+# it evaluates that epoch first. **`evaluate_epoch`** then scores the model (and the EMA), appends the row to
+# the log and rewrites the log files. When the top-1 improved, the `last.pt` just written becomes `best.pt` as
+# well: a second name for the same file (chapter 12's `keep_as`), so an evaluated epoch writes its hundreds of
+# megabytes once, not three times. The score is in the log, and in `last.pt` from the next checkpoint on; a run
+# resumed from the epoch's own `last.pt` evaluates that epoch again (one evaluation, the same score). A run that
+# returns (finished, or stopped at an epoch's end) writes `last.pt` once more, so that it holds the whole log.
+#
+# **`fit`**, the algorithm of a run: epoch after epoch, train the epoch; if it was stopped before its last
+# step, checkpoint where it is and return; otherwise end the epoch, and return there if a stop was asked for
+# meanwhile. Then the hooks' last call, the curves, and what happened.
+
+# %%
+#| export
+def epoch_scores(state: TrainState, data: RunData, device: torch.device, precision: str) -> dict:
+    """Validation loss, top-1 and top-5 of the model (and of its EMA), and the mean gate σ(λ) of each layer."""
+    models = {"val": state.model, **({"ema": state.ema.module} if state.ema is not None else {})}
+    result = evaluate(models, data.loaders.val, device=device, precision=precision, finish=data.device_transforms)
+    scores = {f"{name}_{key}": value for name, metrics in result.items() for key, value in metrics.items()}
+    return {**scores, "gates": getattr(state.model, "gate_means", list)()}  # (a model of yours may have none)
+
+
+class TrainStep:
+    """A run's optimiser step, called as `step(batches)`, and the read-back of its losses: the models (bare, wrapped
+    for DDP, compiled), the data's device end and the state's optimiser, scaler, schedule and EMA."""
+
+    def __init__(self, cfg: TrainConfig, world: World, model: nn.Module, teacher: nn.Module | None, data: RunData,
+                 state: TrainState, precision: str):
+        self.cfg, self.world, self.model, self.teacher, self.data = cfg, world, model, teacher, data
+        self.state, self.precision = state, precision
+        self.wrapped, self.step_model = wrap_model(model, world, cfg.compile)
+        self.unread: list[torch.Tensor] = []  # (loss, non-finite) of each step not read back yet, on the device
+
+    def __call__(self, batches: Iterator) -> float:
+        """One optimiser step over the next `accum_steps` micro-batches of `batches`; its loss stays on the device
+        (in `self.unread`) until `read_back`. Returns the seconds the host waited for the loader."""
+        cfg, s, data, device = self.cfg, self.state, self.data, self.world.device
+        seed_step(cfg.seed, self.world.rank, s.epoch, s.step)  # Mixup/CutMix and drop path: a function of the place
+        losses, waited = [], 0.0
+        for micro in range(cfg.accum_steps):
+            t0 = time.perf_counter()
+            images, labels = next(batches)
+            waited += time.perf_counter() - t0  # the host blocked on the loader: a starving device
+            images, targets = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            images = finish_batch(images, data.device_transforms, train=True)
+            if data.mixup is not None:
+                images, targets = data.mixup(images, targets)
+            sync = micro == cfg.accum_steps - 1 or self.wrapped is self.model  # DDP: all-reduce the last one's gradients
+            with contextlib.nullcontext() if sync else self.wrapped.no_sync():
+                with autocast(device, self.precision):
+                    with torch.no_grad():
+                        teacher_logits = self.teacher(images) if self.teacher is not None else None
+                    loss = train_loss(self.step_model(images), targets, teacher_logits, data.smoothing)
+                s.scaler.scale(loss / cfg.accum_steps).backward()
+            losses.append(loss.detach().float())
+        loss = torch.stack(losses).mean()
+        self.unread.append(torch.stack([loss, (~torch.isfinite(loss)).float()]))
+        if cfg.clip_grad:
+            s.scaler.unscale_(s.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+        s.scaler.step(s.optimizer)
+        s.scaler.update()
+        s.optimizer.zero_grad(set_to_none=True)
+        s.scheduler.step()
+        if s.ema is not None:
+            update_ema(s.ema, self.model, cfg.ema_decay, first=s.global_step == 0)
+        s.step, s.global_step = s.step + 1, s.global_step + 1
+        return waited
+
+    def read_back(self, received: bool, last_good: Callable[[], str]) -> bool:
+        """The one host sync of a logging interval: the losses of the steps since the last one, summed over the
+        processes with whether each `received` a stop signal; raises on a non-finite loss, naming `last_good()`.
+        Returns whether any process received a signal."""
+        s, world = self.state, self.world
+        received = torch.tensor([[float(received), 0.0]], device=world.device)
+        *steps, (signalled, _) = all_reduce(torch.cat([*[t[None] for t in self.unread], received])).tolist()
+        self.unread.clear()
+        for i, (loss_sum, bad_ranks) in enumerate(steps):
+            if bad_ranks:
+                raise FloatingPointError(
+                    f"non-finite loss ({loss_sum / world.world_size}) at epoch {s.epoch + 1}, step "
+                    f"{s.step - len(steps) + i + 1} (global step {s.global_step - len(steps) + i + 1}) on "
+                    f"{bad_ranks:.0f} of {world.world_size} process(es), read back {len(steps) - i - 1} step(s) later "
+                    f"(losses are read every log_every steps); the weights were not saved; {last_good()}: "
+                    "lower --lr, set --clip-grad, or use bf16/fp32 instead of fp16")
+        s.epoch_losses += [loss_sum / world.world_size for loss_sum, _ in steps]
+        s.loss = s.epoch_losses[-1] if steps else s.loss
+        return bool(signalled)
+
+
+class Trainer:
+    """A training run as one object: built from `cfg` on this process's `world` (`init_world`), restored from
+    its checkpoint when `cfg.resume` says so, trained by `fit`. `model`, `datasets` = (train, val, class names),
+    `teacher` and `callbacks` are as for `train`. The run's state is `self.state`, which the hooks see."""
+
+    def __init__(self, cfg: TrainConfig, world: World, *, model: nn.Module | None = None,
+                 datasets: tuple | None = None, teacher: nn.Module | None = None, callbacks: Sequence[Callback] = ()):
+        self.cfg, self.world, self.callbacks = cfg, world, list(callbacks)
+        self.output, self.precision = Path(cfg.output), resolve_precision(cfg.precision, world.device)
+        run_on_main(world, f"write in the run folder {self.output}", lambda: check_output(self.output))
+        self.data = data = build_run_data(cfg, world, datasets)
+        # the bare model: the hooks and the checkpoints see it
+        self.model, self.teacher = build_models(cfg, data.num_classes, world.device, model, teacher)
+        ckpt, path = resume_checkpoint(cfg, world)
+        changes = resume_weights(ckpt, path, cfg, self.model, data.global_batch) if ckpt is not None else {}
+        self.state = new_train_state(cfg, world, self.model, data, self.precision)
+        self.step = TrainStep(cfg, world, self.model, self.teacher, data, self.state, self.precision)
+        self.compiled = False  # the first compiled step is done (each epoch's `compile_s` and `data_wait`: seconds)
+        self.evaluated_since_checkpoint = False  # a score that last.pt does not hold yet
+        self.progress = Progress(cfg.progress if world.main else "none", cfg.epochs, cfg.log_every)
+        self.signals = StopSignals()
+        if ckpt is not None:
+            restore_run(ckpt, path, self.state, data.loaders, world, changes)
+        run_on_main(world, f"write the run's records in {self.output}", lambda: write_run_info(
+            self.output, cfg, world, batch_size=data.batch_size, global_batch=data.global_batch,
+            steps_per_epoch=data.steps_per_epoch, num_workers=data.num_workers, precision=self.precision,
+            resumed_from=path, changes=changes))
+
+    def train_epoch(self) -> tuple[str | None, int, float]:
+        """Optimiser steps from the trainer's position until the epoch ends or a stop is asked for: (why it
+        stopped or None, images trained on, seconds)."""
+        cfg, s, data = self.cfg, self.state, self.data
+        batches = data.loaders.epoch(s.epoch, start=s.step * cfg.accum_steps * data.batch_size)
+        self.model.train()
+        t0, images, self.data_wait, self.compile_s = time.perf_counter(), 0, 0.0, 0.0
+        last = (t0, 0.0)  # time and data wait at the last read-back
+        for _ in self.progress.steps_of(range(s.step, data.steps_per_epoch)):
+            compiling = cfg.compile and not self.compiled
+            self.data_wait += self.step(batches)
+            if compiling:  # the host waited for the compiler, not for the device (which runs ahead)
+                self.compile_s, self.compiled = time.perf_counter() - t0 - self.data_wait, True
+            images += data.global_batch
+            self._callback("on_step_end")
+            checkpoint = bool(cfg.ckpt_every) and s.global_step % cfg.ckpt_every == 0
+            if not (s.step % cfg.log_every == 0 or s.step == data.steps_per_epoch or s.stop or checkpoint):
+                continue  # no host sync: the device runs ahead
+            signalled = self.step.read_back(self.signals.received is not None, self.last_good)
+            now = time.perf_counter()
+            self.progress.step(s, s.optimizer.param_groups[0]["lr"], images / (now - t0),
+                               data_wait=self.data_wait - last[1], interval=now - last[0])
+            last = (now, self.data_wait)
+            if signalled or s.stop:
+                return self._why(signalled), images, time.perf_counter() - t0
+            if checkpoint:
+                self.checkpoint()
+        return None, images, time.perf_counter() - t0
+
+    def end_epoch(self, images: int, seconds: float) -> None:
+        """Close the finished epoch: checkpoint it and, when it is evaluated (every `eval_every` epochs and the
+        last), checkpoint it before its (possibly long) evaluation, then evaluate it."""
+        s = self.state
+        row = {"epoch": s.epoch + 1, "step": s.global_step,
+               "train_loss": sum(s.epoch_losses) / max(1, len(s.epoch_losses)),
+               "lr": s.optimizer.param_groups[0]["lr"], "images_per_s": images / seconds, "epoch_time_s": seconds,
+               "data_wait_s": self.data_wait, "data_wait_share": self.data_wait / seconds, "compile_s": self.compile_s}
+        s.epoch, s.step, s.epoch_losses, s.seconds = s.epoch + 1, 0, [], s.seconds + seconds
+        if s.epoch % self.cfg.eval_every and s.epoch < self.cfg.epochs:  # not evaluated: no row
+            self.checkpoint()
+            self._callback("on_epoch_end")
+            return
+        s.pending = row
+        self.checkpoint()
+        self.evaluate_epoch()
+
+    def evaluate_epoch(self) -> None:
+        """Score the pending epoch (saved in `last.pt` just before) and log it; when the top-1 improved, keep that
+        `last.pt` as `best.pt` (a second name: no bytes written). The score reaches `last.pt` with the next
+        checkpoint, or when `fit` returns."""
+        s, t0 = self.state, time.perf_counter()
+        row = {**s.pending, **epoch_scores(s, self.data, self.world.device, self.precision)}
+        s.seconds += time.perf_counter() - t0
+        row["time_s"] = s.seconds
+        s.history.append(row)
+        s.pending = None
+        self.progress.epoch_end(row)
+        if row["val_top1"] > s.best_top1:
+            s.best_top1 = row["val_top1"]
+            run_on_main(self.world, f"keep {self.output / 'last.pt'} as best.pt",
+                        lambda: keep_as(self.output / "last.pt", self.output / "best.pt"))
+        run_on_main(self.world, f"write the logs in {self.output}", lambda: write_logs(s.history, self.output))
+        self.evaluated_since_checkpoint = True
+        self._callback("on_epoch_end")
+
+    def checkpoint(self) -> None:
+        """Save everything the run needs to continue as `output/last.pt` (rank 0, atomically); non-finite weights
+        are refused on every process, with the last good checkpoint named."""
+        s = self.state
+        weights = checked_weights(self.model, s.global_step, self.last_good())
+        ckpt = run_checkpoint(s, weights, loader_states(self.data.loaders, self.world), self.data.num_classes)
+        run_on_main(self.world, f"write the checkpoint {self.output / 'last.pt'}",
+                    lambda: save_checkpoint(ckpt, self.output / "last.pt"))
+        self.evaluated_since_checkpoint = False
+
+    def last_good(self) -> str:
+        """Where the run can be resumed from, for an error's message."""
+        path = self.output / "last.pt"
+        return f"{path} is the last good checkpoint" if path.exists() else "no checkpoint was written yet"
+
+    def _why(self, signalled: bool) -> str:
+        return (self.signals.received or "a signal to another process") if signalled else "callback"
+
+    def _callback(self, hook: str) -> None:
+        for cb in self.callbacks:
+            getattr(cb, hook)(self.state)
+
+    def fit(self) -> TrainResult:
+        """Train from the trainer's position to the last epoch, or until a stop (SIGTERM/SIGINT on any process, a
+        hook's `state.stop`), which writes `last.pt` first; the curves, and what happened."""
+        cfg, s = self.cfg, self.state
+        self._callback("on_train_begin")
+        stopped = None
+        with self.signals, compile_cache(self.output, cfg.compile):
+            if s.pending is not None:  # resumed from a checkpoint written before its epoch was evaluated
+                self.checkpoint()  # this run's own last.pt, which evaluate_epoch may keep as best.pt
+                self.evaluate_epoch()
+            for _ in self.progress.epochs_of(range(s.epoch, cfg.epochs)):  # each epoch_end moves s.epoch on
+                stopped, images, seconds = self.train_epoch()
+                if stopped and s.step < self.data.steps_per_epoch:
+                    self.checkpoint()
+                    break
+                self.end_epoch(images, seconds)
+                signalled = all_reduce(torch.tensor(float(self.signals.received is not None),
+                                                    device=self.world.device)).item()
+                if stopped or signalled or s.stop:
+                    stopped = stopped or self._why(bool(signalled))
+                    break
+            if self.evaluated_since_checkpoint:  # a run that returns leaves a last.pt that holds its whole log
+                self.checkpoint()
+        self._callback("on_train_end")
+        if self.world.main:
+            if s.history:
+                plot_history(s.history).savefig(self.output / "curves.png")
+            if stopped:
+                print(f"stopped by {stopped} at epoch {s.epoch + 1}, step {s.step}: checkpoint "
+                      f"{self.output / 'last.pt'}; continue with --resume auto", flush=True)
+        return TrainResult(self.model, s.ema.module if s.ema is not None else None, s.history, self.output, stopped)
+
+
+# %% [markdown]
+# And the one entry point, for notebooks and the command line alike: this process's world, a trainer, `fit`.
+
+# %%
+#| export
+def train(cfg: TrainConfig, *, model: nn.Module | None = None, datasets: tuple | None = None,
+          teacher: nn.Module | None = None, callbacks: Sequence[Callback] = ()) -> TrainResult:
+    """Train as `cfg` says, on one process or under `torchrun`; the single entry point of notebook and CLI.
+
+    By default the model is `cfg.model` with `cfg.model_args` and the data `build_datasets(cfg.data)` with the
+    augmentation `cfg.aug`; pass `model`, `datasets` = (train, val, class names) or `teacher` to use your own.
+    Returns when the last epoch is done, or early (with a checkpoint) on SIGTERM/SIGINT or `state.stop`.
+    """
+    world = init_world(cfg.device)
+    try:
+        return Trainer(cfg, world, model=model, datasets=datasets, teacher=teacher, callbacks=callbacks).fit()
+    finally:
+        if world.owns_group:
+            dist.destroy_process_group()
+
+# %% [markdown]
+# Chapter 29 drives a trainer by hand — three steps, one read-back, a checkpoint resumed bit for bit, weights and
+# losses gone non-finite — and then checks the loop's promises on whole runs.

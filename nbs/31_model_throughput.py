@@ -1,0 +1,257 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Performance of whole models: training throughput, and the denormal numbers a CPU trips on
+#
+# Chapter 30 made one GPSA layer fast. This chapter times whole training steps, ConViT against DeiT at the same batch
+# and image size, against the second target: **0.90× the DeiT's images/s** (timm's ConViT trains at 0.42–0.57×). It
+# reaches it once the gate is folded into the weights and P applied as two factors (chapter 07; chapter 41 measures
+# it again at batch 32). Then one CPU-specific cost the layer's design had to answer: numbers so small the processor
+# handles them in micro-code.
+#
+# `model_throughput` times full training steps of two models at the same batch and image size, interleaved, and
+# reports images/s and the ratio to the last model's. A step is `train`'s, neither optimistic nor pessimistic: the model
+# a default run builds (drop path 0.1), the forward under the precision's autocast, cross-entropy, backward, and
+# `build_optimizer`'s AdamW (chapter 23: two parameter groups, fused into one kernel on a GPU). The same step serves
+# `measure_model`, which `convit-edu bench` calls for one model on any device (images/s and peak memory).
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
+
+# %%
+#| default_exp benchmarks
+
+# %%
+import json
+import resource
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from convit_edu.benchmarks import device_timer, format_table, interleaved_times, median, spread
+from convit_edu.checks import positive_int
+from convit_edu.config import TrainConfig
+from convit_edu.devices import autocast, resolve_precision
+from convit_edu.gated_attention import softmax_without_denormals
+from convit_edu.gpsa_reference import GPSAReference
+from convit_edu.models import VisionTransformer
+from convit_edu.zoo import count_macs, create_model
+from convit_edu.optimisation import build_optimizer
+
+torch.set_printoptions(precision=4, sci_mode=False)
+torch.manual_seed(0)
+torch.set_num_threads(1)  # one thread, as chapter 30 measures ("Measuring honestly")
+
+# %%
+#| export
+def training_model(name: str, img_size: int, num_classes: int) -> nn.Module:
+    """Zoo model ``name`` as a default training run builds it (``TrainConfig.model_config``: drop path included)."""
+    return VisionTransformer(TrainConfig(model=name, img_size=img_size).model_config(num_classes, distilled=False))
+
+
+def train_step(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str,
+               device: torch.device = torch.device("cpu"), compile: bool = False) -> Callable[[], None]:
+    """One training step as ``train`` takes it, on fixed random images, as a closure to time: the forward (of
+    ``torch.compile(model)`` with ``compile``) under the precision's autocast, cross-entropy (a distilled model's
+    class head), backward through fp16's gradient scaler, and the optimiser and schedule ``build_optimizer`` makes."""
+    x = torch.randn(batch, 3, img_size, img_size, device=device)
+    y = torch.randint(0, num_classes, (batch,), device=device)
+    forward = torch.compile(model) if compile else model
+    optimizer, scheduler = build_optimizer(TrainConfig(), model, batch, steps_per_epoch=1, device=device)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+    def step() -> None:
+        model.train()
+        with autocast(device, precision):
+            out = forward(x)
+            loss = F.cross_entropy(out[0] if isinstance(out, tuple) else out, y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+
+    return step
+
+
+def model_steps(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str,
+                device: torch.device, compile: bool = False) -> dict[str, Callable[[], None]]:
+    """A training step (``train_step``) and an inference forward (eval mode, no autograd, the precision's autocast)
+    of ``model`` on fixed random images, as closures to time; with ``compile``, both call ``torch.compile(model)``."""
+    x = torch.randn(batch, 3, img_size, img_size, device=device)
+    forward = torch.compile(model) if compile else model
+
+    @torch.no_grad()
+    def infer() -> None:
+        model.eval()
+        with autocast(device, precision):
+            forward(x)
+
+    return {"train": train_step(model, batch, img_size, num_classes, precision, device, compile), "infer": infer}
+
+
+def measure_model(
+    model: nn.Module, batch_size: int, img_size: int, *, steps: int = 10, num_classes: int = 1000,
+    device: str | torch.device = "cpu", precision: str = "fp32", compile: bool = False,
+) -> dict[str, float]:
+    """Training and inference images/s of one model (``model_steps``, median of ``steps`` interleaved steps after one
+    warm-up; with ``compile``, of ``torch.compile(model)``) and its peak memory: CUDA's peak allocation on a GPU,
+    the process's peak resident size on a CPU (MiB)."""
+    device = torch.device(device)
+    precision = resolve_precision(precision, device)
+    fns = model_steps(model.to(device), batch_size, img_size, num_classes, precision, device, compile)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = interleaved_times(fns, positive_int("steps", steps), warmup=1, timer=device_timer(device))
+    result = {f"{k}_images_per_s": batch_size / median(t) for k, t in times.items()}
+    if device.type == "cuda":
+        result["peak_memory_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is in bytes on macOS, KiB on Linux
+        result["peak_memory_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+    return result
+
+
+def model_throughput(
+    names: Sequence[str], batch: int, img_size: int, reps: int, precision: str = "fp32", warmup: int = 1,
+    num_classes: int = 1000, timer: Callable[[], float] | None = None, device: str | torch.device = "cpu",
+) -> list[dict]:
+    """Training images/s (``train_step``, median of ``reps`` interleaved steps) of each zoo model in ``names``
+    (``training_model``) at the same batch and image size on ``device`` at ``precision``; ``vs_last`` is each
+    rate over the last model's."""
+    device = torch.device(device)
+    precision = resolve_precision(precision, device)
+    steps = {}
+    for name in names:
+        torch.manual_seed(0)
+        model = training_model(name, img_size, num_classes).to(device)
+        steps[name] = train_step(model, batch, img_size, num_classes, precision, device)
+    times = interleaved_times(steps, reps, warmup, timer or device_timer(device))
+    rates = {name: batch / median(t) for name, t in times.items()}
+    return [
+        {"model": name, "precision": precision, "batch": batch, "img_size": img_size,
+         "images_per_s": rates[name], "vs_last": rates[name] / rates[names[-1]], "noise": spread(times[name])}
+        for name in names
+    ]
+
+
+# %% [markdown]
+# At 224 px in fp32, small batches on this slow CPU (full mode: 8 for the tiny models, 4 for the small ones); FAST
+# mode runs 32 px images (a 2×2 patch grid) just to exercise the code. (bf16 on a CPU, and where it pays: chapter 41.)
+
+# %%
+img = 32 if FAST else 224
+(tiny_batch, small_batch), model_reps = ((2, 2), 1) if FAST else ((8, 4), 3)
+throughput = model_throughput(["convit_tiny", "deit_tiny"], tiny_batch, img, model_reps)
+throughput += model_throughput(["convit_small", "deit_small"], small_batch, img, model_reps)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(format_table(throughput))
+print(f"ConViT-Ti trains at {throughput[0]['vs_last']:.2f}x DeiT-Ti's images/s (target >= 0.90x; "
+      f"timm's ConViT: 0.42-0.57x), ConViT-S at {throughput[2]['vs_last']:.2f}x DeiT-S's")
+
+# %% [markdown]
+# ## Denormal numbers: a CPU's slow path, and the flush
+#
+# Eq. 5 makes a head's positional score fall as −α‖δ‖² with the distance δ from its kernel offset, so on a large
+# grid P holds probabilities like e⁻¹⁰⁰ for far-away keys. An fp32 number below about 1.2·10⁻³⁸ is *denormal*
+# (subnormal): stored without the implicit leading bit, and on x86 CPUs every multiplication that touches one takes a
+# slow micro-code path, often tens of times slower. Such a probability cannot change any sum it enters (each row of
+# P sums to 1, so it is 10³¹ times below the rounding error of the row's largest term), but P @ V multiplies every
+# one of them with a value of every image, and the backward pass does it again. `positional_softmax` therefore sets
+# them to 0 (chapter 05). On the 2-core Intel Xeon of chapters 39 and 40, before this flush, the grid's ConViT (a
+# 12 × 12 grid, where 5.9 % of P's entries are denormal) trained 28 % faster when the CPU itself flushed denormals to
+# zero (76.1 against 97.4 images/s, one thread; `results/second-design/psa_speed.json`). The cell below reads that
+# measurement, counts the denormals on a 14 × 14 grid, and checks that flushing them changes P @ V by nothing above
+# the denormal range.
+#
+# The backward pass makes its own: the gradient of the scores is P ⊙ (g − ⟨g, P⟩), and a probability of 10⁻³⁷
+# times a gradient of 10⁻³ is denormal. PyTorch's softmax backward also multiplies the P it saved before the
+# flush. Counting the denormals that every operation of a ConViT-Ti training step makes (224 px, batch 8, once, on
+# an AMD EPYC) found over a hundred thousand gradients from this one place, and none in DeiT-Ti. So
+# `softmax_without_denormals` is a small autograd function that saves the flushed P and sets the denormals of the
+# gradient it returns to 0 too; `tests/test_gpsa.py` checks that no denormal then enters any other operation. That costs one
+# pass over a (heads, L, L) tensor per layer, whatever the batch. Telling the CPU to flush denormals itself
+# (`torch.set_flush_denormal`) would be an alternative, but it reaches only the calling thread: the intra-op threads
+# that torch had already started go on computing with denormals. (Chapter 07's fast GPSA never builds P: it applies
+# P's two one-axis factors, and flushes those the same way.)
+
+# %%
+torch.manual_seed(0)
+layer = GPSAReference(192, 4)
+with torch.no_grad():
+    raw = layer.positional_scores((14, 14)).softmax(dim=-1)  # P before the flush
+    flushed = layer.positional_softmax((14, 14))
+    values = torch.randn(4, 196, 48)
+    change = (raw @ values - flushed @ values).abs().max().item()
+denormal = (raw > 0) & (raw < torch.finfo(raw.dtype).tiny)
+print(f"denormal entries of P on a 14 x 14 grid: {denormal.float().mean().item():.1%}; after the flush: "
+      f"{int(((flushed > 0) & (flushed < torch.finfo(flushed.dtype).tiny)).sum())}")
+assert denormal.any() and torch.equal(flushed[~denormal], raw[~denormal]) and change < 1e-30
+speed = json.loads(Path("results/second-design/psa_speed.json").read_text())  # measured before the flush
+rates = speed["train_images_per_s"]
+print(f"{speed['cpu']}: GPSA {rates['gpsa']:.1f} images/s, {rates['gpsa flush denormals']:.1f} with the CPU "
+      f"flushing denormals; {speed['positional_denormal_share']:.1%} of P denormal")
+assert round(100 * (rates["gpsa flush denormals"] / rates["gpsa"] - 1)) == 28
+assert round(100 * speed["positional_denormal_share"], 1) == 5.9
+
+# %%
+tiny = torch.finfo(torch.float32).tiny
+scores = layer.positional_scores((14, 14)).detach().requires_grad_()
+upstream = torch.randn(4, 196, 196) * 1e-3  # a gradient of P of a typical size
+ours, = torch.autograd.grad((softmax_without_denormals(scores) * upstream).sum(), scores)
+plain, = torch.autograd.grad((scores.softmax(dim=-1) * upstream).sum(), scores)
+print("denormal entries of the scores' gradient:",
+      int(((ours != 0) & (ours.abs() < tiny)).sum()), "with softmax_without_denormals")
+assert ((plain != 0) & (plain.abs() < tiny)).any()  # softmax's own backward makes some
+torch.testing.assert_close(ours, plain, rtol=0, atol=1e-9)  # equal up to rounding (gradients up to 1e-3)
+
+# %% [markdown]
+# ## Why not just use a FLOP counter?
+#
+# Chapter 10 counts each model's multiply-accumulates analytically, layer by layer (Table 1's "Flops" column).
+#
+# PyTorch's `FlopCounterMode` counts the matrix multiplications it sees (in FLOPs, 2 per MAC). On a DeiT-Ti it counts
+# every linear layer, but the fused `scaled_dot_product_attention` of our MHSA layers contributes nothing on this CPU:
+# the counter's blind spot. On a ConViT-Ti what it sees depends on the code path: the reference GPSA materializes the
+# attention, so the counter sees its Q·Kᵀ and A·V (2·L²·D per GPSA layer); the fast GPSA hides them in SDPA, applies
+# P as its two factors (L·(H + W)·D, chapter 07) and never computes the positional scores on `rel_indices`
+# (L²·3·N_h), so the counter sees less than the linear count. The analytic count does not depend on how the
+# attention is computed.
+
+# %%
+torch.manual_seed(0)
+one_image, gpsa_matmul = torch.randn(1, 3, 224, 224), 196 * 196 * 192  # one L x L by L x D product, ConViT-Ti
+factors, rel_scores = 196 * (14 + 14) * 192, 196 * 196 * 3 * 4  # Py ⊗ Px applied to V; pos_proj on rel_indices
+# what each GPSA layer adds to the linear count: the reference's Q·Kᵀ and A·V; the fast path's two factor products,
+# less the positional scores on rel_indices that it never computes; DeiT-Ti: every linear layer and no attention
+extra_per_layer = {"mhsa": 0, "gpsa_reference": 2 * gpsa_matmul, "gpsa": factors - rel_scores}
+for name, path in (("deit_tiny", "mhsa"), ("convit_tiny", "gpsa_reference"), ("convit_tiny", "gpsa")):
+    model = create_model(name, **({} if path == "mhsa" else {"local_attention": path})).eval()
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(one_image)
+    counted, macs = counter.get_total_flops() // 2, count_macs(model.config)  # FLOPs: 2 per MAC
+    print(f"{name:<11} {path:<14}: counter {counted / 1e9:.4f} G = linear {macs.linear / 1e9:.4f} G "
+          f"{(counted - macs.linear) / 1e9:+.4f} G (analytic attention {macs.attention / 1e9:.4f} G)")
+    assert counted == macs.linear + 10 * extra_per_layer[path]
