@@ -165,14 +165,16 @@ def sync(stem: Path) -> str | None:
 def run(stem: Path, root: Path) -> None:
     """Execute a notebook in place with nbclient, cwd ``nbs/``, no timing metadata.
 
-    Full mode unless ``CONVIT_EDU_FAST`` is set: committed outputs come from a full run, and the mode
-    is recorded in the notebook's metadata so ``check`` can tell.
+    Full mode unless ``CONVIT_EDU_FAST`` is set, and the exercises answered by their reference answers unless
+    ``CONVIT_EDU_SOLUTIONS`` says otherwise: committed outputs come from a full, answered run (what CI compares
+    them with), and both are recorded in the notebook's metadata so ``check`` can tell.
     """
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
-    env = {**os.environ, "CONVIT_EDU_FAST": os.environ.get("CONVIT_EDU_FAST", "0")}
+    env = {**os.environ, "CONVIT_EDU_FAST": os.environ.get("CONVIT_EDU_FAST", "0"),
+           "CONVIT_EDU_SOLUTIONS": os.environ.get("CONVIT_EDU_SOLUTIONS", "1")}
     ipynb = stem.with_suffix(".ipynb")
     if not ipynb.exists():
         raise NbToolsError(f"{rel(ipynb, root)} does not exist: run `{CMD} sync {rel(stem, root)}.py` first")
@@ -188,7 +190,8 @@ def run(stem: Path, root: Path) -> None:
         client.execute(env=env)
     except CellExecutionError as e:
         raise NbToolsError(f"{rel(ipynb, root)} failed (not saved):\n{e}") from None
-    nb.metadata["convit_edu"] = {"fast": env["CONVIT_EDU_FAST"].strip().lower() in FAST_VALUES}
+    nb.metadata["convit_edu"] = {"fast": env["CONVIT_EDU_FAST"].strip().lower() in FAST_VALUES,
+                                 "solutions": env["CONVIT_EDU_SOLUTIONS"].strip().lower() in FAST_VALUES}
     nbformat.write(nb, ipynb)
 
 
@@ -231,6 +234,11 @@ def check_notebook(stem: Path, root: Path) -> list[str]:
         problems.append(
             f"{name}.ipynb holds outputs of a FAST run; commit a full run: "
             f"`CONVIT_EDU_FAST=0 {CMD} run {name}.ipynb`"
+        )
+    elif not nb.metadata.get("convit_edu", {}).get("solutions", True):
+        problems.append(
+            f"{name}.ipynb holds outputs of a run without the reference answers, which CI runs: commit an "
+            f"answered run: `CONVIT_EDU_SOLUTIONS=1 {CMD} run {name}.ipynb`"
         )
     return problems
 

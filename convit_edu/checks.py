@@ -7,9 +7,10 @@
 import math
 import numbers
 import operator
+import os
 from collections.abc import Callable, Iterable
 
-__all__ = ['positive_int', 'number', 'one_of', 'expect_error', 'WrongAnswer', 'check_answer']
+__all__ = ['positive_int', 'number', 'one_of', 'expect_error', 'WrongAnswer', 'check_answer', 'solutions_on', 'unanswered', 'reveal', 'grade']
 
 
 # %% nbs/00_index.py 21
@@ -75,3 +76,37 @@ def check_answer(correct: bool, hint: str) -> None:
     """The verdict of an exercise's check: nothing when ``correct``, else ``WrongAnswer(hint)``."""
     if not correct:
         raise WrongAnswer(hint)
+
+
+def solutions_on() -> bool:
+    """Whether the reference answers run: ``CONVIT_EDU_SOLUTIONS`` is set to a true value, or, when it is not set
+    at all, ``CI`` is (so CI runs every exercise answered and a student's "Run all" none)."""
+    value = os.environ.get("CONVIT_EDU_SOLUTIONS", os.environ.get("CI", ""))
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def unanswered(answer: object) -> bool:
+    """Whether ``answer`` is still the placeholder ``...`` (for several names, a tuple holding one)."""
+    return answer is ... or (isinstance(answer, tuple) and any(part is ... for part in answer))
+
+
+def reveal(*answers: object) -> bool:
+    """Whether a reference answer should run now: solutions are on and the student has answered none of
+    ``answers`` (a partial answer is kept, and graded as not answered yet)."""
+    return solutions_on() and all(unanswered(a) for a in answers)
+
+
+def grade(name: str, answer: object, check: Callable[[object], None]) -> str:
+    """Print and return the verdict on exercise ``name``: "not answered yet" while ``answer`` is the placeholder,
+    "not yet: HINT" when ``check(answer)`` raises ``WrongAnswer(HINT)``, else "correct". A wrong answer does not
+    raise, so "Run all" goes on; an answer that crashes does, with its own traceback."""
+    if unanswered(answer):
+        verdict = "not answered yet"
+    else:
+        try:
+            check(answer)
+            verdict = "correct"
+        except WrongAnswer as e:
+            verdict = f"not yet: {e}"
+    print(f"{name}: {verdict}")
+    return verdict

@@ -60,7 +60,7 @@ def train_command(spec: RunSpec, results: str | Path, launcher: str = "python -m
     return shlex.join(shlex.split(launcher) + ["train", *config_to_words(cfg, spec.preset)])
 
 
-# %% nbs/35_experiment_design.py 12
+# %% nbs/35_experiment_design.py 11
 @dataclass(frozen=True)
 class Ablation:
     """One run of Table 3 or App. A: ``table_ref``, its row in the paper ("a".."g", "App. A"), a ``label`` for
@@ -168,7 +168,7 @@ def unique_runs(*grids: list[RunSpec]) -> list[RunSpec]:
     return list(runs.values())
 
 
-# %% nbs/35_experiment_design.py 16
+# %% nbs/35_experiment_design.py 15
 def commands_script(runs: list[RunSpec], results: str | Path, launcher: str = "python -m convit_edu.cli",
                     setup: list[str] = ()) -> str:
     """A bash script running ``runs`` one after the other into ``results`` (after the ``setup`` lines), that
@@ -179,7 +179,7 @@ def commands_script(runs: list[RunSpec], results: str | Path, launcher: str = "p
     return "\n".join(lines) + "\n"
 
 
-# %% nbs/35_experiment_design.py 19
+# %% nbs/35_experiment_design.py 18
 def sample_efficiency_scale(data_root: str | Path, classes: int = 10, images_per_run: int = 120_000,
                             warmup_images: int = 10_000, class_sizes: tuple[int, ...] | None = None,
                             convit_args: dict[str, Any] | None = None, **common: Any) -> Scale:

@@ -40,7 +40,7 @@ def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConf
     return replace(spec.config, output=str(folder), **overrides)
 
 
-# %% nbs/37_experiments.py 9
+# %% nbs/37_experiments.py 11
 def fixed_test_split(source: str | Path, dest: str | Path, classes: int, test_per_class: int = 100,
                      dev_per_class: int = 50) -> Path:
     """Make (or check) ``dest``: the first ``classes`` classes of the ImageNet-style folder ``source`` as
@@ -83,7 +83,7 @@ def fixed_test_split(source: str | Path, dest: str | Path, classes: int, test_pe
     return dest
 
 
-# %% nbs/37_experiments.py 11
+# %% nbs/37_experiments.py 13
 def scoring_sets(cfg: TrainConfig) -> dict[str, Dataset]:
     """``val``, ``train`` (the images the run trains on) and ``heldout`` (the rest of the first ``cfg.classes``
     classes' training images; empty at f = 1) of an ImageFolder run, with the run's evaluation transform."""
@@ -158,7 +158,7 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
     return record
 
 
-# %% nbs/37_experiments.py 13
+# %% nbs/37_experiments.py 15
 def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]:
     """Hours the unfinished ``runs`` should take here, and how that was estimated."""
     done = [json.loads(p.read_text()) for p in Path(output).glob("*/record.json")]
@@ -199,7 +199,7 @@ def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list
     return write_summary(output)
 
 
-# %% nbs/37_experiments.py 15
+# %% nbs/37_experiments.py 17
 @dataclass(frozen=True)
 class RunResult:
     """A run read back from its folder: the spec, the config `convit-edu train` recorded, one log row per epoch."""
@@ -258,7 +258,7 @@ def collect(results: str | Path, runs: list[RunSpec]) -> dict[str, RunResult]:
     return found
 
 
-# %% nbs/37_experiments.py 17
+# %% nbs/37_experiments.py 19
 def locality_histories(output: str | Path, fraction: float, seed: int) -> dict[str, list[dict]]:
     """The ``locality.json`` records of the DeiT and the ConViT of one Table 2 cell, by label."""
     return {label: read_locality(Path(output) / f"{name}_f{fraction:g}_s{seed}" / "locality.json")
@@ -286,7 +286,7 @@ def write_summary(output: str | Path, paper_gaps: dict[float, float] | None = No
     return records
 
 
-# %% nbs/37_experiments.py 19
+# %% nbs/37_experiments.py 21
 def plot_ablation(results: dict[str, RunResult], runs: list[RunSpec]) -> Figure:
     """Top-1 against epochs for each run of ``runs`` (Fig. 12, right), final top-1 in the legend; dashed for a
     model without GPSA layers (the DeiT)."""

@@ -67,10 +67,9 @@ def check_graph_breaks(ctx: CheckContext) -> PhaseResult:
 
 
 def is_sync_warning(message: Warning | str) -> bool:
-    """Whether a warning is sync-debug mode's report of a synchronising CUDA call. Not the notice that switching the
+    """Whether a warning is sync-debug mode's report of a synchronising CUDA call, not the notice that switching the
     mode on prints once ("Synchronization debug mode is a prototype feature and does not yet detect all
-    synchronizing operations"): matching "synchroniz" alone counted that notice as a sync (the H200 check of
-    2026-11-27)."""
+    synchronizing operations"), which mentions synchronizing too."""
     return "called a synchronizing CUDA operation" in str(message)
 
 

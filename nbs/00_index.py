@@ -64,6 +64,7 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # %%
 import math
 
+import matplotlib.pyplot as plt
 import torch
 
 grid = torch.stack(torch.meshgrid(torch.arange(14), torch.arange(14), indexing="ij"), -1).reshape(-1, 2).float()
@@ -172,6 +173,14 @@ print(f"{'f':>6} | {'DeiT':>6}{'ConViT':>8}{'Gap':>6} | {'DeiT':>6}{'ConViT':>8}
 print(f"{'':>6} | {'top-1':^20} | {'top-5':^20}")
 for f, d1, c1, g1, d5, c5, g5 in TABLE_2:
     print(f"{f:>6.0%} | {d1:>6.1f}{c1:>8.1f}{g1:>5}% | {d5:>6.1f}{c5:>8.1f}{g5:>5}%")
+fractions = [row[0] for row in TABLE_2]
+fig, ax = plt.subplots(figsize=(5, 2.6), dpi=80)
+for col, label in ((1, "DeiT-S"), (2, "ConViT-S")):
+    ax.plot(fractions, [row[col] for row in TABLE_2], "o-", label=label)
+ax.set(xscale="log", xticks=fractions, xticklabels=[f"{f:.0%}" for f in fractions], ylabel="top-1 (%)",
+       xlabel="fraction f of each ImageNet class", title="Table 2: the less data, the larger the ConViT's lead")
+ax.minorticks_off(), ax.legend()
+plt.show()
 
 # %% [markdown]
 # The paper's Gap column is the relative gain (ConViT − DeiT) / DeiT in whole percent, and it shrinks
@@ -341,6 +350,7 @@ print("this run is in", "FAST" if FAST else "full", "mode")
 import math
 import numbers
 import operator
+import os
 from collections.abc import Callable, Iterable
 
 
@@ -413,11 +423,13 @@ assert expect_error(lambda: expect_error(lambda: 12), AssertionError) == (
 # %% [markdown]
 # ## Exercises
 #
-# The core chapters end with a few exercises. Each has three cells: a collapsed cell tagged `solution` with a
-# reference answer (expand it only after trying), an empty cell for your answer — run it and it replaces the
-# reference, since it defines the same name — and a cell that checks whatever is defined. A check passes
-# silently or raises `WrongAnswer` with a hint: what to look at, never the answer. Every check is also shown
-# failing once on a wrong answer (with `expect_error`), so a check that could not fail would break CI.
+# The core chapters end with a few exercises. Each has an answer cell that defines the answer's name with the
+# placeholder `...` (`masked_attention = ...`): replace it with your answer and run it. The check cell below it
+# prints `not answered yet` while the placeholder is there, a hint when your answer is wrong (what to look at, never
+# the answer), and `correct` when it is right; it never stops "Run all". It also shows the check failing once on a
+# known wrong answer, so a check that could not fail would break CI. A reference answer sits in the collapsed cell
+# after the check, and runs only when the variable `CONVIT_EDU_SOLUTIONS` is set (falling back to `CI`), and only
+# for an exercise you have not answered: CI runs every exercise answered, "Run all" on your machine none.
 
 # %%
 #| export
@@ -431,10 +443,44 @@ def check_answer(correct: bool, hint: str) -> None:
         raise WrongAnswer(hint)
 
 
+def solutions_on() -> bool:
+    """Whether the reference answers run: ``CONVIT_EDU_SOLUTIONS`` is set to a true value, or, when it is not set
+    at all, ``CI`` is (so CI runs every exercise answered and a student's "Run all" none)."""
+    value = os.environ.get("CONVIT_EDU_SOLUTIONS", os.environ.get("CI", ""))
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def unanswered(answer: object) -> bool:
+    """Whether ``answer`` is still the placeholder ``...`` (for several names, a tuple holding one)."""
+    return answer is ... or (isinstance(answer, tuple) and any(part is ... for part in answer))
+
+
+def reveal(*answers: object) -> bool:
+    """Whether a reference answer should run now: solutions are on and the student has answered none of
+    ``answers`` (a partial answer is kept, and graded as not answered yet)."""
+    return solutions_on() and all(unanswered(a) for a in answers)
+
+
+def grade(name: str, answer: object, check: Callable[[object], None]) -> str:
+    """Print and return the verdict on exercise ``name``: "not answered yet" while ``answer`` is the placeholder,
+    "not yet: HINT" when ``check(answer)`` raises ``WrongAnswer(HINT)``, else "correct". A wrong answer does not
+    raise, so "Run all" goes on; an answer that crashes does, with its own traceback."""
+    if unanswered(answer):
+        verdict = "not answered yet"
+    else:
+        try:
+            check(answer)
+            verdict = "correct"
+        except WrongAnswer as e:
+            verdict = f"not yet: {e}"
+    print(f"{name}: {verdict}")
+    return verdict
+
+
 # %% [markdown]
 # A check in the style of the chapters: how many distinct offsets (δ1, δ2) separate two patches of a 14 × 14
-# grid? (Chapter 02 counts them for PSA: 27 in each direction.) The first answer below forgets that an
-# offset can be negative and fails with the hint; the second passes.
+# grid? (Chapter 02 counts them for PSA: 27 in each direction.) Graded three times: unanswered, with an answer that
+# forgets that an offset can be negative (the hint), and right.
 
 # %%
 def check_offsets(answer: int) -> None:
@@ -442,6 +488,7 @@ def check_offsets(answer: int) -> None:
     check_answer(answer == len(offsets), "an offset runs from -(14 - 1) to 14 - 1 in each of the two directions")
 
 
-print(expect_error(lambda: check_offsets(14 * 14), WrongAnswer))
-check_offsets(27 ** 2)
+verdicts = [grade("offsets", answer, check_offsets) for answer in (..., 14 * 14, 27**2)]  # unanswered, wrong, right
+assert verdicts[0] == "not answered yet" and verdicts[1].startswith("not yet: ") and verdicts[2] == "correct"
+print(expect_error(lambda: check_offsets(14 * 14), WrongAnswer))  # the check itself raises; `grade` reports it
 

@@ -390,24 +390,18 @@ for shape in [(197, 192), (2, 197, 96)]:
 # %% [markdown]
 # ## Exercises
 #
-# How they work (chapter 00): a collapsed `solution` cell, a cell for your answer that replaces it, a check.
+# How they work (chapter 00): replace the placeholder `...` in the answer cell, then run the check below it.
 #
 # **1. Masked attention.** Write `masked_attention(q, k, v, mask)` for tensors (..., L, d) and a boolean
 # `mask` (L, L) where `True` means "query i may look at key j": Eq. 1 with the forbidden scores set to −∞
 # before the softmax. (Causal language models use exactly this; `F.scaled_dot_product_attention` takes the
 # same mask as `attn_mask`.)
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
-    return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
-
+# %%
+masked_attention = ...  # your answer: def masked_attention(q, k, v, mask): ...
 
 # %%
-# your answer: def masked_attention(q, k, v, mask): ...
-
-# %%
-from convit_edu.checks import WrongAnswer, check_answer
+from convit_edu.checks import WrongAnswer, check_answer, grade, reveal
 
 
 def check_masked_attention(fn) -> None:
@@ -421,20 +415,23 @@ def check_masked_attention(fn) -> None:
                  "zero after it leaves rows that do not sum to 1); and keep the 1/sqrt(d) scale")
 
 
-check_masked_attention(masked_attention)
+grade("masked_attention", masked_attention, check_masked_attention)
 print(expect_error(lambda: check_masked_attention(lambda q, k, v, mask: attention(q, k, v)[0]), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(masked_attention):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
+
+    grade("masked_attention", masked_attention, check_masked_attention)
 
 # %% [markdown]
 # **2. Splitting heads with einops.** Write `split_heads(x, num_heads)`: (B, L, D) → (B, N_h, L, D/N_h), head h
 # taking channels h·D/N_h … (h+1)·D/N_h − 1, the layout `MHSA` uses.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    return rearrange(x, "b l (h d) -> b h l d", h=num_heads)
-
-
 # %%
-# your answer: def split_heads(x, num_heads): ...
+split_heads = ...  # your answer: def split_heads(x, num_heads): ...
 
 # %%
 def check_split_heads(fn) -> None:
@@ -445,25 +442,56 @@ def check_split_heads(fn) -> None:
                  "that token: split the last axis as (heads, head_dim), heads first, then move heads before L")
 
 
-check_split_heads(split_heads)
+grade("split_heads", split_heads, check_split_heads)
 print(expect_error(lambda: check_split_heads(lambda x, h: rearrange(x, "b l (d h) -> b h l d", h=h)), WrongAnswer))
 
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(split_heads):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+        return rearrange(x, "b l (h d) -> b h l d", h=num_heads)
+
+    grade("split_heads", split_heads, check_split_heads)
+
 # %% [markdown]
-# **3. Counting parameters.** Without running `n_params`: how many parameters does one attention layer of
-# DeiT-S have, `MHSA(384, 6, qkv_bias=True)`? Set `deit_s_params` to your number.
+# **3. The attention module, yours.** Write a module `MyMHSA(embed_dim, num_heads)`: multi-head self-attention
+# (Eq. 1-3) with two linear maps named as the official checkpoints name them, `qkv` (D → 3D, with bias) and `proj`
+# (D → D), so that MHSA's weights load into it (`load_state_dict`); `forward(x)` maps (B, L, D) to (B, L, D). Split
+# the heads with einops, and compute the attention yourself (no `MHSA`, no `scaled_dot_product_attention`).
+
+# %%
+MyMHSA = ...  # your answer: class MyMHSA(nn.Module): ...
+
+# %%
+def check_my_mhsa(cls) -> None:
+    torch.manual_seed(0)
+    for dim, heads in ((48, 4), (36, 3)):
+        ref = MHSA(dim, heads, qkv_bias=True).eval()
+        yours = cls(dim, heads)
+        check_answer(set(yours.state_dict()) == set(ref.state_dict()), "the parameters should be qkv.weight, "
+                     f"qkv.bias, proj.weight and proj.bias, got {sorted(yours.state_dict())}")
+        yours.load_state_dict(ref.state_dict())
+        x = torch.randn(2, 7, dim)
+        with torch.no_grad():
+            error = (yours(x) - ref(x)).abs().max().item()
+        check_answer(error < 1e-5, f"{heads} heads of width {dim // heads}: your output differs by up to {error:.2f}: "
+                     "qkv's output is (q, k, v) each split into heads of consecutive channels, and every head's "
+                     "scores are scaled by 1/√head_dim before their softmax")
+
+
+grade("MyMHSA", MyMHSA, check_my_mhsa)
+print(expect_error(lambda: check_my_mhsa(MHSA), WrongAnswer))  # MHSA's qkv has no bias unless asked
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-deit_s_params = 3 * 384 * 384 + 3 * 384 + 384 * 384 + 384  # qkv weights + biases, proj weights + bias
+if reveal(MyMHSA):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    class MyMHSA(nn.Module):
+        def __init__(self, embed_dim: int, num_heads: int) -> None:
+            super().__init__()
+            self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
+            self.qkv, self.proj = nn.Linear(embed_dim, 3 * embed_dim), nn.Linear(embed_dim, embed_dim)
 
-# %%
-# your answer: deit_s_params = ...
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = rearrange(self.qkv(x), "b l (three h d) -> three b h l d", three=3, h=self.num_heads)
+            attn = (q @ k.transpose(-2, -1) / self.head_dim**0.5).softmax(dim=-1)
+            return self.proj(rearrange(attn @ v, "b h l d -> b l (h d)"))
 
-# %%
-def check_deit_s_params(answer: int) -> None:
-    want = n_params(MHSA(384, 6, qkv_bias=True))
-    check_answer(answer == want, "count the qkv Linear (D -> 3D, with bias) and the proj Linear (D -> D, with "
-                 "bias); the number of heads does not change the count" + (" — you are close" if abs(answer - want) <= 1536 else ""))
-
-
-check_deit_s_params(deit_s_params)
-print(expect_error(lambda: check_deit_s_params(4 * 384 * 384), WrongAnswer))
+    grade("MyMHSA", MyMHSA, check_my_mhsa)

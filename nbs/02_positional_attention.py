@@ -359,14 +359,11 @@ print("positional_self_attention on a 6×6 grid for 35 tokens:",
 # the key the patch in row 2, column 3. Without running `rel_indices`, write their r_δ = (δx, δy, ‖δ‖²) as a
 # tuple `r_by_hand`.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-r_by_hand = (3, 2, 13)  # δ = key − query: 3 columns right, 2 rows down
+# %%
+r_by_hand = ...  # your answer: r_by_hand = (..., ..., ...)
 
 # %%
-# your answer: r_by_hand = (..., ..., ...)
-
-# %%
-from convit_edu.checks import WrongAnswer, check_answer
+from convit_edu.checks import WrongAnswer, check_answer, grade, reveal
 
 
 def check_r_by_hand(answer: tuple) -> None:
@@ -377,8 +374,13 @@ def check_r_by_hand(answer: tuple) -> None:
                  "δ is key − query; δx counts columns and δy rows; the third number is the squared length")
 
 
-check_r_by_hand(r_by_hand)
+grade("r_by_hand", r_by_hand, check_r_by_hand)
 print(expect_error(lambda: check_r_by_hand((2, 3, 13)), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(r_by_hand):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    r_by_hand = (3, 2, 13)  # δ = key − query: 3 columns right, 2 rows down
+    grade("r_by_hand", r_by_hand, check_r_by_hand)
 
 # %% [markdown]
 # **2. A head that looks up.** Choose one head's positional embedding `v_up` (3 numbers, in `rel_indices`'
@@ -386,11 +388,8 @@ print(expect_error(lambda: check_r_by_hand((2, 3, 13)), WrongAnswer))
 # directly **above** the query (one row up, same column), for a query in the middle of a 5 × 5 grid. Hint for
 # thinking it through: v_posᵀ r_δ = a·δx + b·δy + c·‖δ‖², and −α‖δ − Δ‖² expands into that form.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-v_up = torch.tensor([0.0, -4.0, -2.0])  # = −2‖δ − (0, −1)‖² + const: a bump on δ = (0, −1), α = 2
-
 # %%
-# your answer: v_up = torch.tensor([..., ..., ...])
+v_up = ...  # your answer: v_up = torch.tensor([..., ..., ...])
 
 # %%
 def check_v_up(v_pos: torch.Tensor) -> None:
@@ -405,5 +404,48 @@ def check_v_up(v_pos: torch.Tensor) -> None:
                  "bump sharper (scale all three numbers up)")
 
 
-check_v_up(v_up)
+grade("v_up", v_up, check_v_up)
 print(expect_error(lambda: check_v_up(torch.tensor([0.0, 4.0, -2.0])), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(v_up):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    v_up = torch.tensor([0.0, -4.0, -2.0])  # = −2‖δ − (0, −1)‖² + const: a bump on δ = (0, −1), α = 2
+    grade("v_up", v_up, check_v_up)
+
+# %% [markdown]
+# **3. PSA, yours.** Write `my_psa(q, k, v, rel, v_pos)`: Eq. 4 for queries, keys and values (B, N_h, L, D_h),
+# relative positions `rel` (L, L, 3) and one positional embedding per head `v_pos` (N_h, 3) — the content score
+# q·k/√D_h and the positional score v_posᵀ r_ij summed, *then* one softmax over the keys — returning the output
+# A·V. Compute the positional scores for all heads at once with `torch.einsum` or einops.
+
+# %%
+my_psa = ...  # your answer: def my_psa(q, k, v, rel, v_pos): ...
+
+# %%
+def check_my_psa(fn) -> None:
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 12, 8, generator=g) for _ in range(3))
+    rel, v_pos = rel_indices(3, 4), torch.randn(3, 3, generator=g)
+    want = positional_self_attention(q, k, v, rel, v_pos)[0]
+    got = fn(q, k, v, rel, v_pos)
+    check_answer(tuple(got.shape) == tuple(want.shape), f"the output is A·V, (B, N_h, L, D_h), got {tuple(got.shape)}")
+    check_answer(torch.allclose(got, want, atol=1e-5), "the two scores are added before a single softmax (not two "
+                 "softmaxes mixed: that is Eq. 6); head h's positional score for (i, j) is v_pos[h] · rel[i, j]")
+
+
+def two_softmaxes(q, k, v, rel, v_pos):  # a wrong answer: GPSA's two softmaxes, averaged
+    content = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).softmax(-1)
+    return (content + torch.einsum("ijp,hp->hij", rel, v_pos).softmax(-1)) / 2 @ v
+
+
+grade("my_psa", my_psa, check_my_psa)
+print(expect_error(lambda: check_my_psa(two_softmaxes), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(my_psa):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def my_psa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: torch.Tensor, v_pos: torch.Tensor):
+        content = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # (B, N_h, L, L)
+        position = torch.einsum("ijp,hp->hij", rel, v_pos)  # (N_h, L, L): the same for every image
+        return (content + position).softmax(dim=-1) @ v
+
+    grade("my_psa", my_psa, check_my_psa)

@@ -355,24 +355,11 @@ plt.show()
 # 90 % of its attention on its own centre patch. Predict it first from the softmax (the nearest other patches
 # are 1 away, the next ones √2), then compute it; set `alpha_90` to your value.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def centre_share(alpha: float) -> float:
-    """The smallest share of attention any of the 9 heads puts on its own centre patch."""
-    pos_proj = nn.Linear(3, 9)
-    local_init(pos_proj, nn.Linear(3, 3), alpha)
-    attn = positional_attention(pos_proj, 7, 7)[:, 3 * 7 + 3].detach()  # (heads, keys)
-    targets = [(3 + int(dy)) * 7 + 3 + int(dx) for dx, dy in head_centres(9).tolist()]
-    return float(attn[torch.arange(9), targets].min())
-
-
-alpha_90 = next(a / 10 for a in range(1, 200) if centre_share(a / 10) >= 0.9)
-# prediction: the 4 nearest patches alone give 4·e^(−α) = 1/9, α = ln 36 ≈ 3.6; the 4 diagonal ones add a little
+# %%
+alpha_90 = ...  # your answer: alpha_90 = ...
 
 # %%
-# your answer: alpha_90 = ...
-
-# %%
-from convit_edu.checks import WrongAnswer, check_answer, expect_error
+from convit_edu.checks import WrongAnswer, check_answer, expect_error, grade, reveal
 
 
 def check_alpha_90(answer: float) -> None:
@@ -386,9 +373,24 @@ def check_alpha_90(answer: float) -> None:
     check_answer(share(answer - 0.1) < 0.9, f"α = {answer - 0.1:.1f} already reaches 90 %: look for the smallest")
 
 
-check_alpha_90(alpha_90)
-print(f"alpha_90 = {alpha_90}")
+grade("alpha_90", alpha_90, check_alpha_90)
 print(expect_error(lambda: check_alpha_90(2.0), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(alpha_90):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def centre_share(alpha: float) -> float:
+        """The smallest share of attention any of the 9 heads puts on its own centre patch."""
+        pos_proj = nn.Linear(3, 9)
+        local_init(pos_proj, nn.Linear(3, 3), alpha)
+        attn = positional_attention(pos_proj, 7, 7)[:, 3 * 7 + 3].detach()  # (heads, keys)
+        targets = [(3 + int(dy)) * 7 + 3 + int(dx) for dx, dy in head_centres(9).tolist()]
+        return float(attn[torch.arange(9), targets].min())
+
+
+    alpha_90 = next(a / 10 for a in range(1, 200) if centre_share(a / 10) >= 0.9)
+    # prediction: the 4 nearest patches alone give 4·e^(−α) = 1/9, α = ln 36 ≈ 3.6; the 4 diagonal ones add a little
+    grade("alpha_90", alpha_90, check_alpha_90)
+    print(f"alpha_90 = {alpha_90}")
 
 # %% [markdown]
 # **2. Which head looks up and to the right?** Take the same 9 heads (`local_init` at α = 1, no content) and the
@@ -397,13 +399,8 @@ print(expect_error(lambda: check_alpha_90(2.0), WrongAnswer))
 # (head h = h1 + 3·h2 is centred at Δ = (Δx, Δy) = (h2 − 1, h1 − 1); rows grow downwards), then set
 # `head_up_right` to its index h, counted from 0 as `head_centres` counts.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-# the key sits at δ = (column offset, row offset) = (+1, −1): rows grow downwards, so "above" is δy = −1.
-# Δ = (h2 − 1, h1 − 1) = (1, −1) gives h2 = 2 and h1 = 0, so h = h1 + 3·h2:
-head_up_right = 0 + 3 * 2
-
 # %%
-# your answer: head_up_right = ...
+head_up_right = ...  # your answer: head_up_right = ...
 
 # %%
 def check_head_up_right(answer: int) -> None:
@@ -421,9 +418,16 @@ def check_head_up_right(answer: int) -> None:
                  f"offset, Δy the row offset (rows grow downwards), and Δ = (h2 − 1, h1 − 1) takes Δx from h2 = h // 3{from_1}")
 
 
-check_head_up_right(head_up_right)
-print(f"head_up_right = {head_up_right}, centred at Δ = {tuple(int(c) for c in head_centres(9)[head_up_right])}")
+grade("head_up_right", head_up_right, check_head_up_right)
 print(expect_error(lambda: check_head_up_right(2), WrongAnswer))  # x and y swapped
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(head_up_right):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    # the key sits at δ = (column offset, row offset) = (+1, −1): rows grow downwards, so "above" is δy = −1.
+    # Δ = (h2 − 1, h1 − 1) = (1, −1) gives h2 = 2 and h1 = 0, so h = h1 + 3·h2:
+    head_up_right = 0 + 3 * 2
+    grade("head_up_right", head_up_right, check_head_up_right)
+    print(f"head_up_right = {head_up_right}, centred at Δ = {tuple(int(c) for c in head_centres(9)[head_up_right])}")
 
 # %% [markdown]
 # **3. Eq. 5 from the equation.** Write `my_local_init(pos_proj, v, alpha)`: for a layer whose number of heads
@@ -431,20 +435,8 @@ print(expect_error(lambda: check_head_up_right(2), WrongAnswer))  # x and y swap
 # head h = h1 + k·h2 centred at Δ = (Δx, Δy) = (h2 − c, h1 − c), c = (k − 1)/2; set `pos_proj.bias` to 0, and
 # `v` to the identity with a zero bias. Use only torch (not `head_centres`, `v_pos` or `local_init`).
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def my_local_init(pos_proj: nn.Linear, v: nn.Linear, alpha: float) -> None:
-    k = int(pos_proj.out_features**0.5)
-    c = (k - 1) / 2
-    h = torch.arange(k * k)
-    dx, dy = h // k - c, h % k - c  # Δx from h2 = h // k (the column offset), Δy from h1 = h % k
-    with torch.no_grad():
-        pos_proj.weight.copy_(alpha * torch.stack([2 * dx, 2 * dy, -torch.ones(k * k)], dim=1))
-        pos_proj.bias.zero_()
-        v.weight.copy_(torch.eye(v.in_features))
-        v.bias.zero_()
-
 # %%
-# your answer: def my_local_init(pos_proj, v, alpha): ...
+my_local_init = ...  # your answer: def my_local_init(pos_proj, v, alpha): ...
 
 # %%
 def check_local_init(fn) -> None:
@@ -466,6 +458,21 @@ def swapped(pos_proj: nn.Linear, v: nn.Linear, alpha: float) -> None:  # a wrong
         pos_proj.weight[:, :2] = pos_proj.weight[:, [1, 0]].clone()
 
 
-check_local_init(my_local_init)
-print("my_local_init sets the weights local_init sets, at 4, 9 and 16 heads")
-print(expect_error(lambda: check_local_init(swapped), WrongAnswer))
+grade("my_local_init", my_local_init, check_local_init)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(my_local_init):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def my_local_init(pos_proj: nn.Linear, v: nn.Linear, alpha: float) -> None:
+        k = int(pos_proj.out_features**0.5)
+        c = (k - 1) / 2
+        h = torch.arange(k * k)
+        dx, dy = h // k - c, h % k - c  # Δx from h2 = h // k (the column offset), Δy from h1 = h % k
+        with torch.no_grad():
+            pos_proj.weight.copy_(alpha * torch.stack([2 * dx, 2 * dy, -torch.ones(k * k)], dim=1))
+            pos_proj.bias.zero_()
+            v.weight.copy_(torch.eye(v.in_features))
+            v.bias.zero_()
+
+    grade("my_local_init", my_local_init, check_local_init)
+    print("my_local_init sets the weights local_init sets, at 4, 9 and 16 heads")
+    print(expect_error(lambda: check_local_init(swapped), WrongAnswer))

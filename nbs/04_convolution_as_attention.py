@@ -296,27 +296,11 @@ assert 0.55 < block < 0.58
 with cbook.get_sample_data("grace_hopper.jpg") as f:
     photo = Image.open(f).convert("RGB").resize((224, 224), Image.BICUBIC)
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-sobel = nn.Conv2d(1, 1, kernel_size=3, padding=1, bias=False)
-with torch.no_grad():
-    sobel.weight.copy_(torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]))
-sobel_psa = ConvAsPSA(sobel, locality_strength=20.0)  # α large: each head one-hot on its tap
-
-grey = pil_to_tensor(photo.convert("L").resize((32, 32), Image.BICUBIC))[None].float() / 255
-with torch.no_grad():
-    edges = sobel_psa(grey)[0, 0]
-fig, axes = plt.subplots(1, 2, figsize=(5, 2.5), dpi=80)
-axes[0].imshow(grey[0, 0], cmap="gray"), axes[0].set_title("input", fontsize=9)
-axes[1].imshow(edges, cmap="RdBu"), axes[1].set_title("Sobel-x by 9 attention heads", fontsize=9)
-for ax in axes:
-    ax.set_xticks([]), ax.set_yticks([])
-plt.show()
+# %%
+sobel_psa = ...  # your answer: sobel_psa = ConvAsPSA(...)
 
 # %%
-# your answer: sobel_psa = ConvAsPSA(...)
-
-# %%
-from convit_edu.checks import WrongAnswer, check_answer, expect_error
+from convit_edu.checks import WrongAnswer, check_answer, expect_error, grade, reveal
 
 
 def check_sobel_psa(layer: nn.Module) -> None:
@@ -333,8 +317,26 @@ def check_sobel_psa(layer: nn.Module) -> None:
                  "the bias, and that α is large enough for each head to be one-hot on its tap")
 
 
-check_sobel_psa(sobel_psa)
-print(expect_error(lambda: check_sobel_psa(ConvAsPSA(sobel, locality_strength=1.0)), WrongAnswer))
+grade("sobel_psa", sobel_psa, check_sobel_psa)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(sobel_psa):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    sobel = nn.Conv2d(1, 1, kernel_size=3, padding=1, bias=False)
+    with torch.no_grad():
+        sobel.weight.copy_(torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]))
+    sobel_psa = ConvAsPSA(sobel, locality_strength=20.0)  # α large: each head one-hot on its tap
+
+    grey = pil_to_tensor(photo.convert("L").resize((32, 32), Image.BICUBIC))[None].float() / 255
+    with torch.no_grad():
+        edges = sobel_psa(grey)[0, 0]
+    fig, axes = plt.subplots(1, 2, figsize=(5, 2.5), dpi=80)
+    axes[0].imshow(grey[0, 0], cmap="gray"), axes[0].set_title("input", fontsize=9)
+    axes[1].imshow(edges, cmap="RdBu"), axes[1].set_title("Sobel-x by 9 attention heads", fontsize=9)
+    for ax in axes:
+        ax.set_xticks([]), ax.set_yticks([])
+    plt.show()
+    grade("sobel_psa", sobel_psa, check_sobel_psa)
+    print(expect_error(lambda: check_sobel_psa(ConvAsPSA(sobel, locality_strength=1.0)), WrongAnswer))
 
 # %% [markdown]
 # **2. A shift as attention.** Find the 3 × 3 kernel `shift_kernel` (a (3, 3) tensor) with which
@@ -343,24 +345,8 @@ print(expect_error(lambda: check_sobel_psa(ConvAsPSA(sobel, locality_strength=1.
 # then reaches the output (the others get weight 0 in `proj`): predict its centre Δ_h, and set `shift_head` to
 # its index h.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-# nn.Conv2d does not flip its kernel: out[r, s] = Σ w[i, j]·x[r + i − 1, s + j − 1], so w[1, 0] reads x[r, s − 1]
-shift_kernel = torch.zeros(3, 3)
-shift_kernel[1, 0] = 1.0
-# ConvAsPSA gives the tap in row i, column j to head i + 3·j, centred at Δ = (j − 1, i − 1) = (−1, 0) here:
-# the only busy head looks one pixel to the left and copies it to the right
-shift_head = 1 + 3 * 0
-
-shift = nn.Conv2d(1, 1, kernel_size=3, padding=1, bias=False)
-with torch.no_grad():
-    shift.weight.copy_(shift_kernel[None, None])
-    small = torch.arange(1.0, 13.0).reshape(1, 1, 3, 4)
-    moved = ConvAsPSA(shift, locality_strength=20.0)(small)
-print(small[0, 0].int())
-print(moved[0, 0].round().int())  # error ~ e^(−20): rounding gives the exact shifted image
-
 # %%
-# your answer: shift_kernel = ...; shift_head = ...
+shift_kernel, shift_head = ..., ...  # your answer: shift_kernel = ...; shift_head = ...
 
 # %%
 def check_shift(kernel: torch.Tensor, head: int) -> None:
@@ -386,6 +372,24 @@ def check_shift(kernel: torch.Tensor, head: int) -> None:
                  "at (r, s) copies the pixel at (r, s − 1). ConvAsPSA gives the tap in row i, column j to head i + 3·j")
 
 
-check_shift(shift_kernel, shift_head)
-print(f"shift_head = {shift_head}, centred at Δ = {tuple(int(c) for c in ConvAsPSA(shift, 20.0).centres[shift_head])}")
+grade("shift_kernel, shift_head", (shift_kernel, shift_head), lambda answer: check_shift(*answer))
 print(expect_error(lambda: check_shift(torch.tensor([[0.0, 0, 0], [0, 0, 1], [0, 0, 0]]), 5), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(shift_kernel, shift_head):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    # nn.Conv2d does not flip its kernel: out[r, s] = Σ w[i, j]·x[r + i − 1, s + j − 1], so w[1, 0] reads x[r, s − 1]
+    shift_kernel = torch.zeros(3, 3)
+    shift_kernel[1, 0] = 1.0
+    # ConvAsPSA gives the tap in row i, column j to head i + 3·j, centred at Δ = (j − 1, i − 1) = (−1, 0) here:
+    # the only busy head looks one pixel to the left and copies it to the right
+    shift_head = 1 + 3 * 0
+
+    shift = nn.Conv2d(1, 1, kernel_size=3, padding=1, bias=False)
+    with torch.no_grad():
+        shift.weight.copy_(shift_kernel[None, None])
+        small = torch.arange(1.0, 13.0).reshape(1, 1, 3, 4)
+        moved = ConvAsPSA(shift, locality_strength=20.0)(small)
+    print(small[0, 0].int())
+    print(moved[0, 0].round().int())  # error ~ e^(−20): rounding gives the exact shifted image
+    grade("shift_kernel, shift_head", (shift_kernel, shift_head), lambda answer: check_shift(*answer))
+    print(f"shift_head = {shift_head}, centred at Δ = {tuple(int(c) for c in ConvAsPSA(shift, 20.0).centres[shift_head])}")

@@ -397,26 +397,13 @@ print("every head peaks within half a patch of query + Δ_h")
 # (δx, δy, ‖δ‖²), δ = key − query (δx the column offset, tokens row by row), built by hand — no
 # `rel_indices`, no method of the layer. The content scores carry the 1/√D_h.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def my_gpsa(layer: GPSAReference, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    h = layer.num_heads
-    q, k = rearrange(layer.qk(x), "b l (two h d) -> two b h l d", two=2, h=h)
-    v = rearrange(layer.v(x), "b l (h d) -> b h l d", h=h)
-    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
-    xy = torch.stack([c.flatten(), r.flatten()], dim=-1).float()  # (L, 2): (column, row) of each token
-    delta = xy[None, :, :] - xy[:, None, :]  # [query, key] = key − query
-    rel = torch.cat([delta, (delta**2).sum(-1, keepdim=True)], dim=-1)  # (L, L, 3)
-    content = (q @ k.transpose(-2, -1) / layer.head_dim**0.5).softmax(-1)
-    position = rearrange(layer.pos_proj(rel), "q k h -> h q k").softmax(-1)
-    sigma = torch.sigmoid(layer.gating_param).view(-1, 1, 1)
-    attn = (1 - sigma) * content + sigma * position
-    attn = attn / attn.sum(-1, keepdim=True)  # Eq. 6's normalisation (a no-op but for rounding)
-    return layer.proj(rearrange(attn @ v, "b h l d -> b l (h d)"))
+# %%
+my_gpsa = ...  # your answer: def my_gpsa(layer, x, rows, cols): ...
 
 # %%
-# your answer: def my_gpsa(layer, x, rows, cols): ...
+from convit_edu.checks import grade, reveal
 
-# %%
+
 def check_gpsa(fn) -> None:
     torch.manual_seed(0)
     for rows, cols in ((4, 4), (3, 5)):
@@ -441,9 +428,28 @@ def unscaled(layer: GPSAReference, x: torch.Tensor, rows: int, cols: int) -> tor
         layer.head_dim = saved
 
 
-check_gpsa(my_gpsa)
-print("my_gpsa equals GPSAReference's forward to a relative 1e-5, on a square and a non-square grid")
-print(expect_error(lambda: check_gpsa(unscaled), WrongAnswer))
+grade("my_gpsa", my_gpsa, check_gpsa)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(my_gpsa):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def my_gpsa(layer: GPSAReference, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+        h = layer.num_heads
+        q, k = rearrange(layer.qk(x), "b l (two h d) -> two b h l d", two=2, h=h)
+        v = rearrange(layer.v(x), "b l (h d) -> b h l d", h=h)
+        r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+        xy = torch.stack([c.flatten(), r.flatten()], dim=-1).float()  # (L, 2): (column, row) of each token
+        delta = xy[None, :, :] - xy[:, None, :]  # [query, key] = key − query
+        rel = torch.cat([delta, (delta**2).sum(-1, keepdim=True)], dim=-1)  # (L, L, 3)
+        content = (q @ k.transpose(-2, -1) / layer.head_dim**0.5).softmax(-1)
+        position = rearrange(layer.pos_proj(rel), "q k h -> h q k").softmax(-1)
+        sigma = torch.sigmoid(layer.gating_param).view(-1, 1, 1)
+        attn = (1 - sigma) * content + sigma * position
+        attn = attn / attn.sum(-1, keepdim=True)  # Eq. 6's normalisation (a no-op but for rounding)
+        return layer.proj(rearrange(attn @ v, "b h l d -> b l (h d)"))
+
+    grade("my_gpsa", my_gpsa, check_gpsa)
+    print("my_gpsa equals GPSAReference's forward to a relative 1e-5, on a square and a non-square grid")
+    print(expect_error(lambda: check_gpsa(unscaled), WrongAnswer))
 
 # %% [markdown]
 # **2. The query's own tap at init.** A fresh head h is a *blurred* tap of a convolution: how much of a query's
@@ -452,17 +458,8 @@ print(expect_error(lambda: check_gpsa(unscaled), WrongAnswer))
 # (Δx, Δy) (whole patches: the 3 × 3 kernel of a 9-head layer), that share from Eq. 5 and Eq. 7 (gate σ), the
 # content attention uniform (equal content scores). Only the keys on the grid share the positional softmax.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def tap_share(rows: int, cols: int, query: tuple[int, int], offset: tuple, alpha: float, sigma: float) -> float:
-    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
-    dx, dy = (c - query[1]).flatten().double(), (r - query[0]).flatten().double()  # δ = key − query
-    scores = alpha * (2 * offset[0] * dx + 2 * offset[1] * dy - dx**2 - dy**2)  # Eq. 5: v_pos · r_δ
-    tap = (query[0] + int(offset[1])) * cols + query[1] + int(offset[0])
-    return sigma * scores.softmax(0)[tap].item() + (1 - sigma) / (rows * cols)  # Eq. 7, content uniform
-
-
 # %%
-# your answer: def tap_share(rows, cols, query, offset, alpha, sigma): ...
+tap_share = ...  # your answer: def tap_share(rows, cols, query, offset, alpha, sigma): ...
 
 # %%
 def check_tap_share(fn) -> None:
@@ -479,7 +476,18 @@ def check_tap_share(fn) -> None:
                              f"{want:.4f}: Eq. 7 mixes σ·positional with (1 − σ)·content, content 1/L per key")
 
 
-check_tap_share(tap_share)
-share, positional = (tap_share(14, 14, (7, 7), (0, 0), 1.0, s) for s in (torch.sigmoid(torch.tensor(1.0)).item(), 1.0))
-print(f"the query's own tap at init: {share:.2f} of its head's attention, about a quarter (softmax: {positional:.2f})")
-print(expect_error(lambda: check_tap_share(lambda *args: tap_share(*args[:-1], 1.0)), WrongAnswer))
+grade("tap_share", tap_share, check_tap_share)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(tap_share):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def tap_share(rows: int, cols: int, query: tuple[int, int], offset: tuple, alpha: float, sigma: float) -> float:
+        r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+        dx, dy = (c - query[1]).flatten().double(), (r - query[0]).flatten().double()  # δ = key − query
+        scores = alpha * (2 * offset[0] * dx + 2 * offset[1] * dy - dx**2 - dy**2)  # Eq. 5: v_pos · r_δ
+        tap = (query[0] + int(offset[1])) * cols + query[1] + int(offset[0])
+        return sigma * scores.softmax(0)[tap].item() + (1 - sigma) / (rows * cols)  # Eq. 7, content uniform
+
+    grade("tap_share", tap_share, check_tap_share)
+    share, positional = (tap_share(14, 14, (7, 7), (0, 0), 1.0, s) for s in (torch.sigmoid(torch.tensor(1.0)).item(), 1.0))
+    print(f"the query's own tap at init: {share:.2f} of its head's attention, about a quarter (softmax: {positional:.2f})")
+    print(expect_error(lambda: check_tap_share(lambda *args: tap_share(*args[:-1], 1.0)), WrongAnswer))

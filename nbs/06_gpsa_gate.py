@@ -102,15 +102,13 @@ print("share of the attention on the 4 patches around query + Δ_h, per σ:", sh
 # **1. Any σ from the two ends.** Write `mixed_at(sigma, content, position)`: a head's gated attention at gate
 # σ, from its content map (σ = 0) and its positional map (σ = 1), by Eq. 7 — no layer involved.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def mixed_at(sigma: float, content: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    return (1 - sigma) * content + sigma * position
-
+# %%
+mixed_at = ...  # your answer: def mixed_at(sigma, content, position): ...
 
 # %%
-# your answer: def mixed_at(sigma, content, position): ...
+from convit_edu.checks import grade, reveal
 
-# %%
+
 def check_mixed_at(fn) -> None:
     for sigma in (0.27, 0.5, 0.73):
         got = fn(sigma, mixed[0.0], mixed[1.0])
@@ -119,23 +117,24 @@ def check_mixed_at(fn) -> None:
                      "1 − σ".format((got - mixed[sigma]).abs().max().item()))
 
 
-check_mixed_at(mixed_at)
+grade("mixed_at", mixed_at, check_mixed_at)
 print("every σ's map is the two end maps mixed by Eq. 7, to 1e-6")
 print(expect_error(lambda: check_mixed_at(lambda s, c, p: s * c + (1 - s) * p), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(mixed_at):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def mixed_at(sigma: float, content: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        return (1 - sigma) * content + sigma * position
+
+    grade("mixed_at", mixed_at, check_mixed_at)
 
 # %% [markdown]
 # **2. The gate at which a head is half convolutional.** Write `sigma_for_share(target, content, position, bump)`:
 # the σ at which the head puts the share `target` of its attention on the keys `bump` (a list of key indices),
 # from the two end maps. The check runs the layer at your σ and measures the share.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def sigma_for_share(target: float, content: torch.Tensor, position: torch.Tensor, bump: list[int]) -> float:
-    low, high = content[bump].sum().item(), position[bump].sum().item()  # the share at σ = 0 and at σ = 1
-    return (target - low) / (high - low)  # the share is linear in σ
-
-
 # %%
-# your answer: def sigma_for_share(target, content, position, bump): ...
+sigma_for_share = ...  # your answer: def sigma_for_share(target, content, position, bump): ...
 
 # %%
 def check_sigma_for_share(fn) -> None:
@@ -148,7 +147,15 @@ def check_sigma_for_share(fn) -> None:
                      "share is (1 − σ)·(content's share) + σ·(position's share); solve that for σ")
 
 
-check_sigma_for_share(sigma_for_share)
-half = sigma_for_share(0.5, mixed[0.0], mixed[1.0], bump)
-print(f"half the attention on the bump at σ = {half:.3f} (λ = {math.log(half / (1 - half)):.2f}); at init σ = 0.731")
+grade("sigma_for_share", sigma_for_share, check_sigma_for_share)
 print(expect_error(lambda: check_sigma_for_share(lambda target, *maps: target), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(sigma_for_share):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def sigma_for_share(target: float, content: torch.Tensor, position: torch.Tensor, bump: list[int]) -> float:
+        low, high = content[bump].sum().item(), position[bump].sum().item()  # the share at σ = 0 and at σ = 1
+        return (target - low) / (high - low)  # the share is linear in σ
+
+    grade("sigma_for_share", sigma_for_share, check_sigma_for_share)
+    half = sigma_for_share(0.5, mixed[0.0], mixed[1.0], bump)
+    print(f"half the attention on the bump at σ = {half:.3f} (λ = {math.log(half / (1 - half)):.2f}); at init σ = 0.731")

@@ -36,6 +36,7 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # gated_attention.
 
 # %%
+import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
@@ -294,6 +295,12 @@ assert rel_err(kron, fast.positional_softmax((7, 12))) <= 1e-6
 rows, cols = 14, 14
 print(f"P·V per channel on a {rows}x{cols} grid: {(rows * cols) ** 2} multiply-adds as one matrix, "
       f"{rows * cols * (rows + cols)} as two factors ({(rows * cols) ** 2 / (rows * cols * (rows + cols)):.0f}x fewer)")
+i, j = 3, 5  # a query on the 7 x 12 grid: its row of P is the outer product of two rows of the factors
+fig, axes = plt.subplots(1, 3, figsize=(9, 2.2), dpi=80, gridspec_kw={"width_ratios": [1, 12, 12]})
+for ax, image, title in zip(axes, (py[0, i][:, None], px[0, j][None], kron[0, i * 12 + j].reshape(7, 12)),
+                            (f"Py[{i}]", f"Px[{j}]", f"P's row for query ({i}, {j}) = Py[{i}] ⊗ Px[{j}]")):
+    ax.imshow(image.detach(), cmap="viridis"), ax.set_title(title, fontsize=9), ax.set_xticks([]), ax.set_yticks([])
+plt.show()
 
 with torch.no_grad():
     ref.gating_param.copy_(torch.tensor([-12.0, -6.0, 6.0, 12.0]))
@@ -308,19 +315,17 @@ print("gates at ±12: fp32 equals the reference to 1e-5; fp16 autocast (the lerp
 
 # %% [markdown]
 # The gate's two ends are the two pure forms: σ = 1 leaves only the positional attention P·V (a
-# convolution-like layer), σ = 0 only content attention — exactly chapter 01's self-attention with the same
-# projections.
+# convolution-like layer), σ = 0 only content attention. Forced to each end (`gate_override`), the fast layer —
+# P as two factors, content through SDPA — against the reference forced to the same end, which materialises both
+# softmaxes and mixes them.
 
 # %%
-q, k, v = fast._projections(x.detach())
 with torch.no_grad():
-    fast.gate_override = 1.0
-    P = fast.positional_scores((7, 12)).softmax(-1)
-    torch.testing.assert_close(fast(x.detach(), (7, 12)), fast._output(P @ v))
-    fast.gate_override = 0.0
-    torch.testing.assert_close(fast(x.detach(), (7, 12)), fast._output(F.scaled_dot_product_attention(q, k, v)))
-    fast.gate_override = None
-print("sigma = 1: pure positional attention; sigma = 0: pure content attention")
+    for sigma in (1.0, 0.0):
+        fast.gate_override = ref.gate_override = sigma
+        torch.testing.assert_close(fast(x.detach(), (7, 12)), ref(x.detach(), (7, 12)), rtol=1e-5, atol=1e-5)
+    fast.gate_override = ref.gate_override = None
+print("sigma = 1: the reference's pure positional attention; sigma = 0: its pure content attention")
 
 # %% [markdown]
 # ## Speed and memory
@@ -336,16 +341,13 @@ print("sigma = 1: pure positional attention; sigma = 0: pure content attention")
 # (N_h, L, L, the same for every image) and the gates `sigma` (N_h,), return Eq. 7's output per head,
 # (1 − σ)·content + σ·(P·V), as (B, N_h, L, d) — without making a copy of P per image.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def mix(content: torch.Tensor, pos_attn: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    position = torch.einsum("hqk,bhkd->bhqd", pos_attn, v)  # P is shared by the batch
-    return torch.lerp(content, position, sigma.view(-1, 1, 1))
-
+# %%
+mix = ...  # your answer: def mix(content, pos_attn, v, sigma): ...
 
 # %%
-# your answer: def mix(content, pos_attn, v, sigma): ...
+from convit_edu.checks import grade, reveal
 
-# %%
+
 def check_mix(fn) -> None:
     torch.manual_seed(5)
     ref = GPSAReference(32, 4).eval()
@@ -361,8 +363,16 @@ def check_mix(fn) -> None:
                  "content part; P·V multiplies over the key axis of P and the token axis of V")
 
 
-check_mix(mix)
+grade("mix", mix, check_mix)
 print(expect_error(lambda: check_mix(lambda c, p, v, s: torch.lerp(c, p @ v, 1 - s.view(-1, 1, 1))), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(mix):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def mix(content: torch.Tensor, pos_attn: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        position = torch.einsum("hqk,bhkd->bhqd", pos_attn, v)  # P is shared by the batch
+        return torch.lerp(content, position, sigma.view(-1, 1, 1))
+
+    grade("mix", mix, check_mix)
 
 # %% [markdown]
 # **2. PSA through SDPA.** Write `psa_attend(q, k, v, scores)`: Eq. 4's attention output per head,
@@ -370,13 +380,8 @@ print(expect_error(lambda: check_mix(lambda c, p, v, s: torch.lerp(c, p @ v, 1 -
 # `pos_proj` computes them from `rel_indices`, (L, L, N_h): one call of `F.scaled_dot_product_attention`, whose
 # float `attn_mask` is *added* to the scaled content scores and broadcast over any dimension of size 1.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def psa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=scores.permute(2, 0, 1))  # (N_h, L, L): one per head
-
-
 # %%
-# your answer: def psa_attend(q, k, v, scores): ...
+psa_attend = ...  # your answer: def psa_attend(q, k, v, scores): ...
 
 # %%
 from convit_edu.positional import rel_indices
@@ -399,10 +404,17 @@ def check_psa_attend(fn) -> None:
     check_answer(torch.allclose(got, want, atol=1e-5), "with a PSA layer's own scores, your output is not its forward")
 
 
-check_psa_attend(psa_attend)
-print("psa_attend equals softmax(QKᵀ/√d + scores)·V, and PSA's forward")
-print(expect_error(lambda: check_psa_attend(lambda q, k, v, s: psa_attend(q, k, v, s / q.shape[-1] ** 0.5)),
-                   WrongAnswer))
+grade("psa_attend", psa_attend, check_psa_attend)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(psa_attend):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def psa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=scores.permute(2, 0, 1))  # (N_h, L, L): one per head
+
+    grade("psa_attend", psa_attend, check_psa_attend)
+    print("psa_attend equals softmax(QKᵀ/√d + scores)·V, and PSA's forward")
+    print(expect_error(lambda: check_psa_attend(lambda q, k, v, s: psa_attend(q, k, v, s / q.shape[-1] ** 0.5)),
+                       WrongAnswer))
 
 # %% [markdown]
 # **3. P as two factors.** Write `apply_factors(py, px, v)`: P·V for every image and head, where
@@ -410,14 +422,8 @@ print(expect_error(lambda: check_psa_attend(lambda q, k, v, s: psa_attend(q, k, 
 # tokens row-major — without building the (L, L) matrix. Hint: view each head's values as (H, W, d); P^x mixes
 # along W, P^y along H.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def apply_factors(py: torch.Tensor, px: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    grid = v.unflatten(2, (py.shape[-1], px.shape[-1]))  # (B, N_h, H, W, d)
-    return torch.einsum("hik,hjl,bhkld->bhijd", py, px, grid).flatten(2, 3)
-
-
 # %%
-# your answer: def apply_factors(py, px, v): ...
+apply_factors = ...  # your answer: def apply_factors(py, px, v): ...
 
 # %%
 def check_apply_factors(fn) -> None:
@@ -435,7 +441,15 @@ def check_apply_factors(fn) -> None:
                  "row k), P^x the columns, each head with its own factors")
 
 
-check_apply_factors(apply_factors)
-print("apply_factors equals P @ V on a 3 x 5 grid")
-print(expect_error(lambda: check_apply_factors(lambda py, px, v: apply_factors(torch.eye(3).expand_as(py), px, v)),
-                   WrongAnswer))  # the rows not mixed
+grade("apply_factors", apply_factors, check_apply_factors)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(apply_factors):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def apply_factors(py: torch.Tensor, px: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        grid = v.unflatten(2, (py.shape[-1], px.shape[-1]))  # (B, N_h, H, W, d)
+        return torch.einsum("hik,hjl,bhkld->bhijd", py, px, grid).flatten(2, 3)
+
+    grade("apply_factors", apply_factors, check_apply_factors)
+    print("apply_factors equals P @ V on a 3 x 5 grid")
+    print(expect_error(lambda: check_apply_factors(lambda py, px, v: apply_factors(torch.eye(3).expand_as(py), px, v)),
+                       WrongAnswer))  # the rows not mixed

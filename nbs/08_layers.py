@@ -280,7 +280,8 @@ def draw_block(block: Block) -> list[str]:
 
 
 order = draw_block(gpsa_block)
-assert set(order) <= set(dict(gpsa_block.named_children())) and type(gpsa_block.attn).__name__ == "GPSA"
+children = [name for name, _ in gpsa_block.named_children() if name != "drop_path"]  # as the module registers them
+assert order == children and type(gpsa_block.attn).__name__ == "GPSA", (order, children)
 plt.show()
 
 # %% [markdown]
@@ -338,20 +339,17 @@ assert torch.all(new_rows.diff(dim=0) >= 0) and torch.allclose(new_rows, new_row
 # %% [markdown]
 # ## Exercises
 #
-# How they work (chapter 00): a collapsed `solution` cell, a cell for your answer that replaces it, a check.
+# How they work (chapter 00): replace the placeholder `...` in the answer cell, then run the check below it.
 #
 # **1. Patches of a wide image.** A 96 × 160 image (height × width) goes through a patch embedding with 16-px
 # patches. Without running it, set `grid` to the (rows, columns) of its patch grid and `num_tokens` to the
 # number of tokens the first block sees.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-grid, num_tokens = (96 // 16, 160 // 16), (96 // 16) * (160 // 16)  # (6, 10): 60 tokens, row-major
+# %%
+grid, num_tokens = ..., ...  # your answer: grid, num_tokens = (..., ...), ...
 
 # %%
-# your answer: grid, num_tokens = (..., ...), ...
-
-# %%
-from convit_edu.checks import WrongAnswer, check_answer
+from convit_edu.checks import WrongAnswer, check_answer, grade, reveal
 
 
 def check_patches(grid: tuple[int, int], num_tokens: int) -> None:
@@ -361,23 +359,21 @@ def check_patches(grid: tuple[int, int], num_tokens: int) -> None:
     check_answer(num_tokens == tokens.shape[1], "one token per patch of the grid")
 
 
-check_patches(grid, num_tokens)
+grade("grid, num_tokens", (grid, num_tokens), lambda answer: check_patches(*answer))
 print(expect_error(lambda: check_patches((10, 6), 60), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(grid, num_tokens):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    grid, num_tokens = (96 // 16, 160 // 16), (96 // 16) * (160 // 16)  # (6, 10): 60 tokens, row-major
+    grade("grid, num_tokens", (grid, num_tokens), lambda answer: check_patches(*answer))
 
 # %% [markdown]
 # **2. One DeiT-Ti block, parameter by parameter.** A block of DeiT-Ti: width D = 192, 3 heads, MLP ratio 4,
 # `MHSA` with qkv bias. Count its parameters by hand — the two LayerNorms, the qkv and output projections, the
 # MLP's two linear maps — and set `block_params`.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-D = 192
-block_params = (2 * 2 * D  # two LayerNorms, a weight and a bias each
-                + 3 * D * D + 3 * D + D * D + D  # qkv (with bias) and the output projection
-                + D * 4 * D + 4 * D + 4 * D * D + D)  # fc1 and fc2: 12 D² + 13 D in all
-print(f"block_params = {block_params:,}")
-
 # %%
-# your answer: block_params = ...
+block_params = ...  # your answer: block_params = ...
 
 # %%
 def check_block_params(answer: int) -> None:
@@ -386,5 +382,49 @@ def check_block_params(answer: int) -> None:
                  "(the qkv one too, in DeiT), and each LayerNorm has a weight and a bias of width D")
 
 
-check_block_params(block_params)
+grade("block_params", block_params, check_block_params)
 print(expect_error(lambda: check_block_params(12 * 192 * 192), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(block_params):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    D = 192
+    block_params = (2 * 2 * D  # two LayerNorms, a weight and a bias each
+                    + 3 * D * D + 3 * D + D * D + D  # qkv (with bias) and the output projection
+                    + D * 4 * D + 4 * D + 4 * D * D + D)  # fc1 and fc2: 12 D² + 13 D in all
+    print(f"block_params = {block_params:,}")
+    grade("block_params", block_params, check_block_params)
+
+# %% [markdown]
+# **3. The block, yours.** Write `my_block(block, x, grid)`: the output of the pre-norm block `block` (in eval mode,
+# so stochastic depth is off) on tokens `x`, from its parts — `block.norm1`, `block.attn`, `block.norm2`,
+# `block.mlp` — with the two residual branches of the picture at the top. A GPSA block's attention takes the
+# patch grid, `block.attn(h, grid_size=grid)`; an MHSA block's takes the tokens alone (`block.is_positional` says
+# which).
+
+# %%
+my_block = ...  # your answer: def my_block(block, x, grid): ...
+
+# %%
+def check_my_block(fn) -> None:
+    torch.manual_seed(0)
+    for attention, tokens in (("gpsa", 16), ("mhsa", 17)):  # a GPSA block on a 4 x 4 grid; MHSA with a class token
+        block = Block(48, 4, attention=attention, drop_path=0.5).eval()
+        x = torch.randn(2, tokens, 48)
+        with torch.no_grad():
+            error = (fn(block, x, (4, 4)) - block(x, (4, 4))).abs().max().item()
+        check_answer(error < 1e-5, f"{attention.upper()} block: off by up to {error:.2f}: each branch "
+                     "normalises its input first and adds its output to the stream: x + attn(norm1(x)), then "
+                     "that + mlp(norm2(that))")
+
+
+grade("my_block", my_block, check_my_block)
+print(expect_error(lambda: check_my_block(lambda b, x, g: b.norm2(b.mlp(b.norm1(x)))), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(my_block):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def my_block(block: Block, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        h = block.norm1(x)
+        x = x + (block.attn(h, grid_size=grid) if block.is_positional else block.attn(h))
+        return x + block.mlp(block.norm2(x))
+
+    grade("my_block", my_block, check_my_block)

@@ -216,12 +216,9 @@ print(expect_error(lambda: ModelConfig(embed_dim=200, num_heads=3)))
 # `VisionTransformer` follows the picture at the top, with the names of the official checkpoints
 # (`patch_embed.proj`, `pos_embed`, `cls_token`, `blocks.i.{norm1, attn, norm2, mlp.fc1, mlp.fc2}`, `norm`,
 # `head`). Initialization is DeiT's (normal, std 0.02, zero biases), except for the positional layers, which
-# initialized themselves (chapter 05: the same normal init, then Eq. 5): Eq. 5 is applied once per layer, in
-# one place (the official `convit.py` applies `local_init` once per GPSA layer and afterwards re-initialises only
-# the head; it is timm's port that applies Eq. 5, overwrites it with the global init, and applies it again).
-# `forward_features` can also return a `ForwardRecord` of every block's attention and input, for chapters
-# 33-34; `distilled=True` adds DeiT's distillation token and head; `mask_pos_embed` drops the absolute
-# positional embedding at test time (SM F, Table 5).
+# initialized themselves (chapter 05: the same normal init, then Eq. 5, once per layer). `forward_features` can
+# also return a `ForwardRecord` of every block's attention and input, for chapters 33-34; `distilled=True` adds
+# DeiT's distillation token and head; `mask_pos_embed` drops the absolute positional embedding (SM F, Table 5).
 
 # %%
 #| export
@@ -438,59 +435,66 @@ plt.show()
 # %% [markdown]
 # ## Exercises
 #
-# How they work (chapter 00): a collapsed `solution` cell, a cell for your answer that replaces it, a check.
-#
-# **1. Where the class token joins.** In a ConViT-Ti at 224 px (10 GPSA blocks, then 2 SA blocks), how many
-# tokens does the attention of block 1 see, and of block 12? Set `tokens_block_1, tokens_block_12` without
-# running the model.
+# **1. The forward pass, yours.** Write `my_forward(model, images)`: the logits of a ConViT `model` (eval mode, not
+# distilled) from its parts — `model.patch_embed` (it returns the tokens and the grid), `model.pos_embed`,
+# `model.cls_token`, `model.blocks` (each called as `block(tokens, grid)`), `model.norm`, `model.head` reading the
+# class token — which joins the patch tokens after the last GPSA block (`model.config.local_up_to_layer`).
+
+# %%
+my_forward = ...  # your answer: def my_forward(model, images): ...
+
+# %%
+from convit_edu.checks import WrongAnswer, check_answer, grade, reveal
+
+
+def check_my_forward(fn) -> None:
+    for gpsa_blocks in (2, 3):
+        torch.manual_seed(gpsa_blocks)
+        model = VisionTransformer(ModelConfig(img_size=32, patch_size=8, embed_dim=48, num_heads=4, depth=4,
+                                              local_up_to_layer=gpsa_blocks, num_classes=10)).eval()
+        images = torch.randn(2, 3, 32, 32)
+        with torch.no_grad():
+            got, want = fn(model, images), model(images)
+        check_answer(torch.allclose(got, want, atol=1e-5), f"with {gpsa_blocks} GPSA blocks your logits differ: they "
+                     "see the 16 patch tokens alone (pos_embed added), and the class token joins right after them")
+
+
+grade("my_forward", my_forward, check_my_forward)
+print(expect_error(lambda: check_my_forward(lambda m, x: m.head(m.norm(m.patch_embed(x)[0]).mean(1))), WrongAnswer))
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-tokens_block_1, tokens_block_12 = 196, 197  # 14 × 14 patches; the class token joins after the last GPSA block
+if reveal(my_forward):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def my_forward(model: VisionTransformer, images: torch.Tensor) -> torch.Tensor:
+        tokens, grid = model.patch_embed(images)
+        tokens = tokens + model.pos_embed  # (B, L, D): no slot for the class token
+        cls = model.cls_token.expand(tokens.shape[0], -1, -1)
+        for i, block in enumerate(model.blocks):
+            if i == model.config.local_up_to_layer:  # after the last GPSA block
+                tokens = torch.cat([cls, tokens], dim=1)
+            tokens = block(tokens, grid)
+        return model.head(model.norm(tokens)[:, 0])
 
-# %%
-# your answer: tokens_block_1, tokens_block_12 = ..., ...
-
-# %%
-from convit_edu.checks import WrongAnswer, check_answer
-
-
-def check_tokens(answer: tuple[int, int]) -> None:
-    convit_ti = VisionTransformer(ModelConfig(embed_dim=192, num_heads=4, depth=12, local_up_to_layer=10)).eval()
-    with torch.no_grad():
-        record = convit_ti.forward_features(torch.zeros(1, 3, 224, 224), return_attention=True)
-    want = (record.attentions[0].shape[-1], record.attentions[-1].shape[-1])
-    check_answer(answer[0] == want[0], "block 1 sees the patches of a 224-px image cut into 16-px patches — and "
-                 "is there a class token yet?")
-    check_answer(answer[1] == want[1], "by block 12 something has joined the patches")
-
-
-check_tokens((tokens_block_1, tokens_block_12))
-print(expect_error(lambda: check_tokens((197, 197)), WrongAnswer))
+    grade("my_forward", my_forward, check_my_forward)
 
 # %% [markdown]
-# **2. Stochastic depth in numbers.** ConViT-Ti trains with the DeiT recipe's `drop_path_rate = 0.1`. On
-# average, how many of its 24 residual branches (an attention and an MLP branch in each of 12 blocks) does one
-# training sample skip in a forward pass? Set `expected_skipped`.
-
-# %% tags=["solution"] jupyter={"source_hidden": true}
-drop_probs = [0.1 * i / 11 for i in range(12)]  # linear in depth: 0 in the first block, 0.1 in the last
-expected_skipped = 2 * sum(drop_probs)  # both branches of a block skip with its probability: 24 × mean 0.05
-print(f"expected_skipped = {expected_skipped:.2f} branches")
+# **2. Stochastic depth in numbers.** ConViT-Ti trains with `drop_path_rate = 0.1`. On average, how many of its 24
+# residual branches (attention and MLP, in 12 blocks) does one sample skip in a forward pass? Set `expected_skipped`.
 
 # %%
-# your answer: expected_skipped = ...
+expected_skipped = ...  # your answer: expected_skipped = ...
 
 # %%
-import math
-
-
 def check_expected_skipped(answer: float) -> None:
     convit_ti = VisionTransformer(ModelConfig(embed_dim=192, num_heads=4, img_size=32, drop_path_rate=0.1))
     want = sum(2 * block.drop_path.p for block in convit_ti.blocks)  # one DropPath per block, on both branches
-    check_answer(math.isclose(answer, want, rel_tol=1e-6), f"{'too high' if answer > want else 'too low'}: the drop "
-                 "probability rises linearly from 0 in the first block to 0.1 in the last, and it applies to each "
-                 "of a block's two residual branches")
+    check_answer(abs(answer - want) < 1e-6 * want, f"{'too high' if answer > want else 'too low'}: the rate rises "
+                 "linearly from 0 in the first block to 0.1 in the last, and applies to both of a block's branches")
 
 
-check_expected_skipped(expected_skipped)
+grade("expected_skipped", expected_skipped, check_expected_skipped)
 print(expect_error(lambda: check_expected_skipped(0.6), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(expected_skipped):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    expected_skipped = 2 * sum(0.1 * i / 11 for i in range(12))  # 0 to 0.1, linear in depth; two branches a block
+    grade("expected_skipped", expected_skipped, check_expected_skipped)

@@ -16,9 +16,9 @@
 # %% [markdown]
 # # The model zoo: Table 1 by name, counted, at any resolution
 #
-# Chapter 09 built a `VisionTransformer` from a `ModelConfig`. We name Table 1's twelve models (ConViT and DeiT,
-# Ti/S/B and "+"), check their parameters and multiply-accumulates against its Size and Flops, run them at any
-# resolution, and add switches for the ablations (Table 3, App. A) and test-time masking (Tables 5-6).
+# Chapter 09 built a `VisionTransformer` from a `ModelConfig`. We name Table 1's twelve models (ConViT and DeiT, Ti/S/B
+# and "+"), check their parameters and multiply-accumulates against its Size and Flops, run them at any resolution,
+# and add switches for the ablations (Table 3, App. A) and test-time masking (Tables 5-6).
 
 # %% tags=["parameters"]
 import os
@@ -39,6 +39,7 @@ from convit_edu.checks import one_of
 from convit_edu.models import ModelConfig, VisionTransformer, config_fields
 
 # %%
+import matplotlib.pyplot as plt
 import torch
 
 from convit_edu.checks import WrongAnswer, check_answer, expect_error
@@ -280,14 +281,23 @@ assert [round(x / 1e9, 2) for x in (small.total(False), small.total(), m["convit
 assert not matches_printed(small.linear / 1e9, "5.4G") and not matches_printed(deit_small.linear / 1e9, "4.3G")
 assert round(100 * (1 - small.total(False) / small.total())) == 7  # the attention matmuls: about 7 % of the work
 assert round((tiny.linear + tiny.norm) / tiny.attention) == 6  # ConViT-Ti's: about a sixth of the rest
+fig, ax = plt.subplots(figsize=(5, 3), dpi=80)
+for arch, style in (("ConViT", dict(s=90, facecolors="none", edgecolors="tab:blue")), ("DeiT", dict(s=12, c="k"))):
+    names = [(size, f"{arch.lower()}_{SIZES[size]}") for size, a, *_ in TABLE_1 if a == arch]
+    points = [(count_params(MODEL_ZOO[n]) / 1e6, m[n].total(False) / 1e9) for _, n in names]
+    ax.scatter(*zip(*points), label=arch, **style)
+    for (size, _), point in zip(names, points):
+        ax.annotate(size, point, fontsize=7, xytext=(3, -8 if arch == "DeiT" else 3), textcoords="offset points")
+ax.set(xscale="log", yscale="log", xlabel="parameters (M)", ylabel="GMACs per image", title="Table 1, at 224 px")
+ax.legend(), plt.show()
 
 # %% [markdown]
 # "GMACs" is our count without the attention matmuls, "+attn" with them, "linear" without the LayerNorms. Every Flops
-# entry matches but one: the ConViT-S+'s 9.48 GMACs are printed "10G", the value of its DeiT-S+ partner (9.51 G),
-# undercut a little by GPSA layers whose 196 patch tokens carry no class token. The LayerNorms matter for the
-# rounding: the linear layers alone give 5.35 G and 4.24 G for ConViT-S and DeiT-S, which would print as 5.3G and
-# 4.2G, so the paper's counter included them. With the attention matmuls ConViT-S costs 5.76 GMACs instead of 5.36:
-# the column leaves out about 7% of the work at 224 px, and more at higher resolution (exercise 2).
+# entry matches but one: the ConViT-S+'s 9.48 GMACs are printed "10G", its DeiT-S+ partner's value (9.51 G). The
+# LayerNorms matter for the rounding: the linear layers alone give 5.35 G and 4.24 G for ConViT-S and DeiT-S (5.3G
+# and 4.2G), so the paper's counter included them. With the attention matmuls ConViT-S costs 5.76 GMACs, not 5.36:
+# the column leaves out about 7% of the work at 224 px, more at higher resolution (exercise 2). In the figure each
+# ConViT sits at its DeiT's size but for the S models (a ConViT-S is wider: 432 against 384).
 #
 # A profiler's FLOP counter sees less than this count on our layers; chapter 31 says why.
 
@@ -295,10 +305,9 @@ assert round((tiny.linear + tiny.norm) / tiny.attention) == 6  # ConViT-Ti's: ab
 # ## Other resolutions and aspect ratios
 #
 # A model built for 224 px runs on any image whose sides are multiples of the patch size: `PatchEmbed` returns the
-# grid, GPSA layers compute their positional attention on it (H×W, not only square), and `pos_embed` is
-# interpolated. To *train*
-# at another size, build the model for it (`img_size=160`): `pos_embed` then has a slot per patch of that grid and
-# nothing is interpolated. CIFAR-100 works either way: upsampled to 224, or at 32 px with patch size 4 (an 8×8 grid).
+# grid, GPSA layers compute their positional attention on it (H×W, not only square), and `pos_embed` is interpolated.
+# To *train* at another size, build the model for it (`img_size=160`): `pos_embed` then has a slot per patch of that
+# grid. CIFAR-100 works either way: upsampled to 224, or at 32 px with patch size 4 (an 8×8 grid).
 
 # %%
 torch.manual_seed(0)
@@ -319,8 +328,7 @@ print(expect_error(lambda: convit_ti(torch.randn(1, 3, 225, 224))))
 # %% [markdown]
 # ## Switches for the ablations
 #
-# The paper's ablations change one ingredient at a time. Each is a config field (set at construction) or, for
-# the test-time experiments of SM F, the context manager `mask_at_test_time`:
+# The paper's ablations change one ingredient at a time: a config field, or `mask_at_test_time` for SM F's tests:
 #
 # | experiment | switch |
 # |---|---|
@@ -420,48 +428,50 @@ print("masked positional embedding = a zero pos_embed; the logits move by more t
 # %% [markdown]
 # ## Exercises
 #
-# How they work (chapter 00): a collapsed `solution` cell, a cell for your answer that replaces it, a check.
-#
-# **1. ConViT-Ti against DeiT-Ti, parameter by parameter.** The two have the same width, depth and MLPs. Predict
-# `difference` = (parameters of `convit_tiny`) − (parameters of `deit_tiny`) from what differs: the GPSA
-# layers' extra parameters (chapter 05), the attention biases (the official ConViT has no qkv bias, DeiT has),
-# and the positional embedding (who has a slot for the class token?).
+# **1. The attention's cost, counted by you.** Write `attention_macs(config)`: the multiply-accumulates of the
+# attention matmuls of one image through the model `config` describes — in each block, Q·Kᵀ and A·V over the tokens
+# that block attends over (L·L·D each, heads together). Mind which blocks see the class token. The check compares
+# with `count_macs(config).attention` for ConViT and DeiT models at two resolutions.
+
+# %%
+attention_macs = ...  # your answer: def attention_macs(config): ...
+
+# %%
+from convit_edu.checks import grade, reveal
+
+
+def check_attention_macs(fn) -> None:
+    for name in ("convit_tiny", "deit_tiny", "convit_small"):
+        for side in (224, 160):
+            cfg = model_config(name, img_size=side)
+            want = count_macs(cfg).attention
+            check_answer(fn(cfg) == want, f"{name} at {side} px: {fn(cfg):,} where the count is {want:,}: a GPSA "
+                         "block attends over the patches alone, an SA block over the patches and the class token "
+                         "(and DeiT's blocks all see it)")
+
+
+grade("attention_macs", attention_macs, check_attention_macs)
+print(expect_error(lambda: check_attention_macs(lambda c: c.depth * 2 * (c.num_patches + 1) ** 2 * c.embed_dim),
+                   WrongAnswer))  # every block with the class token
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-D, heads, gpsa_layers, depth, patches = 192, 4, 10, 12, 196
-difference = (gpsa_layers * (3 * heads + heads + heads)  # v_pos weights and biases, λ, per GPSA layer
-              - depth * 3 * D  # DeiT's qkv biases
-              - D)  # DeiT's positional embedding also covers the class token: 197 × D against 196 × D
+if reveal(attention_macs):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def attention_macs(config: ModelConfig) -> int:
+        patches, total = config.num_patches, 0
+        for block in range(config.depth):
+            tokens = patches if block < config.local_up_to_layer else patches + config.num_prefix_tokens
+            total += 2 * tokens * tokens * config.embed_dim  # Q·Kᵀ and A·V, all heads together
+        return total
 
-# %%
-# your answer: difference = ...
-
-# %%
-def check_difference(answer: int) -> None:
-    want = count_params(model_config("convit_tiny")) - count_params(model_config("deit_tiny"))
-    check_answer(answer == want, f"not quite: {'too high' if answer > want else 'too low'}. Per GPSA layer: "
-                 "pos_proj (3 -> N_h, with bias) and one λ per head; per DeiT block: the qkv bias (3·D); and "
-                 "one positional embedding slot of width D")
-
-
-check_difference(difference)
-print(f"ConViT-Ti has {-difference:,} parameters fewer than DeiT-Ti")
-print(expect_error(lambda: check_difference(gpsa_layers * 5 * heads), WrongAnswer))
+    grade("attention_macs", attention_macs, check_attention_macs)
 
 # %% [markdown]
-# **2. When attention dominates.** At 224 px the attention matmuls (`count_macs(...).attention`) of ConViT-Ti cost
-# about a sixth of everything else (`linear + norm`); they grow with L², the rest with L. Estimate first, from one
-# block (2·L²·D against 12·L·D² for projections and MLP), then find exactly the smallest square image side
-# `crossover_side` (a multiple of 16 px) at which they cost more than all the rest.
-
-# %% tags=["solution"] jupyter={"source_hidden": true}
-# per block, 2·L²·D > 12·L·D² when L > 6·D = 1152 tokens, a side of about 16·√1152 ≈ 543 px; the patch
-# embedding, the LayerNorms and the GPSA positional scores add to "everything else", so count from there
-crossover_side = next(side for side in range(16, 2048, 16)
-                      if (m := count_macs(model_config("convit_tiny"), side)).attention > m.linear + m.norm)
+# **2. When attention dominates.** At 224 px ConViT-Ti's attention matmuls cost about a sixth of everything else;
+# they grow with L², the rest with L. Estimate from one block (2·L²·D against 12·L·D²), then find exactly the smallest
+# square side `crossover_side` (a multiple of 16 px) at which `count_macs`' attention exceeds `linear + norm`.
 
 # %%
-# your answer: crossover_side = ...
+crossover_side = ...  # your answer: crossover_side = ...
 
 # %%
 def check_crossover_side(answer: int) -> None:
@@ -477,6 +487,14 @@ def check_crossover_side(answer: int) -> None:
                  "go lower")
 
 
-check_crossover_side(crossover_side)
-print(f"from {crossover_side} px ({(crossover_side // 16) ** 2} patches) on, attention takes most of ConViT-Ti's MACs")
+grade("crossover_side", crossover_side, check_crossover_side)
 print(expect_error(lambda: check_crossover_side(544), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(crossover_side):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    # one block: 2·L²·D > 12·L·D² when L > 6·D = 1152 (≈ 543 px); norms and positional scores add to the rest
+    crossover_side = next(side for side in range(16, 2048, 16)
+                          if (c := count_macs(model_config("convit_tiny"), side)).attention > c.linear + c.norm)
+    grade("crossover_side", crossover_side, check_crossover_side)
+    print(f"from {crossover_side} px ({(crossover_side // 16) ** 2} patches) on, attention takes most of "
+          "ConViT-Ti's MACs")

@@ -67,7 +67,7 @@ torch.set_num_threads(1)  # see "Measuring honestly" below
 # injectable timer, so the tests check the order and the medians without timing anything. On a GPU, which works
 # asynchronously, the clock must first wait for the queued work: `device_timer`'s does.
 #
-# A fourth habit is this machine's: 2 cores and, while this chapter was written, about ten runnable processes.
+# A fourth habit is this machine's: 2 cores, often shared with about ten runnable processes.
 # PyTorch's two intra-op threads then wait for each other at every operator when one is descheduled; with **one
 # thread** the same GPSA layer ran about 4× faster, with less spread. So every measurement uses
 # `torch.set_num_threads(1)`, even the peak matmul the achieved fraction is taken against, and the JSON output records

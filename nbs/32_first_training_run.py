@@ -45,7 +45,7 @@ from IPython.display import display
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision import datasets as tv_datasets, transforms
 
-from convit_edu.checks import WrongAnswer, check_answer, expect_error
+from convit_edu.checks import WrongAnswer, check_answer, expect_error, grade, reveal
 from convit_edu.fit import deit_lr, fit
 from convit_edu.run_state import read_checkpoint
 from convit_edu.zoo import create_model, model_config
@@ -128,20 +128,16 @@ print(f"ConViT − DeiT: {counts['ConViT'] - counts['DeiT']:+,} parameters, of a
 # %% [markdown]
 # ## What a run writes
 #
-# Everything lands in the config's `output` folder: `run.json` (the config and what it became on this machine:
-# world size, batch sizes, the scaled learning rate, steps per epoch, device, precision, versions, command line),
-# `invocations.jsonl` (one line per start), `log.jsonl` (one JSON row per evaluated epoch) and `log.csv` (the same
-# rows), `last.pt` (the last epoch's checkpoint: enough to resume), `best.pt` (that epoch's `last.pt`, kept under a
-# second name whenever validation top-1 improved) and `curves.png`.
+# Everything lands in the config's `output` folder (chapter 27 describes each file): the config and what it became
+# on this machine (`run.json`), one row per evaluated epoch (`log.jsonl`, `log.csv`), the checkpoints `last.pt`
+# and `best.pt`, and `curves.png`.
 
 # %%
 out = {name: Path(cfg.output) for name, cfg in configs.items()}
 info = {name: json.loads((out[name] / "run.json").read_text()) for name in configs}
 rows = {name: [json.loads(line) for line in (out[name] / "log.jsonl").read_text().splitlines()] for name in configs}
 print(sorted(p.name for p in out["ConViT"].iterdir()))
-print("run.json:", list(info["ConViT"]))
 print("a log row:", list(rows["ConViT"][0]))
-print("log.csv:", (out["ConViT"] / "log.csv").read_text().splitlines()[0])
 
 # %% [markdown]
 # The records agree with the config, by arithmetic anyone can redo: ⌊0.5 × 500⌋ × 10 = 2 500 images, ⌊2500 / 64⌋
@@ -163,7 +159,6 @@ print(f"peak learning rate {info['ConViT']['scaled_lr']:.1e} = {convit_cfg.lr:.0
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-print("steps per epoch:", info["ConViT"]["steps_per_epoch"], "| rows:", len(rows["ConViT"]))
 for name in configs:
     print(name)
     for r in rows[name]:
@@ -296,12 +291,8 @@ assert round(fall, 3) == 0.024 and round(allowed, 2) == 0.18 and round(fall / al
 # run the recipe with `batch_size=32` and `accum_steps=4` (four micro-batches add their gradients before each
 # step); what peak rate does the optimiser reach with the ConViT's `lr`?
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-steps = (math.floor(convit_cfg.fraction * IMAGES_PER_CLASS) * CLASSES // convit_cfg.batch_size) * convit_cfg.epochs
-peak = convit_cfg.lr * 32 * 4 / 512  # the global batch is 32 × 4 = 128 images per optimiser step
-
 # %%
-# your answer: steps, peak = ..., ...
+steps, peak = ..., ...  # your answer: steps, peak = ..., ...
 
 # %%
 def check_steps(answer: int) -> None:
@@ -320,11 +311,16 @@ def check_peak(answer: float) -> None:
                  "batch, against DeiT's 512")
 
 
-check_steps(steps)
-check_peak(peak)
+grade("steps, peak", (steps, peak), lambda answer: (check_steps(answer[0]), check_peak(answer[1])))
 print(expect_error(lambda: check_steps(math.ceil(math.floor(convit_cfg.fraction * IMAGES_PER_CLASS) * CLASSES
                                                  / convit_cfg.batch_size) * convit_cfg.epochs), WrongAnswer))
 print(expect_error(lambda: check_peak(convit_cfg.lr * 32 / 512), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(steps, peak):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    steps = (math.floor(convit_cfg.fraction * IMAGES_PER_CLASS) * CLASSES // convit_cfg.batch_size) * convit_cfg.epochs
+    peak = convit_cfg.lr * 32 * 4 / 512  # the global batch is 32 × 4 = 128 images per optimiser step
+    grade("steps, peak", (steps, peak), lambda answer: (check_steps(answer[0]), check_peak(answer[1])))
 
 # %% [markdown]
 # **2. The schedule by hand.** Write `lr_at(step)`: the learning rate of the ConViT run after `step` optimiser
@@ -333,17 +329,8 @@ print(expect_error(lambda: check_peak(convit_cfg.lr * 32 / 512), WrongAnswer))
 # η = η_min + ½(η_peak − η_min)(1 + cos π·(t − t_w)/(T − t_w)). The check compares it with the package's
 # `deit_lr` at every step and with the rates in the run's log.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def lr_at(step: int) -> float:
-    cfg, per_epoch = convit_cfg, info["ConViT"]["steps_per_epoch"]
-    peak, total, warmup = info["ConViT"]["scaled_lr"], per_epoch * cfg.epochs, round(cfg.warmup_epochs * per_epoch)
-    if step < warmup:
-        return cfg.warmup_lr + (peak - cfg.warmup_lr) * step / warmup
-    return cfg.min_lr + 0.5 * (peak - cfg.min_lr) * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
-
-
 # %%
-# your answer: def lr_at(step): ...
+lr_at = ...  # your answer: def lr_at(step): ...
 
 # %%
 def check_lr_at(fn) -> None:
@@ -361,20 +348,28 @@ def check_lr_at(fn) -> None:
                  "do not match the log's")
 
 
-check_lr_at(lr_at)
+grade("lr_at", lr_at, check_lr_at)
 print(expect_error(lambda: check_lr_at(lambda t: convit_cfg.min_lr + 0.5 * (info["ConViT"]["scaled_lr"] - convit_cfg.min_lr)
                                       * (1 + math.cos(math.pi * t / rows["ConViT"][-1]["step"]))), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(lr_at):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def lr_at(step: int) -> float:
+        cfg, per_epoch = convit_cfg, info["ConViT"]["steps_per_epoch"]
+        peak, total, warmup = info["ConViT"]["scaled_lr"], per_epoch * cfg.epochs, round(cfg.warmup_epochs * per_epoch)
+        if step < warmup:
+            return cfg.warmup_lr + (peak - cfg.warmup_lr) * step / warmup
+        return cfg.min_lr + 0.5 * (peak - cfg.min_lr) * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+
+    grade("lr_at", lr_at, check_lr_at)
 
 # %% [markdown]
 # **3. What `best.pt` holds.** `best.pt` is an epoch's `last.pt`, kept after its evaluation whenever validation
 # top-1 is strictly higher than at every earlier epoch. From `log.jsonl`'s rows alone, which epoch's weights does the
 # ConViT's `best.pt` hold? Set `best_epoch` (from 1, as in the log); the check opens the checkpoint.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-best_epoch = max(rows["ConViT"], key=lambda r: r["val_top1"])["epoch"]  # max keeps the first of equal scores
-
 # %%
-# your answer: best_epoch = ...
+best_epoch = ...  # your answer: best_epoch = ...
 
 # %%
 def check_best_epoch(answer: int) -> None:
@@ -385,9 +380,14 @@ def check_best_epoch(answer: int) -> None:
                  "reached: a later tie does not rewrite best.pt")
 
 
-check_best_epoch(best_epoch)
+grade("best_epoch", best_epoch, check_best_epoch)
 print(expect_error(lambda: check_best_epoch(max(range(len(rows["ConViT"])), key=lambda i: rows["ConViT"][i]["val_top1"])),
                    WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(best_epoch):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    best_epoch = max(rows["ConViT"], key=lambda r: r["val_top1"])["epoch"]  # max keeps the first of equal scores
+    grade("best_epoch", best_epoch, check_best_epoch)
 
 # %% [markdown]
 # ## An experiment: how many GPSA layers? (Fig. 8a)
@@ -407,15 +407,8 @@ print(expect_error(lambda: check_best_epoch(max(range(len(rows["ConViT"])), key=
 SWEEP_SIZE, LAYERS = dict(img_size=32, patch_size=4, embed_dim=48, num_heads=4, depth=6), (0, 1, 3, 5)
 
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def gpsa_model(k: int) -> torch.nn.Module:
-    if k == 0:
-        return create_model("deit_tiny", **SWEEP_SIZE, num_classes=CLASSES)
-    return create_model("convit_tiny", **SWEEP_SIZE, num_classes=CLASSES, local_up_to_layer=k)
-
-
 # %%
-# your answer: def gpsa_model(k): ...
+gpsa_model = ...  # your answer: def gpsa_model(k): ...
 
 # %%
 def check_gpsa_model(fn) -> None:
@@ -429,9 +422,18 @@ def check_gpsa_model(fn) -> None:
                      "positional slot for the class token)" if k == 0 else "keep SWEEP_SIZE and num_classes=CLASSES")
 
 
-check_gpsa_model(gpsa_model)
+grade("gpsa_model", gpsa_model, check_gpsa_model)
 print(expect_error(lambda: check_gpsa_model(lambda k: create_model("convit_tiny", **SWEEP_SIZE, num_classes=CLASSES,
                                                                    local_up_to_layer=k)), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(gpsa_model):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def gpsa_model(k: int) -> torch.nn.Module:
+        if k == 0:
+            return create_model("deit_tiny", **SWEEP_SIZE, num_classes=CLASSES)
+        return create_model("convit_tiny", **SWEEP_SIZE, num_classes=CLASSES, local_up_to_layer=k)
+
+    grade("gpsa_model", gpsa_model, check_gpsa_model)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -447,13 +449,18 @@ def first_images(split: str, per_class: int) -> tuple[torch.Tensor, torch.Tensor
     return torch.stack([folder[i][0] for i in keep]), torch.tensor([folder.targets[i] for i in keep])
 
 
+def sweep_model(k: int) -> torch.nn.Module:  # exercise 4's model: k GPSA layers, the DeiT itself for k = 0
+    name, extra = ("deit_tiny", {}) if k == 0 else ("convit_tiny", {"local_up_to_layer": k})
+    return create_model(name, **SWEEP_SIZE, num_classes=CLASSES, **extra)
+
+
 torch.set_num_threads(1)  # models this small gain little from a second core, and lose much when it is busy
 train_xy, dev_xy = first_images("train", PER_CLASS), first_images("val", 10 if FAST else 50)
 sweep = {}
 for k in LAYERS:
     print(f"{k} GPSA layers")
     torch.manual_seed(0)
-    model = gpsa_model(k)
+    model = sweep_model(k)
     loader = DataLoader(TensorDataset(*train_xy), batch_size=BATCH, shuffle=True, drop_last=True,
                         generator=torch.Generator().manual_seed(0))
     history = fit(model, loader, DataLoader(TensorDataset(*dev_xy), batch_size=250), EPOCHS, lr=8e-3, warmup_epochs=1)

@@ -44,7 +44,7 @@ import torch
 from IPython.display import display
 
 from convit_edu.augment import build_transforms
-from convit_edu.checks import WrongAnswer, check_answer, expect_error
+from convit_edu.checks import WrongAnswer, check_answer, expect_error, grade, reveal
 from convit_edu.config import TrainConfig
 from convit_edu.conv_init import head_centres
 from convit_edu.checkpoints import load_weights
@@ -364,7 +364,6 @@ for name, cfg in configs.items():  # the committed weights, loaded as chapter 34
 for name, recs in records.items():
     first, steps = recs[0], [r["step"] for r in recs]
     assert steps[0] == 0 and steps == sorted(set(steps)) and all(s % EVERY == 0 for s in steps[1:-1])
-    assert not TRAIN or read_locality(Path(configs[name].output) / "locality.json") == recs
     assert len(first["nonlocality"]) == 6 and len(first["nonlocality"][0]) == 4
     print(f"{name}: nonlocality of {len(first['nonlocality'])} layers x {len(first['nonlocality'][0])} heads, "
           f"{len(first['gates'])} gated layers")
@@ -441,16 +440,8 @@ for f in PILOTS:  # zoomed in: on the paper's 0-1 scale the fall is hard to see
 # included, clipped at the grid's edges) is a box blur. On the 3 × 3 grid above, predict its nonlocality by hand
 # (the distances printed above help), then build the (9, 9) map and set `D_box` with `nonlocality`. Above or below 1?
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-rows_cols = torch.tensor([divmod(q, 3) for q in range(L)])
-box = ((rows_cols[:, None] - rows_cols[None]).abs().amax(-1) <= 1).float()  # the 3 × 3 window of each query
-box = box / box.sum(-1, keepdim=True)  # 4 patches for a corner query, 6 for an edge one, 9 for the centre
-D_box = nonlocality(box[None], grid).item()
-assert abs(D_box - (4 * (2 + 2**0.5) / 4 + 4 * (3 + 2 * 2**0.5) / 6 + (4 + 4 * 2**0.5) / 9) / 9) < 1e-6  # by hand
-print(f"D_box = {D_box:.3f} patches: below 1, since every query spends part of its attention on itself")
-
 # %%
-# your answer: D_box = ...
+D_box = ...  # your answer: D_box = ...
 
 # %%
 def check_D_box(answer: float) -> None:
@@ -460,8 +451,17 @@ def check_D_box(answer: float) -> None:
                  "attention sums to 1, and Eq. 8 averages over all 9 queries")
 
 
-check_D_box(D_box)
+grade("D_box", D_box, check_D_box)
 print(expect_error(lambda: check_D_box((4 + 4 * 2**0.5) / 9), WrongAnswer))  # the centre query's alone
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(D_box):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    rows_cols = torch.tensor([divmod(q, 3) for q in range(L)])
+    box = ((rows_cols[:, None] - rows_cols[None]).abs().amax(-1) <= 1).float()  # the 3 × 3 window of each query
+    box = box / box.sum(-1, keepdim=True)  # 4 patches for a corner query, 6 for an edge one, 9 for the centre
+    D_box = nonlocality(box[None], grid).item()
+    print(f"D_box = {D_box:.3f} patches: below 1, since every query spends part of its attention on itself")
+    grade("D_box", D_box, check_D_box)
 
 # %% [markdown]
 # **2. The heads of a fresh GPSA layer.** 9 heads (as in chapters 35-38 and the pilots) start centred on a 3 × 3
@@ -472,17 +472,7 @@ print(expect_error(lambda: check_D_box((4 + 4 * 2**0.5) / 9), WrongAnswer))  # t
 # %%
 NINE_HEADS = dict(name="convit_tiny", img_size=64, patch_size=8, embed_dim=72, num_heads=9, depth=6,
                   local_up_to_layer=4, num_classes=10, locality_strength=2.0)
-
-# %% tags=["solution"] jupyter={"source_hidden": true}
-torch.manual_seed(0)
-per_head = model_nonlocality(create_model(**NINE_HEADS), images)[0]  # layer 1: (9,)
-most_local, least_local = int(per_head.argmin()) + 1, {int(h) + 1 for h in per_head.topk(4).indices}
-print(f"most local: head {most_local}, least local: {sorted(least_local)}; centres {head_centres(9).tolist()}")
-# σ(1) of the attention is positional; the other 0.27 is near uniform at init, which bounds how local any head is
-assert per_head.min() > (1 - torch.sigmoid(torch.tensor(1.0))) * uniform_value - 0.1
-
-# %%
-# your answer: most_local, least_local = ..., {...}
+most_local, least_local = ..., ...  # your answer: most_local, least_local = ..., {...}
 
 # %%
 def check_heads(most: int, least: set[int]) -> None:
@@ -495,5 +485,15 @@ def check_heads(most: int, least: set[int]) -> None:
                  "ones whose centre is farthest from the query: the corners of the stencil, at distance √2")
 
 
-check_heads(most_local, least_local)
-print(expect_error(lambda: check_heads(most_local, {2, 4, 6, 8}), WrongAnswer))
+grade("most_local, least_local", (most_local, least_local), lambda answer: check_heads(*answer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(most_local, least_local):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    torch.manual_seed(0)
+    per_head = model_nonlocality(create_model(**NINE_HEADS), images)[0]  # layer 1: (9,)
+    most_local, least_local = int(per_head.argmin()) + 1, {int(h) + 1 for h in per_head.topk(4).indices}
+    print(f"most local: head {most_local}, least local: {sorted(least_local)}; centres {head_centres(9).tolist()}")
+    # σ(1) of the attention is positional; the other 0.27 is near uniform at init, which bounds how local any head is
+    assert per_head.min() > (1 - torch.sigmoid(torch.tensor(1.0))) * uniform_value - 0.1
+    grade("most_local, least_local", (most_local, least_local), lambda answer: check_heads(*answer))
+    print(expect_error(lambda: check_heads(most_local, {2, 4, 6, 8}), WrongAnswer))

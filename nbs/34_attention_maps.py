@@ -390,19 +390,11 @@ if not FAST:
 # over the patches of a rows × cols grid (no class token, tokens row by row), each head's
 # (1/L) Σ_{q,k} A[q, k] ‖δ_qk‖ in patches, as a tensor (N_h,). Use only torch (no `rel_indices`).
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def my_nonlocality(attn: Tensor, rows: int, cols: int) -> Tensor:
-    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
-    xy = torch.stack([c.flatten(), r.flatten()], dim=-1).float()  # (L, 2), row-major like the tokens
-    distance = torch.cdist(xy, xy)  # ‖δ_qk‖
-    return (attn * distance).sum(dim=(-2, -1)) / attn.shape[-1]
-
+# %%
+my_nonlocality = ...  # your answer: def my_nonlocality(attn, rows, cols): ...
 
 # %%
-# your answer: def my_nonlocality(attn, rows, cols): ...
-
-# %%
-from convit_edu.checks import WrongAnswer, check_answer
+from convit_edu.checks import WrongAnswer, check_answer, grade, reveal
 
 
 def check_my_nonlocality(fn) -> None:
@@ -415,8 +407,18 @@ def check_my_nonlocality(fn) -> None:
                  "(the attention of each query already sums to 1)")
 
 
-check_my_nonlocality(my_nonlocality)
-print(expect_error(lambda: check_my_nonlocality(lambda a, r, c: my_nonlocality(a, c, r)), WrongAnswer))
+grade("my_nonlocality", my_nonlocality, check_my_nonlocality)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(my_nonlocality):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def my_nonlocality(attn: Tensor, rows: int, cols: int) -> Tensor:
+        r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+        xy = torch.stack([c.flatten(), r.flatten()], dim=-1).float()  # (L, 2), row-major like the tokens
+        distance = torch.cdist(xy, xy)  # ‖δ_qk‖
+        return (attn * distance).sum(dim=(-2, -1)) / attn.shape[-1]
+
+    grade("my_nonlocality", my_nonlocality, check_my_nonlocality)
+    print(expect_error(lambda: check_my_nonlocality(lambda a, r, c: my_nonlocality(a, c, r)), WrongAnswer))
 
 # %% [markdown]
 # **2. Per head, on the trained ConViT.** Fig. 5 averages over heads; the heads of one layer need not agree.
@@ -425,18 +427,8 @@ print(expect_error(lambda: check_my_nonlocality(lambda a, r, c: my_nonlocality(a
 # that layer's gates above: is the widest head the one that kept the least positional attention? (A head's
 # offset Δ_h matters too: a head centred on a corner tap has farther to look than the one on the query.)
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-# NBVAL_IGNORE_OUTPUT
-# (two decimals of float sums, which another CPU may round the other way)
-per_head = model_nonlocality(loaded["ConViT"], probe)[3]  # layer 4: (heads,)
-widest, narrowest = int(per_head.argmax()) + 1, int(per_head.argmin()) + 1
-layer_4_gates = gates(loaded["ConViT"])[3]
-print(f"nonlocality per head: {per_head.numpy().round(2)}\nσ(λ) per head:        {layer_4_gates.numpy().round(2)}")
-print(f"widest head {widest} (σ = {layer_4_gates[widest - 1]:.2f}), narrowest head {narrowest} "
-      f"(σ = {layer_4_gates[narrowest - 1]:.2f}); least positional head: {int(layer_4_gates.argmin()) + 1}")
-
 # %%
-# your answer: widest, narrowest = ..., ...
+widest, narrowest = ..., ...  # your answer: widest, narrowest = ..., ...
 
 # %%
 def check_widest_narrowest(answer: tuple[int, int]) -> None:
@@ -448,5 +440,18 @@ def check_widest_narrowest(answer: tuple[int, int]) -> None:
     check_answer(answer[1] == int(per_head.argmin()) + 1, "the narrowest head has the smallest nonlocality")
 
 
-check_widest_narrowest((widest, narrowest))
-print(expect_error(lambda: check_widest_narrowest((narrowest, widest)), WrongAnswer))
+grade("widest, narrowest", (widest, narrowest), check_widest_narrowest)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(widest, narrowest):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    # NBVAL_IGNORE_OUTPUT
+    # (two decimals of float sums, which another CPU may round the other way)
+    per_head = model_nonlocality(loaded["ConViT"], probe)[3]  # layer 4: (heads,)
+    widest, narrowest = int(per_head.argmax()) + 1, int(per_head.argmin()) + 1
+    layer_4_gates = gates(loaded["ConViT"])[3]
+    print(f"nonlocality per head: {per_head.numpy().round(2)}\nσ(λ) per head:        {layer_4_gates.numpy().round(2)}")
+    print(f"widest head {widest} (σ = {layer_4_gates[widest - 1]:.2f}), narrowest head {narrowest} "
+          f"(σ = {layer_4_gates[narrowest - 1]:.2f}); least positional head: {int(layer_4_gates.argmin()) + 1}")
+
+    grade("widest, narrowest", (widest, narrowest), check_widest_narrowest)
+    print(expect_error(lambda: check_widest_narrowest((narrowest, widest)), WrongAnswer))

@@ -121,14 +121,7 @@ assert words == ["--model", "convit_small", "--no-use-local-init", "--data-arg",
                  "--ema-decay", "0.999", "--output", "out/demo"]
 
 # %% [markdown]
-# `convit-edu train` reads its flags with chapter 22's `config_from_words`: reading the words back checks that
-# every flag exists and lands in the right field, giving exactly the configuration we meant:
-
-# %%
-from convit_edu.config_words import config_from_words
-
-assert config_from_words(words) == replace(spec.config, output="out/demo")
-print("read back:", config_from_words(words).model_args, "classes", config_from_words(words).classes)
+# (`convit-edu train` reads such words with chapter 22's `config_from_words`; chapter 37 checks they give this config.)
 
 # %% [markdown]
 # ## The grids: Table 2 and Table 3 at any scale
@@ -447,18 +440,11 @@ print(f"the {len(committed)} committed runs are the grid's configs, but for {', 
 # 0.5, 1} with three seeds (0, 1, 2), and the default ablations of `ablation_grid` at f = 0.1 with the same
 # three seeds. Predict how many runs there are to train, then check with the grid functions. Set `n_runs`.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-more_table_2 = sample_efficiency_grid(CPU, [0.05, 0.1, 0.2, 0.5, 1.0], [0, 1, 2])  # 5 fractions x 3 seeds x 2
-more_table_3 = ablation_grid(CPU, 0.1, seeds=[0, 1, 2])  # 6 ablations x 3 seeds
-n_runs = len(unique_runs(more_table_2, more_table_3))
-print(f"{len(more_table_2)} + {len(more_table_3)} runs listed, {n_runs} to train: Table 3's ConViT and DeiT "
-      "at f = 0.1 are Table 2's runs")
+# %%
+n_runs = ...  # your answer: n_runs = ...
 
 # %%
-# your answer: n_runs = ...
-
-# %%
-from convit_edu.checks import WrongAnswer, check_answer, expect_error
+from convit_edu.checks import WrongAnswer, check_answer, expect_error, grade, reveal
 
 
 def check_n_runs(answer: int) -> None:
@@ -468,32 +454,46 @@ def check_n_runs(answer: int) -> None:
                  "names are six, per seed; and a run is trained once even when both tables list it (unique_runs)")
 
 
-check_n_runs(n_runs)
-print(expect_error(lambda: check_n_runs(len(more_table_2) + len(more_table_3)), WrongAnswer))
+grade("n_runs", n_runs, check_n_runs)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(n_runs):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    more_table_2 = sample_efficiency_grid(CPU, [0.05, 0.1, 0.2, 0.5, 1.0], [0, 1, 2])  # 5 fractions x 3 seeds x 2
+    more_table_3 = ablation_grid(CPU, 0.1, seeds=[0, 1, 2])  # 6 ablations x 3 seeds
+    n_runs = len(unique_runs(more_table_2, more_table_3))
+    print(f"{len(more_table_2)} + {len(more_table_3)} runs listed, {n_runs} to train: Table 3's ConViT and DeiT "
+          "at f = 0.1 are Table 2's runs")
+
+    grade("n_runs", n_runs, check_n_runs)
+    print(expect_error(lambda: check_n_runs(len(more_table_2) + len(more_table_3)), WrongAnswer))
 
 # %% [markdown]
 # **2. Equal steps, not epochs/f.** At the CPU scale (10 classes of 500 images, batch 32, 24 epochs at f = 1),
-# how many epochs does the f = 0.05 run get? Work it out by hand from the class sizes and the batch — every
-# epoch drops its last partial batch — then check with `CPU.schedule`, and compare with the paper's rule
-# `scaled_epochs(24, 0.05)`. Set `epochs_005`.
+# write `equal_step_epochs(f)`: the epochs that give the run on a fraction f as many optimiser steps as 24 epochs
+# at f = 1, rounded — count steps from the class sizes and the batch, every epoch dropping its last partial batch.
+# Then compare yours at f = 0.05 with the paper's rule, `scaled_epochs(24, 0.05)`.
+
+# %%
+equal_step_epochs = ...  # your answer: def equal_step_epochs(f): ...
+
+# %%
+def check_equal_step_epochs(fn) -> None:
+    for f in (0.05, 0.1, 0.3, 1.0):
+        check_answer(fn(f) == CPU.schedule(f)["epochs"], f"f = {f}: {fn(f)} epochs, the design gives "
+                     f"{CPU.schedule(f)['epochs']}: count steps, not images — an f = 1 epoch is 5000 // 32 optimiser "
+                     "steps, an f = 0.05 epoch 250 // 32 (the partial batch is dropped)")
+
+
+grade("equal_step_epochs", equal_step_epochs, check_equal_step_epochs)
+print(expect_error(lambda: check_equal_step_epochs(lambda f: scaled_epochs(24, f)), WrongAnswer))
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-steps_f1, steps_f005 = 5000 // 32, 250 // 32  # optimiser steps per epoch: 156 and 7 (not 7.8)
-epochs_005 = round(24 * steps_f1 / steps_f005)
-assert epochs_005 == CPU.schedule(0.05)["epochs"]
-print(f"equal steps: {epochs_005} epochs, {epochs_005 * steps_f005} steps; epochs/f: "
-      f"{scaled_epochs(24, 0.05)} epochs, {scaled_epochs(24, 0.05) * steps_f005} steps "
-      f"(f = 1: {24 * steps_f1} steps)")
+if reveal(equal_step_epochs):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def equal_step_epochs(f: float) -> int:
+        steps_per_epoch = (10 * math.floor(f * 500 + 1e-9)) // 32  # 156 at f = 1, 7 (not 7.8) at f = 0.05
+        return max(1, round(24 * (5000 // 32) / steps_per_epoch))
 
-# %%
-# your answer: epochs_005 = ...
-
-# %%
-def check_epochs_005(answer: int) -> None:
-    check_answer(answer == CPU.schedule(0.05)["epochs"], "count steps, not images: an f = 1 epoch is 5000 // 32 "
-                 "optimiser steps, an f = 0.05 epoch 250 // 32 (the partial batch is dropped); the f = 0.05 run "
-                 "needs as many steps as 24 epochs at f = 1")
-
-
-check_epochs_005(epochs_005)
-print(expect_error(lambda: check_epochs_005(scaled_epochs(24, 0.05)), WrongAnswer))
+    grade("equal_step_epochs", equal_step_epochs, check_equal_step_epochs)
+    e = equal_step_epochs(0.05)
+    print(f"f = 0.05, equal steps: {e} epochs, {e * (250 // 32)} steps; epochs/f: {scaled_epochs(24, 0.05)} epochs, "
+          f"{scaled_epochs(24, 0.05) * (250 // 32)} steps (f = 1: {24 * (5000 // 32)} steps)")

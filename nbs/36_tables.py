@@ -413,16 +413,13 @@ plot_table_2(grid, paper_gaps={f: relative_gain(c, d) for f, (d, c) in {0.05: (3
 # freedom (beyond 3.84 at the 5 % level). Compute it for seed 0 of the made-up answers above (`text[0][0]`, the
 # ConViT's string of "0"/"1", and `text[1][0]`, the DeiT's) and set `mcnemar`.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-b = sum(c == "1" and d == "0" for c, d in zip(text[0][0], text[1][0]))
-c = sum(c == "0" and d == "1" for c, d in zip(text[0][0], text[1][0]))
-mcnemar = (b - c) ** 2 / (b + c)
-print(f"b = {b}, c = {c}: McNemar's statistic {mcnemar:.2f}, beyond 3.84: a difference at the 5 % level")
+# %%
+mcnemar = ...  # your answer: mcnemar = ...
 
 # %%
-# your answer: mcnemar = ...
+from convit_edu.checks import grade, reveal
 
-# %%
+
 def check_mcnemar(answer: float) -> None:
     pairs = list(zip(text[0][0], text[1][0]))
     b, c = pairs.count(("1", "0")), pairs.count(("0", "1"))
@@ -430,30 +427,24 @@ def check_mcnemar(answer: float) -> None:
                  "alone is right, c where the DeiT alone is; the images both get right or wrong do not enter")
 
 
-check_mcnemar(mcnemar)
+grade("mcnemar", mcnemar, check_mcnemar)
 print(expect_error(lambda: check_mcnemar((75 - 45) ** 2 / 1500), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(mcnemar):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    b = sum(c == "1" and d == "0" for c, d in zip(text[0][0], text[1][0]))
+    c = sum(c == "0" and d == "1" for c, d in zip(text[0][0], text[1][0]))
+    mcnemar = (b - c) ** 2 / (b + c)
+    print(f"b = {b}, c = {c}: McNemar's statistic {mcnemar:.2f}, beyond 3.84: a difference at the 5 % level")
+    grade("mcnemar", mcnemar, check_mcnemar)
 
 # %% [markdown]
 # **2. Pre-condition 1 on real pilots.** Chapter 39's pilots are committed: `results/pilots/grid12/summary.json`
 # (f = 0.1) and `results/pilots/grid12-f1/summary.json` (f = 1), each a list of records. How many points of dev
 # top-1 (`val_top1`) does the DeiT lose from f = 1 to f = 0.1? Set `data_scarcity`; is pre-condition 1 met?
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-import json
-from pathlib import Path
-
-
-def dev_top1(folder: str, model: str) -> float:
-    (record,) = [r for r in json.loads((Path("results/pilots") / folder / "summary.json").read_text())
-                 if r["model"] == model and r["ablation"] is None]
-    return record["val_top1"]
-
-
-data_scarcity = dev_top1("grid12-f1", "deit") - dev_top1("grid12", "deit")
-print(f"the DeiT loses {data_scarcity:.1f} points of dev top-1 from f = 1 to f = 0.1 (pre-condition 1: >= 10)")
-
 # %%
-# your answer: data_scarcity = ...
+data_scarcity = ...  # your answer: data_scarcity = ...
 
 # %%
 def check_data_scarcity(answer: float) -> None:
@@ -464,5 +455,21 @@ def check_data_scarcity(answer: float) -> None:
                  "f = 0.1 (the ConViT's records are not part of this pre-condition)")
 
 
-check_data_scarcity(data_scarcity)
-print(expect_error(lambda: check_data_scarcity(-data_scarcity), WrongAnswer))
+grade("data_scarcity", data_scarcity, check_data_scarcity)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(data_scarcity):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    import json
+    from pathlib import Path
+
+
+    def dev_top1(folder: str, model: str) -> float:
+        (record,) = [r for r in json.loads((Path("results/pilots") / folder / "summary.json").read_text())
+                     if r["model"] == model and r["ablation"] is None]
+        return record["val_top1"]
+
+
+    data_scarcity = dev_top1("grid12-f1", "deit") - dev_top1("grid12", "deit")
+    print(f"the DeiT loses {data_scarcity:.1f} points of dev top-1 from f = 1 to f = 0.1 (pre-condition 1: >= 10)")
+    grade("data_scarcity", data_scarcity, check_data_scarcity)
+    print(expect_error(lambda: check_data_scarcity(-data_scarcity), WrongAnswer))

@@ -92,6 +92,23 @@ def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConf
 
 
 # %% [markdown]
+# A grid's printed command, read back by the `train` command's own parser (chapter 22's `config_from_words`), gives
+# exactly its run's config: every flag exists and lands in its field.
+
+# %%
+import shlex
+
+from convit_edu.config_words import config_from_words
+from convit_edu.experiment_design import train_command
+
+spec = RunSpec("demo", "ConViT", TrainConfig(model="convit_small", model_args={"use_local_init": False},
+                                             data_args={"num_train": 64}, classes=10, ema_decay=0.999))
+words = shlex.split(train_command(spec, "out"))[4:]  # after `python -m convit_edu.cli train`
+assert config_from_words(words) == run_config(spec, "out/demo")
+print("read back:", config_from_words(words).model_args, "classes", config_from_words(words).classes)
+
+
+# %% [markdown]
 # ### One test set for every fraction
 #
 # Scoring each fraction on "the training images it left out" gives each fraction its own test set (and f = 1

@@ -325,17 +325,11 @@ assert max(ours[n] for n in no_trainable_gpsa) < min(v for n, v in ours.items() 
 # doubles the peak. Predict first: does the learning-rate sum go up, down or stay? Then compute it for the f = 0.1 run
 # with `run_config` and `learning_rate_sum` and set `lr_sum_64`.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-cfg_64 = run_config(CPU.run("convit", 0.1, 0), "unused", global_batch=64)
-lr_sum_64 = learning_rate_sum(cfg_64, steps_per_epoch=500 // 64)
-print(f"batch 64: {cfg_64.epochs * (500 // 64)} steps, learning rates summing to {lr_sum_64:.2f} "
-      f"(batch 32: {lr_sum:.2f}) — twice the rate for half the steps")
+# %%
+lr_sum_64 = ...  # your answer: lr_sum_64 = ...
 
 # %%
-# your answer: lr_sum_64 = ...
-
-# %%
-from convit_edu.checks import WrongAnswer, check_answer, expect_error
+from convit_edu.checks import WrongAnswer, check_answer, expect_error, grade, reveal
 
 
 def check_lr_sum_64(answer: float) -> None:
@@ -345,8 +339,17 @@ def check_lr_sum_64(answer: float) -> None:
                  "500 images is 500 // 64 steps (the last partial batch is dropped)")
 
 
-check_lr_sum_64(lr_sum_64)
+grade("lr_sum_64", lr_sum_64, check_lr_sum_64)
 print(expect_error(lambda: check_lr_sum_64(lr_sum / 2), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(lr_sum_64):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    cfg_64 = run_config(CPU.run("convit", 0.1, 0), "unused", global_batch=64)
+    lr_sum_64 = learning_rate_sum(cfg_64, steps_per_epoch=500 // 64)
+    print(f"batch 64: {cfg_64.epochs * (500 // 64)} steps, learning rates summing to {lr_sum_64:.2f} "
+          f"(batch 32: {lr_sum:.2f}) — twice the rate for half the steps")
+
+    grade("lr_sum_64", lr_sum_64, check_lr_sum_64)
 
 # %% [markdown]
 # **2. A standard error by hand.** Recompute the f = 0.3 cell's `diff_se` from its four records: the
@@ -354,17 +357,8 @@ print(expect_error(lambda: check_lr_sum_64(lr_sum / 2), WrongAnswer))
 # images), combined in quadrature with the binomial standard error of the mean difference (each of the four
 # top-1s p on n images contributes p(100 − p)/n, and the mean of two differences divides by 2). Set `se_03`.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-pairs_03 = [(by_name[f"convit_f0.3_s{s}"], by_name[f"deit_f0.3_s{s}"]) for s in SEEDS]
-diffs_03 = [unseen_top1(c) - unseen_top1(d) for c, d in pairs_03]
-seed_se = statistics.stdev(diffs_03) / math.sqrt(len(diffs_03))
-binomial_se = math.sqrt(sum(unseen_top1(r) * (100 - unseen_top1(r)) / (r["val_images"] + r["heldout_images"])
-                            for pair in pairs_03 for r in pair)) / len(pairs_03)
-se_03 = math.hypot(seed_se, binomial_se)
-print(f"seed-to-seed {seed_se:.2f}, binomial {binomial_se:.2f}: {se_03:.2f} points")
-
 # %%
-# your answer: se_03 = ...
+se_03 = ...  # your answer: se_03 = ...
 
 # %%
 def check_se_03(answer: float) -> None:
@@ -373,5 +367,16 @@ def check_se_03(answer: float) -> None:
                  "two per-seed differences over √2, and √(Σ p(100 − p)/n over the four runs) / 2")
 
 
-check_se_03(se_03)
-print(expect_error(lambda: check_se_03(seed_se), WrongAnswer))
+grade("se_03", se_03, check_se_03)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(se_03):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    pairs_03 = [(by_name[f"convit_f0.3_s{s}"], by_name[f"deit_f0.3_s{s}"]) for s in SEEDS]
+    diffs_03 = [unseen_top1(c) - unseen_top1(d) for c, d in pairs_03]
+    seed_se = statistics.stdev(diffs_03) / math.sqrt(len(diffs_03))
+    binomial_se = math.sqrt(sum(unseen_top1(r) * (100 - unseen_top1(r)) / (r["val_images"] + r["heldout_images"])
+                                for pair in pairs_03 for r in pair)) / len(pairs_03)
+    se_03 = math.hypot(seed_se, binomial_se)
+    print(f"seed-to-seed {seed_se:.2f}, binomial {binomial_se:.2f}: {se_03:.2f} points")
+    grade("se_03", se_03, check_se_03)
+    print(expect_error(lambda: check_se_03(seed_se), WrongAnswer))

@@ -22,6 +22,10 @@
 # is scored on the same 1 500 test images, so the ConViT and the DeiT of one seed are compared image by image
 # (chapter 36's paired bootstrap: seeds and test images drawn with replacement); Table 3's rows are each paired with
 # the ConViT of their own seeds.
+#
+# Read every gap as one of *these* models: width 72 in 9 heads of **8** channels, depth 6, 0.4 M parameters, built
+# from the zoo's `convit_tiny` and `deit_tiny` but not ConViT-Ti and DeiT-Ti (whose heads have 48 and 64 channels).
+# Heads that narrow give content attention little capacity, which may shrink whatever it can add beyond the prior.
 
 # %% tags=["parameters"]
 import os
@@ -217,17 +221,13 @@ assert round(lowest.item()) == -286
 # top-1 minus the DeiT's (both scored on the same test images), in points, as a dict seed → gap, from the grid's
 # records (`test_top1(record)` reads a record's score; the ablations have `record["ablation"]` set).
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def seed_gaps(records: list[dict], fraction: float) -> dict[int, float]:
-    plain = {(r["model"], r["seed"]): r for r in records if r["ablation"] is None and r["fraction"] == fraction}
-    return {s: test_top1(plain["convit", s]) - test_top1(plain["deit", s])
-            for (model, s) in plain if model == "convit" and ("deit", s) in plain}
-
+# %%
+seed_gaps = ...  # your answer: def seed_gaps(records, fraction): ...
 
 # %%
-# your answer: def seed_gaps(records, fraction): ...
+from convit_edu.checks import grade, reveal
 
-# %%
+
 def check_seed_gaps(fn) -> None:
     for fraction in (0.1, 1.0):
         gaps = fn(grid, fraction)
@@ -241,25 +241,27 @@ def check_seed_gaps(fn) -> None:
                      f"f = {fraction}: the four seeds' gaps should average to Table 2's {table[fraction]['diff']:+.2f}")
 
 
-check_seed_gaps(seed_gaps)
-print("seed by seed at f = 0.1:", {s: round(g, 2) for s, g in seed_gaps(grid, 0.1).items()}, "(mean: Table 2's)")
-print(expect_error(lambda: check_seed_gaps(lambda records, f: {s: -g for s, g in seed_gaps(records, f).items()}),
-                   WrongAnswer))
+grade("seed_gaps", seed_gaps, check_seed_gaps)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(seed_gaps):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def seed_gaps(records: list[dict], fraction: float) -> dict[int, float]:
+        plain = {(r["model"], r["seed"]): r for r in records if r["ablation"] is None and r["fraction"] == fraction}
+        return {s: test_top1(plain["convit", s]) - test_top1(plain["deit", s])
+                for (model, s) in plain if model == "convit" and ("deit", s) in plain}
+
+    grade("seed_gaps", seed_gaps, check_seed_gaps)
+    print("seed by seed at f = 0.1:", {s: round(g, 2) for s, g in seed_gaps(grid, 0.1).items()}, "(mean: Table 2's)")
+    print(expect_error(lambda: check_seed_gaps(lambda records, f: {s: -g for s, g in seed_gaps(records, f).items()}),
+                       WrongAnswer))
 
 # %% [markdown]
 # **2. The head start.** Each record's `val_curve` holds (evaluation step, dev top-1) pairs. Write
 # `head_start(records, fraction)`: for each seed, the ConViT's dev top-1 minus the DeiT's at their *first*
 # evaluation, as a dict seed → points.
 
-# %% tags=["solution"] jupyter={"source_hidden": true}
-def head_start(records: list[dict], fraction: float) -> dict[int, float]:
-    plain = {(r["model"], r["seed"]): r for r in records if r["ablation"] is None and r["fraction"] == fraction}
-    return {s: plain["convit", s]["val_curve"][0][1] - plain["deit", s]["val_curve"][0][1]
-            for (model, s) in plain if model == "convit" and ("deit", s) in plain}
-
-
 # %%
-# your answer: def head_start(records, fraction): ...
+head_start = ...  # your answer: def head_start(records, fraction): ...
 
 # %%
 def check_head_start(fn) -> None:
@@ -272,8 +274,17 @@ def check_head_start(fn) -> None:
                      "val_curve[0] is the first (step, top-1) pair of each run")
 
 
-check_head_start(head_start)
-first = head_start(grid, 0.1)
-print(f"ConViT ahead at the first evaluation in {sum(v > 0 for v in first.values())} of 4 seeds:",
-      {s: round(v, 1) for s, v in first.items()})
-print(expect_error(lambda: check_head_start(lambda records, f: {s: 0.0 for s in (1, 2, 3, 4)}), WrongAnswer))
+grade("head_start", head_start, check_head_start)
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(head_start):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    def head_start(records: list[dict], fraction: float) -> dict[int, float]:
+        plain = {(r["model"], r["seed"]): r for r in records if r["ablation"] is None and r["fraction"] == fraction}
+        return {s: plain["convit", s]["val_curve"][0][1] - plain["deit", s]["val_curve"][0][1]
+                for (model, s) in plain if model == "convit" and ("deit", s) in plain}
+
+    grade("head_start", head_start, check_head_start)
+    first = head_start(grid, 0.1)
+    print(f"ConViT ahead at the first evaluation in {sum(v > 0 for v in first.values())} of 4 seeds:",
+          {s: round(v, 1) for s, v in first.items()})
+    print(expect_error(lambda: check_head_start(lambda records, f: {s: 0.0 for s in (1, 2, 3, 4)}), WrongAnswer))

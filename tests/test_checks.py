@@ -50,3 +50,43 @@ def test_number_checks_type_finiteness_and_the_interval():
         number("drop_path_rate", 1.0, 0, 1, open_high=True)
     with pytest.raises(TypeError):
         number("hflip", True, 0, 1)
+
+
+def test_grade_says_unanswered_wrong_with_the_hint_or_correct_and_never_stops_a_run(capsys):
+    from convit_edu.checks import WrongAnswer, check_answer, grade
+
+    def check_square(answer):
+        check_answer(answer == 9, "three times three")
+
+    assert grade("square", ..., check_square) == "not answered yet"
+    assert grade("pair", (1, ...), lambda a: None) == "not answered yet"  # one name of two still a placeholder
+    assert grade("square", 6, check_square) == "not yet: three times three"
+    assert grade("square", 9, check_square) == "correct"
+    assert capsys.readouterr().out.splitlines() == ["square: not answered yet", "pair: not answered yet",
+                                                    "square: not yet: three times three", "square: correct"]
+    with pytest.raises(ZeroDivisionError):  # an answer that crashes shows its own traceback
+        grade("square", 0, lambda a: 1 / a)
+    with pytest.raises(WrongAnswer):  # the check itself still raises, for `expect_error`
+        check_square(6)
+
+
+@pytest.mark.parametrize("env, on", [({}, False), ({"CI": "true"}, True), ({"CONVIT_EDU_SOLUTIONS": "1"}, True),
+                                     ({"CI": "true", "CONVIT_EDU_SOLUTIONS": "0"}, False),
+                                     ({"CONVIT_EDU_SOLUTIONS": ""}, False)])
+def test_reference_answers_run_with_convit_edu_solutions_falling_back_to_ci_and_only_when_unanswered(
+        monkeypatch, env, on):
+    from convit_edu.checks import reveal, solutions_on
+
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("CONVIT_EDU_SOLUTIONS", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert solutions_on() is on and reveal(...) is on
+    assert reveal(lambda: None) is False and reveal((1, 2)) is False  # an answered exercise keeps its answer
+
+
+def test_a_partial_answer_is_kept_not_replaced_by_the_reference(monkeypatch):
+    from convit_edu.checks import reveal
+
+    monkeypatch.setenv("CONVIT_EDU_SOLUTIONS", "1")
+    assert reveal(..., ...) is True and reveal(3, ...) is False

@@ -283,6 +283,28 @@ def test_every_core_chapter_has_exercises_whose_checks_are_shown_failing():
         assert failing >= solutions, f"{stem}: {solutions} exercises but {failing} checks shown failing"
 
 
+SOLUTION_CELL = '# %% tags=["solution"] jupyter={"source_hidden": true}'
+
+
+def test_every_exercise_has_a_placeholder_a_graded_check_and_its_reference_answer_after_the_check():
+    """DESIGN.md §5: the student's answer cell holds `NAME = ...`; the check cell below it grades NAME (so "Run
+    all" prints `not answered yet` and goes on); the reference answer comes after the check, collapsed, and runs
+    only through `reveal` (CONVIT_EDU_SOLUTIONS, falling back to CI)."""
+    for stem in core_chapters():
+        cells = re.split(r"(?m)^(?=# %%)", (ROOT / "nbs" / f"{stem}.py").read_text())
+        references = [i for i, cell in enumerate(cells) if cell.startswith(SOLUTION_CELL)]
+        assert references, f"{stem}: no exercises"
+        for i in references:
+            check, answer = cells[i - 1], cells[i - 2]
+            placeholder = re.search(r"(?m)^(\w+(?:, \w+)*) = \.\.\.(?:, \.\.\.)*  # your answer: ", answer)
+            assert placeholder, f"{stem}: no `NAME = ...  # your answer:` cell two cells before reference {i}"
+            label = placeholder.group(1)
+            assert f'grade("{label}", ' in check, f"{stem}: the check cell before reference {i} does not grade {label}"
+            body = cells[i][len(SOLUTION_CELL):].strip()
+            assert body.startswith(f"if reveal({label}):"), f"{stem}: reference {i} does not start with reveal"
+            assert f'grade("{label}", ' in body, f"{stem}: reference {i} is not graded"
+
+
 def test_the_sbatch_script_is_a_file_the_package_ships():
     from convit_edu.distributed import SBATCH_SCRIPT
 
