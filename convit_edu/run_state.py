@@ -20,7 +20,7 @@ from convit_edu.distributed import World, all_reduce
 from convit_edu.files import atomic_write, load_file
 from convit_edu.loaders import DataLoaders
 
-__all__ = ['TrainState', 'Callback', 'rng_states', 'set_rng_states', 'CHECKPOINT_FORMAT', 'CHECKPOINT_KEYS', 'run_checkpoint', 'loader_states', 'checked_weights', 'save_checkpoint', 'read_checkpoint', 'resume_checkpoint', 'resume_weights', 'restore_run']
+__all__ = ['TrainState', 'Callback', 'rng_states', 'set_rng_states', 'CHECKPOINT_FORMAT', 'CHECKPOINT_KEYS', 'run_checkpoint', 'loader_states', 'nonfinite_remedy', 'checked_weights', 'save_checkpoint', 'read_checkpoint', 'resume_checkpoint', 'resume_weights', 'restore_run']
 
 
 # %% nbs/26_run_state.py 8
@@ -115,17 +115,23 @@ def loader_states(loaders: DataLoaders, world: World) -> list | None:
     return states
 
 
-def checked_weights(model: nn.Module, global_step: int, last_good: str) -> dict:
+def nonfinite_remedy(precision: str) -> str:
+    """What to change when a run's numbers went non-finite, for the errors that stop it (fp16's range: in fp16)."""
+    fp16 = ", or train in bf16 or fp32 instead of fp16" if precision == "fp16" else ""
+    return "lower --lr or set --clip-grad" + fp16
+
+
+def checked_weights(model: nn.Module, global_step: int, last_good: str, precision: str) -> dict:
     """`model`'s state dict for a checkpoint, refused with a FloatingPointError when any float in it is non-finite
-    (every process holds the same weights, so every process stops), naming the step and `last_good`."""
+    (every process holds the same weights, so every process stops), naming the step, `last_good` and what to
+    change for a run in `precision`."""
     weights = model.state_dict()
     floats = {k: t for k, t in weights.items() if t.is_floating_point()}
     if not bool(torch.stack([torch.isfinite(t).all() for t in floats.values()]).all()):  # one wait for the device
         bad = [k for k, t in floats.items() if not bool(torch.isfinite(t).all())]
         raise FloatingPointError(
             f"the weights became non-finite ({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}) by "
-            f"optimiser step {global_step} and were not saved; {last_good}: lower --lr, set --clip-grad, or use "
-            "bf16/fp32 instead of fp16")
+            f"optimiser step {global_step} and were not saved; {last_good}: {nonfinite_remedy(precision)}")
     return weights
 
 

@@ -31,6 +31,7 @@ from convit_edu.run_state import (
     TrainState,
     checked_weights,
     loader_states,
+    nonfinite_remedy,
     restore_run,
     resume_checkpoint,
     resume_weights,
@@ -175,7 +176,7 @@ class TrainStep:
                     f"{s.step - len(steps) + i + 1} (global step {s.global_step - len(steps) + i + 1}) on "
                     f"{bad_ranks:.0f} of {world.world_size} process(es), read back {len(steps) - i - 1} step(s) later "
                     f"(losses are read every log_every steps); the weights were not saved; {last_good()}: "
-                    "lower --lr, set --clip-grad, or use bf16/fp32 instead of fp16")
+                    f"{nonfinite_remedy(self.precision)}")
         s.epoch_losses += [loss_sum / world.world_size for loss_sum, _ in steps]
         s.loss = s.epoch_losses[-1] if steps else s.loss
         return bool(signalled)
@@ -278,7 +279,7 @@ class Trainer:
         """Save everything the run needs to continue as `output/last.pt` (rank 0, atomically); non-finite weights
         are refused on every process, with the last good checkpoint named."""
         s = self.state
-        weights = checked_weights(self.model, s.global_step, self.last_good())
+        weights = checked_weights(self.model, s.global_step, self.last_good(), self.precision)
         ckpt = run_checkpoint(s, weights, loader_states(self.data.loaders, self.world), self.data.num_classes)
         run_on_main(self.world, f"write the checkpoint {self.output / 'last.pt'}",
                     lambda: save_checkpoint(ckpt, self.output / "last.pt"))

@@ -192,17 +192,23 @@ def loader_states(loaders: DataLoaders, world: World) -> list | None:
     return states
 
 
-def checked_weights(model: nn.Module, global_step: int, last_good: str) -> dict:
+def nonfinite_remedy(precision: str) -> str:
+    """What to change when a run's numbers went non-finite, for the errors that stop it (fp16's range: in fp16)."""
+    fp16 = ", or train in bf16 or fp32 instead of fp16" if precision == "fp16" else ""
+    return "lower --lr or set --clip-grad" + fp16
+
+
+def checked_weights(model: nn.Module, global_step: int, last_good: str, precision: str) -> dict:
     """`model`'s state dict for a checkpoint, refused with a FloatingPointError when any float in it is non-finite
-    (every process holds the same weights, so every process stops), naming the step and `last_good`."""
+    (every process holds the same weights, so every process stops), naming the step, `last_good` and what to
+    change for a run in `precision`."""
     weights = model.state_dict()
     floats = {k: t for k, t in weights.items() if t.is_floating_point()}
     if not bool(torch.stack([torch.isfinite(t).all() for t in floats.values()]).all()):  # one wait for the device
         bad = [k for k, t in floats.items() if not bool(torch.isfinite(t).all())]
         raise FloatingPointError(
             f"the weights became non-finite ({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}) by "
-            f"optimiser step {global_step} and were not saved; {last_good}: lower --lr, set --clip-grad, or use "
-            "bf16/fp32 instead of fp16")
+            f"optimiser step {global_step} and were not saved; {last_good}: {nonfinite_remedy(precision)}")
     return weights
 
 
@@ -272,7 +278,7 @@ for _ in range(2):
 state.step = state.global_step = 2
 state.epoch_losses, state.best_top1 = [0.9, 0.8], 12.5
 (tmp / "run").mkdir()
-save_checkpoint(run_checkpoint(state, checked_weights(state.model, 2, "none yet"), None, 3), tmp / "run" / "last.pt")
+save_checkpoint(run_checkpoint(state, checked_weights(state.model, 2, "none yet", "fp32"), None, 3), tmp / "run" / "last.pt")
 ckpt = read_checkpoint(tmp / "run" / "last.pt")
 assert tuple(ckpt) == CHECKPOINT_KEYS and ckpt["global_batch"] == 8 and ckpt["loader"] is None
 old = {k: v for k, v in ckpt.items() if k not in ("loader", "pending", "seconds")}
@@ -284,9 +290,10 @@ torch.save({k: v for k, v in ckpt.items() if k != "rng"}, tmp / "no-rng.pt")
 torch.save(state.model.state_dict(), tmp / "weights.pt")
 nan_model = nn.Linear(4, 3)
 nan_model.bias.data[1] = float("nan")
-message = expect_error(lambda: checked_weights(nan_model, 2, "TMP/run/last.pt is the last good checkpoint"),
-                       FloatingPointError)
-assert "non-finite (bias) by optimiser step 2 and were not saved" in message
+last_good = "TMP/run/last.pt is the last good checkpoint"
+message = expect_error(lambda: checked_weights(nan_model, 2, last_good, "fp16"), FloatingPointError)
+assert "non-finite (bias) by optimiser step 2 and were not saved" in message and message.endswith("instead of fp16")
+assert "fp16" not in nonfinite_remedy("bf16")  # fp16's range is no remedy for a bf16 or fp32 run
 print(message)
 for name, says in (("newer", "written by another version"), ("no-rng", "without rng"),
                    ("weights", "not a convit-edu training checkpoint")):

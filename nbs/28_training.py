@@ -82,7 +82,7 @@ from convit_edu.loaders import DataLoaders
 from convit_edu.optimisation import build_optimizer, seed_step, train_loss, update_ema
 from convit_edu.run_records import Progress, check_output, plot_history, write_logs, write_run_info
 from convit_edu.run_setup import build_models, build_run_loaders, compile_cache, config_datasets, wrap_model
-from convit_edu.run_state import (Callback, TrainState, checked_weights, loader_states, restore_run,
+from convit_edu.run_state import (Callback, TrainState, checked_weights, loader_states, nonfinite_remedy, restore_run,
                                   resume_checkpoint, resume_weights, run_checkpoint, save_checkpoint)
 
 # %% [markdown]
@@ -271,7 +271,7 @@ class TrainStep:
                     f"{s.step - len(steps) + i + 1} (global step {s.global_step - len(steps) + i + 1}) on "
                     f"{bad_ranks:.0f} of {world.world_size} process(es), read back {len(steps) - i - 1} step(s) later "
                     f"(losses are read every log_every steps); the weights were not saved; {last_good()}: "
-                    "lower --lr, set --clip-grad, or use bf16/fp32 instead of fp16")
+                    f"{nonfinite_remedy(self.precision)}")
         s.epoch_losses += [loss_sum / world.world_size for loss_sum, _ in steps]
         s.loss = s.epoch_losses[-1] if steps else s.loss
         return bool(signalled)
@@ -374,7 +374,7 @@ class Trainer:
         """Save everything the run needs to continue as `output/last.pt` (rank 0, atomically); non-finite weights
         are refused on every process, with the last good checkpoint named."""
         s = self.state
-        weights = checked_weights(self.model, s.global_step, self.last_good())
+        weights = checked_weights(self.model, s.global_step, self.last_good(), self.precision)
         ckpt = run_checkpoint(s, weights, loader_states(self.data.loaders, self.world), self.data.num_classes)
         run_on_main(self.world, f"write the checkpoint {self.output / 'last.pt'}",
                     lambda: save_checkpoint(ckpt, self.output / "last.pt"))

@@ -266,8 +266,9 @@ def test_resume_from_another_model_is_refused_before_training(tmp_path):
 
 def test_nan_in_the_loss_stops_the_run_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path):
     cfg = config(tmp_path, ckpt_every=1, aug_args={"mixup_alpha": 0.0, "cutmix_alpha": 0.0})
-    with pytest.raises(FloatingPointError, match=r"non-finite loss \(nan\) at epoch 1, step \d+"):
+    with pytest.raises(FloatingPointError, match=r"non-finite loss \(nan\) at epoch 1, step \d+") as error:
         train(cfg, model=make_model(), datasets=make_data(nan_at=50))
+    assert str(error.value).endswith("lower --lr or set --clip-grad")  # an fp32 run: no advice about fp16
     ckpt = read_checkpoint(tmp_path / "last.pt")
     assert ckpt["step"] > 0 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
 
