@@ -290,14 +290,15 @@ for arch, style in (("ConViT", dict(s=90, facecolors="none", edgecolors="tab:blu
         ax.annotate(size, point, fontsize=7, xytext=(3, -8 if arch == "DeiT" else 3), textcoords="offset points")
 ax.set(xscale="log", yscale="log", xlabel="parameters (M)", ylabel="GMACs per image", title="Table 1, at 224 px")
 ax.legend(), plt.show()
+ratio = {s: count_params(MODEL_ZOO[f"convit_{n}"]) / count_params(MODEL_ZOO[f"deit_{n}"]) for s, n in SIZES.items()}
+assert {s for s, r in ratio.items() if abs(r - 1) > 0.02} == {"S"}, ratio  # each ConViT at its DeiT's size, but S
 
 # %% [markdown]
 # "GMACs" is our count without the attention matmuls, "+attn" with them, "linear" without the LayerNorms. Every Flops
-# entry matches but one: the ConViT-S+'s 9.48 GMACs are printed "10G", its DeiT-S+ partner's value (9.51 G). The
-# LayerNorms matter for the rounding: the linear layers alone give 5.35 G and 4.24 G for ConViT-S and DeiT-S (5.3G
-# and 4.2G), so the paper's counter included them. With the attention matmuls ConViT-S costs 5.76 GMACs, not 5.36:
-# the column leaves out about 7% of the work at 224 px, more at higher resolution (exercise 2). In the figure each
-# ConViT sits at its DeiT's size but for the S models (a ConViT-S is wider: 432 against 384).
+# entry matches but one: ConViT-S+'s 9.48 GMACs are printed "10G", its DeiT-S+ partner's value (9.51 G). The linear
+# layers alone give 5.35 G and 4.24 G for ConViT-S and DeiT-S (5.3G, 4.2G): the paper counted the LayerNorms. With the
+# attention matmuls ConViT-S costs 5.76 GMACs, not 5.36: the column leaves out about 7% of the work at 224 px, more at
+# higher resolution (exercise 2). In the figure each ConViT sits at its DeiT's size but S (432 wide against 384).
 #
 # A profiler's FLOP counter sees less than this count on our layers; chapter 31 says why.
 
@@ -430,8 +431,7 @@ print("masked positional embedding = a zero pos_embed; the logits move by more t
 #
 # **1. The attention's cost, counted by you.** Write `attention_macs(config)`: the multiply-accumulates of the
 # attention matmuls of one image through the model `config` describes — in each block, Q·Kᵀ and A·V over the tokens
-# that block attends over (L·L·D each, heads together). Mind which blocks see the class token. The check compares
-# with `count_macs(config).attention` for ConViT and DeiT models at two resolutions.
+# it attends over (L·L·D each, heads together; which blocks see the class token?), as `count_macs(...).attention`.
 
 # %%
 attention_macs = ...  # your answer: def attention_macs(config): ...
