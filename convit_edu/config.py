@@ -66,6 +66,8 @@ class TrainConfig:
     warmup_lr: float = setting(1e-6, "learning rate at the start of the warm-up")
     warmup_epochs: float = setting(5.0, "linear warm-up length in epochs (may be fractional)")
     weight_decay: float = setting(0.05, "AdamW weight decay (not on 1-D parameters, pos_embed, cls_token)")
+    gate_lr_scale: float = setting(1.0, "the GPSA gates λ (gating_param) learn at this multiple of the learning "
+                                        "rate (a diagnostic of the gates' optimisation; 1: the paper's recipe)")
     clip_grad: float | None = setting(None, "clip the gradient norm to this value (none: off)")
     ema_decay: float | None = setting(None, "keep an EMA of the weights with this decay, evaluated too (none: off; "
                                             "DeiT code: 0.99996)")
@@ -91,6 +93,7 @@ class TrainConfig:
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name), minimum=minimum)
         number("lr", self.lr, 0, open_low=True)
+        number("gate_lr_scale", self.gate_lr_scale, 0, open_low=True)
         for name in ("min_lr", "warmup_lr", "warmup_epochs", "weight_decay"):
             number(name, getattr(self, name), 0)
         number("drop_path_rate", self.drop_path_rate, 0, 1, open_high=True)

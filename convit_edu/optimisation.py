@@ -19,7 +19,7 @@ from convit_edu.fit import deit_lr, param_groups
 from convit_edu.samplers import seed_from
 from convit_edu.zoo import create_model, list_models
 
-__all__ = ['scaled_lr', 'build_optimizer', 'learning_rate_sum', 'train_loss', 'build_teacher', 'update_ema', 'seed_step']
+__all__ = ['scaled_lr', 'with_gate_group', 'build_optimizer', 'learning_rate_sum', 'train_loss', 'build_teacher', 'update_ema', 'seed_step']
 
 
 # %% nbs/23_optimisation.py 7
@@ -28,12 +28,27 @@ def scaled_lr(base_lr: float, global_batch: int) -> float:
     return base_lr * global_batch / 512
 
 
+def with_gate_group(groups: list[dict], model: nn.Module, scale: float) -> list[dict]:
+    """``groups`` with the GPSA gates λ (parameters named ``gating_param``) moved into a group of their own,
+    undecayed, whose learning rate is ``scale`` times every other group's (its base rate under the schedule)."""
+    gates = {id(p) for name, p in model.named_parameters() if name.endswith("gating_param") and p.requires_grad}
+    if not gates:
+        raise ValueError(f"gate_lr_scale {scale} needs GPSA gates that learn, but this {type(model).__name__} has "
+                         "no trainable gating_param (a DeiT, frozen gates, or no GPSA layers): leave it at 1")
+    rest = [{**g, "params": [p for p in g["params"] if id(p) not in gates]} for g in groups]
+    mine = [p for g in groups for p in g["params"] if id(p) in gates]
+    return rest + [{"params": mine, "weight_decay": 0.0, "lr": scale}]
+
+
 def build_optimizer(cfg: TrainConfig, model: nn.Module, global_batch: int, steps_per_epoch: int,
                     device: torch.device) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over `param_groups` (fused into one kernel on a GPU) and its schedule, stepped per optimiser step: a
     `LambdaLR` over a base rate of 1, so that the lambda, `deit_lr` at `scaled_lr(cfg.lr, global_batch)`, *is*
-    the learning rate."""
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=1.0, fused=device.type == "cuda")
+    the learning rate (times ``cfg.gate_lr_scale`` for the gates, `with_gate_group`)."""
+    groups = param_groups(model, cfg.weight_decay)
+    if cfg.gate_lr_scale != 1:
+        groups = with_gate_group(groups, model, cfg.gate_lr_scale)
+    optimizer = torch.optim.AdamW(groups, lr=1.0, fused=device.type == "cuda")
     peak, total = scaled_lr(cfg.lr, global_batch), steps_per_epoch * cfg.epochs
     warmup = round(cfg.warmup_epochs * steps_per_epoch)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(
@@ -49,7 +64,7 @@ def learning_rate_sum(cfg: TrainConfig, steps_per_epoch: int, world_size: int = 
     return sum(deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr) for t in range(total))
 
 
-# %% nbs/23_optimisation.py 15
+# %% nbs/23_optimisation.py 17
 def train_loss(output: torch.Tensor | tuple[torch.Tensor, torch.Tensor], targets: torch.Tensor,
                teacher_logits: torch.Tensor | None = None, smoothing: float = 0.0) -> torch.Tensor:
     """Cross-entropy with hard labels (B,) or soft targets (B, C); with a teacher, DeiT's hard distillation:
@@ -69,7 +84,7 @@ def train_loss(output: torch.Tensor | tuple[torch.Tensor, torch.Tensor], targets
     )
 
 
-# %% nbs/23_optimisation.py 18
+# %% nbs/23_optimisation.py 20
 def build_teacher(name: str, checkpoint: str | None, num_classes: int, img_size: int) -> nn.Module:
     """A frozen teacher: a convit_edu model or a torchvision classifier, with weights from `checkpoint`."""
     if name in list_models():
@@ -86,7 +101,7 @@ def build_teacher(name: str, checkpoint: str | None, num_classes: int, img_size:
     return teacher.eval().requires_grad_(False)
 
 
-# %% nbs/23_optimisation.py 20
+# %% nbs/23_optimisation.py 22
 def update_ema(ema: AveragedModel, model: nn.Module, decay: float, first: bool) -> None:
     """What `AveragedModel.update_parameters` does with an EMA average (a copy of the model at the first update,
     then ema ← decay·ema + (1 − decay)·model for parameters and buffers), without its two host reads of
@@ -105,7 +120,7 @@ def update_ema(ema: AveragedModel, model: nn.Module, decay: float, first: bool) 
         ema.n_averaged += 1
 
 
-# %% nbs/23_optimisation.py 23
+# %% nbs/23_optimisation.py 25
 def seed_step(seed: int, rank: int, epoch: int, step: int) -> None:
     """Seed torch's, numpy's and python's generators from (seed, rank, epoch, step), at the start of every
     optimiser step: Mixup/CutMix and drop path then draw the same in a resumed run as in an uninterrupted one."""

@@ -56,6 +56,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from convit_edu.checks import expect_error
+
 torch.set_printoptions(precision=4, sci_mode=False)
 _ = torch.manual_seed(0)
 
@@ -80,12 +82,27 @@ def scaled_lr(base_lr: float, global_batch: int) -> float:
     return base_lr * global_batch / 512
 
 
+def with_gate_group(groups: list[dict], model: nn.Module, scale: float) -> list[dict]:
+    """``groups`` with the GPSA gates λ (parameters named ``gating_param``) moved into a group of their own,
+    undecayed, whose learning rate is ``scale`` times every other group's (its base rate under the schedule)."""
+    gates = {id(p) for name, p in model.named_parameters() if name.endswith("gating_param") and p.requires_grad}
+    if not gates:
+        raise ValueError(f"gate_lr_scale {scale} needs GPSA gates that learn, but this {type(model).__name__} has "
+                         "no trainable gating_param (a DeiT, frozen gates, or no GPSA layers): leave it at 1")
+    rest = [{**g, "params": [p for p in g["params"] if id(p) not in gates]} for g in groups]
+    mine = [p for g in groups for p in g["params"] if id(p) in gates]
+    return rest + [{"params": mine, "weight_decay": 0.0, "lr": scale}]
+
+
 def build_optimizer(cfg: TrainConfig, model: nn.Module, global_batch: int, steps_per_epoch: int,
                     device: torch.device) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over `param_groups` (fused into one kernel on a GPU) and its schedule, stepped per optimiser step: a
     `LambdaLR` over a base rate of 1, so that the lambda, `deit_lr` at `scaled_lr(cfg.lr, global_batch)`, *is*
-    the learning rate."""
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=1.0, fused=device.type == "cuda")
+    the learning rate (times ``cfg.gate_lr_scale`` for the gates, `with_gate_group`)."""
+    groups = param_groups(model, cfg.weight_decay)
+    if cfg.gate_lr_scale != 1:
+        groups = with_gate_group(groups, model, cfg.gate_lr_scale)
+    optimizer = torch.optim.AdamW(groups, lr=1.0, fused=device.type == "cuda")
     peak, total = scaled_lr(cfg.lr, global_batch), steps_per_epoch * cfg.epochs
     warmup = round(cfg.warmup_epochs * steps_per_epoch)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(
@@ -133,6 +150,29 @@ for _ in range(30):
     schedule.step()
 assert rates == [deit_lr(t, 30, 10, scaled_lr(5e-4, 1024), cfg.min_lr, cfg.warmup_lr) for t in range(30)]
 print(f"30 steps: the optimiser's rate is deit_lr's at each, from {rates[0]:.0e} up to {max(rates):.0e}")
+
+# %% [markdown]
+# One setting changes that for a diagnostic: `gate_lr_scale` gives the GPSA gates λ a group of their own whose
+# rate is that multiple of everyone else's at every step (`with_gate_group`; chapter 38 uses it to give the gates
+# the learning-rate sum of the paper's runs). Every other parameter keeps its rate, and a model without gates is
+# refused by name:
+
+# %%
+tiny = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=4, num_classes=5)
+cfg = TrainConfig(lr=5e-4, epochs=3, warmup_epochs=1, gate_lr_scale=50)
+optimizer, schedule = build_optimizer(cfg, create_model("convit_tiny", local_up_to_layer=1, **tiny), global_batch=1024,
+                                      steps_per_epoch=10, device=torch.device("cpu"))
+for _ in range(12):
+    optimizer.step()
+    schedule.step()
+*others, gates = optimizer.param_groups
+assert len(gates["params"]) == 1 and gates["params"][0].shape == (4,) and gates["weight_decay"] == 0
+assert all(abs(gates["lr"] - 50 * g["lr"]) < 1e-12 for g in others), (gates["lr"], [g["lr"] for g in others])
+print(f"step 12: gates at {gates['lr']:.2e}, every other parameter at {others[0]['lr']:.2e}")
+refused = expect_error(lambda: build_optimizer(cfg, create_model("deit_tiny", **tiny), global_batch=1024,
+                                               steps_per_epoch=10, device=torch.device("cpu")))
+assert "gating_param" in refused
+print(refused)
 
 # %% [markdown]
 # `learning_rate_sum` adds up those rates without running anything (chapter 32 uses it to compare runs). It takes

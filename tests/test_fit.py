@@ -40,6 +40,30 @@ def test_the_production_optimizer_uses_these_groups_and_leaves_frozen_parameters
     assert all(p is not model.blocks[0].mlp.fc1.weight for g in mine for p in g["params"])
 
 
+def test_gate_lr_scale_gives_the_trainable_gates_alone_that_multiple_of_the_rate_at_every_step():
+    model = create_model("convit_tiny", **TINY, local_up_to_layer=1)
+    cfg = TrainConfig(lr=1e-3, epochs=2, warmup_epochs=1, gate_lr_scale=40)
+    optimizer, schedule = optimisation.build_optimizer(cfg, model, 512, 5, torch.device("cpu"))
+    *others, gates = optimizer.param_groups
+    assert [id(p) for p in gates["params"]] == [id(model.blocks[0].attn.gating_param)] and gates["weight_decay"] == 0
+    plain = param_groups(model, cfg.weight_decay)  # every other parameter keeps its group
+    assert [len(g["params"]) for g in others] == [len(plain[0]["params"]), len(plain[1]["params"]) - 1]
+    for _ in range(7):
+        optimizer.step()
+        schedule.step()
+        assert all(math.isclose(gates["lr"], 40 * g["lr"]) for g in others)
+
+
+@pytest.mark.parametrize("name, extra", [("deit_tiny", {}), ("convit_tiny", {"local_up_to_layer": 1,
+                                                                              "freeze_gating": True})])
+def test_gate_lr_scale_is_refused_by_name_where_no_gate_learns(name, extra):
+    model = create_model(name, **TINY, **extra)
+    with pytest.raises(ValueError, match="gate_lr_scale 40 .*gating_param"):
+        optimisation.build_optimizer(TrainConfig(gate_lr_scale=40), model, 512, 5, torch.device("cpu"))
+    with pytest.raises(ValueError, match="gate_lr_scale"):
+        TrainConfig(gate_lr_scale=0)
+
+
 def test_param_groups_decay_matrices_but_not_gates_norms_biases_or_embeddings():
     model = create_model("convit_tiny", **TINY, local_up_to_layer=1)
     decayed, kept = (set(map(id, g["params"])) for g in param_groups(model, 0.05))
