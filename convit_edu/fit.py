@@ -29,8 +29,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 # %% nbs/11_fit.py 20
 def deit_lr(step: int, total_steps: int, warmup_steps: int, peak_lr: float, min_lr: float, warmup_lr: float) -> float:
-    """DeiT's learning rate at optimiser step `step` (0-based): linear warm-up from `warmup_lr` to `peak_lr` over
-    `warmup_steps`, then half a cosine to `min_lr` at `total_steps` (and after)."""
+    """DeiT's schedule at optimiser step `step` (0-based; DeiT's code sets it once per epoch): linear warm-up from
+    `warmup_lr` to `peak_lr` over `warmup_steps`, then half a cosine to `min_lr` at `total_steps` (and after)."""
     if step < warmup_steps:
         return warmup_lr + (peak_lr - warmup_lr) * step / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
@@ -58,7 +58,7 @@ def loss_and_accuracy(model: nn.Module, loader: DataLoader) -> dict:
 def fit(model: VisionTransformer, train_loader: DataLoader, val_loader: DataLoader, epochs: int, *,
         lr: float = 5e-4, weight_decay: float = 0.05, warmup_epochs: float = 5, min_lr: float = 1e-5,
         warmup_lr: float = 1e-6) -> list[dict]:
-    """Train `model` with DeiT's optimiser (Touvron et al. 2021; the paper's Sec. 3): AdamW, weight decay on
+    """Train `model` with DeiT's optimiser (Touvron et al. 2020; the paper's Sec. 3): AdamW, weight decay on
     matrices only, peak rate `lr` × batch / 512, linear warm-up for `warmup_epochs`, cosine to `min_lr`, set at
     every step. Returns one row per epoch: epoch, train_loss, val_loss, val_top1, lr (the next step's) and gates
     (the mean σ(λ) of each GPSA layer; empty for a DeiT)."""

@@ -88,7 +88,8 @@ class GPSA(GatedAttention):
 
 # %% nbs/07_gpsa.py 8
 class PSA(PositionalAttention):
-    """Positional self-attention, Eq. 4: ``softmax(Q Kᵀ/√d + v_posᵀ r) V`` per head, with the Eq. 5 init.
+    """Positional self-attention, Eq. 4: ``softmax(Q Kᵀ/√d + v_posᵀ r) V`` per head, with Eq. 5's v_pos and W_val = I
+    (W_qry, W_key keep DeiT's random init, not 0).
 
     Same constructor, forward signature and checkpoint keys as ``GPSA`` minus ``gating_param``; computed with
     SDPA and the positional scores as an additive mask unless the attention matrix is asked for (or attention

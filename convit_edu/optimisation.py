@@ -57,8 +57,8 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module, global_batch: int, steps
 
 def learning_rate_sum(cfg: TrainConfig, steps_per_epoch: int, world_size: int = 1) -> float:
     """The sum of the learning rates of every optimiser step of the run ``cfg`` on ``world_size`` processes: about
-    how far AdamW can move any one parameter over the run (it moves each by at most about the learning rate per
-    step). ``steps_per_epoch``: ``cfg.steps_per_epoch(train_images, world_size)``, or a run's own record of it."""
+    how far AdamW can move any one parameter over the run (it moves each by roughly the learning rate per
+    step, about 3 times it at worst for its default betas). ``steps_per_epoch``: ``cfg.steps_per_epoch(train_images, world_size)``, or a run's own record of it."""
     total, warmup = steps_per_epoch * cfg.epochs, round(cfg.warmup_epochs * steps_per_epoch)
     peak = scaled_lr(cfg.lr, cfg.images_per_step(world_size))
     return sum(deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr) for t in range(total))

@@ -162,7 +162,7 @@ def _check(name: str, value: float | None, threshold: float, needs: str, above: 
 
 
 def check_preconditions(records: list[dict]) -> list[dict]:
-    """Chapter 35's pre-conditions of a Table 2 grid, from its records' dev top-1 (``val_top1``) at the smallest
+    """The second design's four pre-conditions of a Table 2 grid (this chapter), from its records' dev top-1 (``val_top1``) at the smallest
     fraction: one dict per check with ``name``, ``passed`` (None when its runs are missing), ``value``, ``needs``."""
     low = min(r["fraction"] for r in records)
     runs = lambda model, f, ablation=None: [r for r in records if r["model"] == model and r["fraction"] == f

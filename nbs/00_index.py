@@ -211,9 +211,9 @@ print("top-1 gain recomputed:", {f"{f:.0%}": f"{100 * (c1 - d1) / d1:.1f}%" for 
 #
 # The numbers are the order in which the chapters build on each other: a chapter uses only the modules of
 # itself and of earlier chapters, so the package's imports run one way. The core path is chapters 01-11, then
-# 32-36 and 38-40: chapter 11 writes a first training loop by hand, and from chapter 32 on the core path uses the
+# 32-36 and 38: chapter 11 writes a first training loop by hand, and from chapter 32 on the core path uses the
 # engineering track's tools — the loop of chapter 11, hardened in chapters 12-29 — as given; skip chapters
-# 12-31, 37 and 41-45 and come back when a tool's inside interests you. The cell below reads the module each
+# 12-31, 37 and 39-45 and come back when a tool's inside interests you. The cell below reads the module each
 # chapter exports from the chapter itself, and fails if a chapter is missing from the map.
 
 # %%
@@ -232,14 +232,12 @@ CORE = [
     ("09_models", "the ConViT and DeiT models: configuration, class token, forward"),
     ("10_zoo", "Table 1 by name: parameters, MACs, resolutions, ablation switches"),
     ("11_fit", "a first training loop, line by line: a small ConViT and DeiT on real photographs"),
-    ("32_first_training_run", "a pair like chapter 11's with the production loop, and what it records"),
+    ("32_first_training_run", "chapter 11's run with the production loop, and what it records"),
     ("33_locality", "nonlocality (Eq. 8) and the gates during training, Figs. 5-6"),
     ("34_attention_maps", "attention maps (Fig. 7) and masking at test time (Tables 5-6)"),
     ("35_experiment_design", "Tables 2 and 3 at any scale; a design a CPU can run"),
     ("36_tables", "records to Tables 2 and 3: a paired test over images and seeds; pre-conditions"),
-    ("38_experiment_results", "Tables 2 and 3 in miniature: the results"),
-    ("39_pilots", "the second design: pilots, and the rule that picks the grid"),
-    ("40_grid_results", "the second design's grid: Tables 2 and 3, Figs. 5-6: no gain beyond noise"),
+    ("38_experiment_results", "what a laptop shows of the ConViT, and why: curves, Tables 2-3, Figs. 5-6, the gates"),
 ]
 ENGINEERING = [
     ("12_checkpoints", "official and timm weights in, training checkpoints out; hard distillation"),
@@ -263,6 +261,8 @@ ENGINEERING = [
     ("30_benchmarks", "why GPSA is slow and how to make it fast"),
     ("31_model_throughput", "whole models' training throughput; denormal numbers on a CPU"),
     ("37_experiments", "one command per grid: a fixed test split, per-image scores, resuming"),
+    ("39_pilots", "the research log, 1: the first design, pilots, and the rule that picks the grid"),
+    ("40_grid_results", "the research log, 2: the registered grid's endpoint, pre-conditions and ablations"),
     ("41_benchmark_suite", "compile, the machine's peak, the data, the benchmark suite"),
     ("42_cli", "convit-edu train / eval / bench / experiment"),
     ("43_clusters", "launching at every scale: torchrun, many nodes, SLURM"),

@@ -89,7 +89,7 @@ torch.testing.assert_close(scores[0], torch.tensor([1.0, 0.0, -1.0]) / 2**0.5)
 
 # %% [markdown]
 # As a function, with batch and head dimensions in front (`...`), and checked against PyTorch's fused
-# `F.scaled_dot_product_attention` (SDPA), which computes the same thing without ever storing A:
+# `F.scaled_dot_product_attention` (SDPA), which computes the same thing and whose fused kernels need not store A:
 
 # %%
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

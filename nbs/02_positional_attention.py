@@ -430,7 +430,7 @@ def check_my_psa(fn) -> None:
     got = fn(q, k, v, rel, v_pos)
     check_answer(tuple(got.shape) == tuple(want.shape), f"the output is A·V, (B, N_h, L, D_h), got {tuple(got.shape)}")
     check_answer(torch.allclose(got, want, atol=1e-5), "the two scores are added before a single softmax (not two "
-                 "softmaxes mixed: that is Eq. 6); head h's positional score for (i, j) is v_pos[h] · rel[i, j]")
+                 "softmaxes mixed: that is Eq. 7); head h's positional score for (i, j) is v_pos[h] · rel[i, j]")
 
 
 def two_softmaxes(q, k, v, rel, v_pos):  # a wrong answer: GPSA's two softmaxes, averaged

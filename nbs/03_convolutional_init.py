@@ -108,8 +108,8 @@ assert attn.argmax() == query + 1  # the patch to the right of the query
 # be moved by half a patch onto integer offsets — that is what chapter 04's proof does.
 #
 # **N_h not a perfect square.** 6 heads give k = 2: four local heads, and two heads with no place on the
-# kernel. The official code leaves those two with their random positional weights, so they start almost
-# uniform over the image. `head_centres` reports them as NaN rows and warns — once, through Python's
+# kernel. The official code leaves those two with their random positional weights, so they start with a broad,
+# random positional pattern: not local like the others, nor uniform either. `head_centres` reports them as NaN rows and warns — once, through Python's
 # `warnings`, so a 10-layer model does not print it ten times.
 
 # %%
@@ -289,7 +289,7 @@ for alpha in (0.5, 2.0):
 print({name: tuple(m.shape) for name, m in maps.items()})
 
 # %% [markdown]
-# The claims of the caption, checked: the SA maps change with the image (here, the image flipped left-right),
+# The claims of the caption and of the text under Eq. 5, checked: the SA maps change with the image (here, the image flipped left-right),
 # the PSA maps do not depend on it at all, and α = 2 is more concentrated than α = 0.5 (a larger share of
 # each head's attention on its four most-attended patches).
 #

@@ -19,8 +19,9 @@
 # Chapter 03 placed each head's attention on one offset Δ_h of a kernel, with a sharpness α (Eq. 5). Here we
 # build, from those pieces, a positional self-attention layer whose output *is* a given `nn.Conv2d`, and check
 # it against torch to 10⁻⁴. The proof needs each head to be as wide as the input; a real ConViT layer's heads
-# are narrower (D_h = D/N_h), and the last section shows the simpler operation such a layer computes when it
-# is initialised: a shift of each channel group, then a 1 × 1 projection.
+# are narrower (D_h = D/N_h), and the last section shows the simpler operation such a layer tends to with a
+# sharp α and a fully positional gate: a shift of each channel group, then a 1 × 1 projection (at the real
+# initialization, a blurred version of it).
 
 # %% tags=["parameters"]
 import os
@@ -281,7 +282,8 @@ assert 0.55 < block < 0.58
 #
 # `convit_edu.conv_attention` exports `ConvAsPSA`: a k×k convolution written as positional attention with k²
 # heads as wide as the input, exact up to e^{−α}. A ConViT layer, initialised by chapter 03's `local_init`
-# with narrower heads, starts as a shift of each channel group followed by a 1 × 1 projection. Chapter 05 keeps
+# with narrower heads, starts as a blurred shift of each channel group followed by a 1 × 1 projection (a
+# shift in the limit of a sharp α and a fully positional gate). Chapter 05 keeps
 # this positional attention but adds the content attention back in, in a separate softmax, with a learnable
 # gate per head.
 

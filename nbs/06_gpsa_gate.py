@@ -26,7 +26,7 @@
 # to five values (`gate_override`, the hook chapter 34's masking uses), on one logarithmic colour scale. At
 # initialization (weights of standard deviation 0.02) the content map is nearly uniform; we scale W_qry and
 # W_key up 4 times so that it shows something, a random read-out of the picture — training (chapter 32) makes
-# it useful. The ConViT starts at σ(1) = 0.73, the fourth panel: mostly the positional bump (over half the
+# it useful. The ConViT starts at σ(1) = 0.73, the fourth map (fifth panel): mostly the positional bump (over half the
 # attention on the four patches around query + Δ_h, where the content map puts less than uniform would), with the
 # picture faintly behind it.
 

@@ -58,7 +58,7 @@ _ = torch.manual_seed(0)
 #   \mathbf{P}^h\text{: no batch index}}\,\mathbf{V}^h .$$
 #
 # * The first term is ordinary attention: `F.scaled_dot_product_attention` computes it with a fused kernel
-#   (flash attention on GPUs and on CPUs) that never stores the L × L matrix and saves only the output and
+#   (flash or memory-efficient attention on GPUs, flash on CPUs) that never stores the L × L matrix and saves only the output and
 #   one number per row for the backward pass.
 # * The second term's attention P does not depend on the image: it is computed **once per forward** and
 #   applied to all images at once by folding the batch into the columns of V. (Writing `P @ V` with
@@ -204,7 +204,8 @@ class GPSA(GatedAttention):
 # %%
 #| export
 class PSA(PositionalAttention):
-    """Positional self-attention, Eq. 4: ``softmax(Q Kᵀ/√d + v_posᵀ r) V`` per head, with the Eq. 5 init.
+    """Positional self-attention, Eq. 4: ``softmax(Q Kᵀ/√d + v_posᵀ r) V`` per head, with Eq. 5's v_pos and W_val = I
+    (W_qry, W_key keep DeiT's random init, not 0).
 
     Same constructor, forward signature and checkpoint keys as ``GPSA`` minus ``gating_param``; computed with
     SDPA and the positional scores as an additive mask unless the attention matrix is asked for (or attention

@@ -19,7 +19,7 @@
 # Chapters 01-07 built the attention layers: DeiT's `MHSA` and the ConViT's `GPSA`. This chapter builds the
 # other layers a vision transformer is made of — the patch embedding, the MLP, stochastic depth, the pre-norm
 # block that holds any of those attentions — and resizes a positional embedding to another image size.
-# Chapter 09 assembles them into the ConViT and DeiT of Fig. 4.
+# Chapter 09 assembles them into the ConViT of Fig. 4 and its DeiT baseline.
 
 # %% tags=["parameters"]
 import os

@@ -107,9 +107,9 @@ for name in list_models():
 # %% [markdown]
 # Here is the whole ConViT-Ti: ten `GPSA` blocks, then two `MHSA` blocks (drop path 0: `drop_path_rate` defaults to 0,
 # the training recipe sets 0.1). On two random images, the class token skips the GPSA blocks and joins for the last
-# two. At initialization every GPSA head attends like a tap of a 2×2 convolution kernel, as in chapter 05's single
-# layer: for the centre patch (row 7, column 7), the four strongest keys of head h in block 0 are the 2×2 patches
-# around its centre query + Δ_h, Δ = (±½, ±½), and σ(λ = 1) = 0.73 of every head's attention is positional.
+# two. At initialization every GPSA head averages a 2×2 block (chapter 03): for the centre patch (row 7, column 7),
+# the four strongest keys of head h in block 0 are the 2×2 patches around its centre query + Δ_h, Δ = (±½, ±½),
+# and σ(λ = 1) = 0.73 of every head's attention is positional.
 
 # %%
 torch.manual_seed(0)
@@ -189,8 +189,9 @@ assert (one_gpsa, one_mhsa_no_bias) == (147_668, 147_648) and one_gpsa - one_mhs
 # %% [markdown]
 # ## Counting multiply-accumulates
 #
-# Table 1's "Flops" column counts multiply-accumulates (MACs) per 224×224 image. We count them analytically, layer by
-# layer, for L tokens of width D (in the GPSA blocks L = 196 patches; after the class token joins, L = 197):
+# Table 1's "Flops" column fits multiply-accumulates (MACs) per 224×224 image without the attention matmuls (the
+# paper does not state its convention). We count them layer by layer, for L tokens of width D (in the GPSA blocks
+# L = 196 patches; after the class token joins, L = 197):
 #
 # * **linear layers**: the patch embedding (L·D·C·p²), per block 4·L·D² for the attention projections
 #   (`qkv` + `proj`, or `qk` + `v` + `proj`), 2·L·D·4D for the MLP, the positional scores of a GPSA layer
@@ -295,8 +296,7 @@ assert {s for s, r in ratio.items() if abs(r - 1) > 0.02} == {"S"}, ratio  # eac
 
 # %% [markdown]
 # "GMACs" is our count without the attention matmuls, "+attn" with them, "linear" without the LayerNorms. Every Flops
-# entry matches but one: ConViT-S+'s 9.48 GMACs are printed "10G", its DeiT-S+ partner's value (9.51 G). The linear
-# layers alone give 5.35 G and 4.24 G for ConViT-S and DeiT-S (5.3G, 4.2G): the paper counted the LayerNorms. With the
+# entry matches but one: ConViT-S+'s 9.48 GMACs are printed "10G", its DeiT-S+ partner's value (9.51 G). With the
 # attention matmuls ConViT-S costs 5.76 GMACs, not 5.36: the column leaves out about 7% of the work at 224 px, more at
 # higher resolution (exercise 2). In the figure each ConViT sits at its DeiT's size but S (432 wide against 384).
 #

@@ -158,7 +158,7 @@ print(f"ConViT {params['ConViT']:,} and DeiT {params['DeiT']:,} parameters: {par
 # %% [markdown]
 # ## 3. The optimiser: AdamW and DeiT's schedule
 #
-# The paper trains with DeiT's recipe (Sec. 3; Touvron et al. 2021): AdamW, weight decay 0.05, a base rate of
+# The paper trains with DeiT's recipe (Sec. 3; Touvron et al. 2020): AdamW, weight decay 0.05, a base rate of
 # 5·10⁻⁴ for a batch of 512, 5 warm-up epochs, then a cosine to 10⁻⁵. **Weight decay** pulls weights towards 0,
 # the weight matrices only: biases, LayerNorm gains, the gates λ (all 1-D), the position embedding and class
 # token (`model.no_weight_decay()`) keep their scale; shrinking a gain or a gate changes the architecture.
@@ -203,8 +203,8 @@ print(f"{len(groups[0]['params'])} tensors decayed, {len(groups[1]['params'])} n
 # %%
 #| export
 def deit_lr(step: int, total_steps: int, warmup_steps: int, peak_lr: float, min_lr: float, warmup_lr: float) -> float:
-    """DeiT's learning rate at optimiser step `step` (0-based): linear warm-up from `warmup_lr` to `peak_lr` over
-    `warmup_steps`, then half a cosine to `min_lr` at `total_steps` (and after)."""
+    """DeiT's schedule at optimiser step `step` (0-based; DeiT's code sets it once per epoch): linear warm-up from
+    `warmup_lr` to `peak_lr` over `warmup_steps`, then half a cosine to `min_lr` at `total_steps` (and after)."""
     if step < warmup_steps:
         return warmup_lr + (peak_lr - warmup_lr) * step / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
@@ -282,7 +282,7 @@ print(f"untrained: validation loss within 0.1 of ln {CLASSES} = {math.log(CLASSE
 def fit(model: VisionTransformer, train_loader: DataLoader, val_loader: DataLoader, epochs: int, *,
         lr: float = 5e-4, weight_decay: float = 0.05, warmup_epochs: float = 5, min_lr: float = 1e-5,
         warmup_lr: float = 1e-6) -> list[dict]:
-    """Train `model` with DeiT's optimiser (Touvron et al. 2021; the paper's Sec. 3): AdamW, weight decay on
+    """Train `model` with DeiT's optimiser (Touvron et al. 2020; the paper's Sec. 3): AdamW, weight decay on
     matrices only, peak rate `lr` × batch / 512, linear warm-up for `warmup_epochs`, cosine to `min_lr`, set at
     every step. Returns one row per epoch: epoch, train_loss, val_loss, val_top1, lr (the next step's) and gates
     (the mean σ(λ) of each GPSA layer; empty for a DeiT)."""
@@ -364,9 +364,9 @@ plt.show()
 
 # %% [markdown]
 # **What the run shows** (checked below, in a full run on the real photographs): both losses fall and both models
-# end far above chance (10 %). The gates barely move, as they should: AdamW moves a parameter by about the rate
-# per step at most, this run's rates add up to 0.16, and σ's slope at λ = 1 is σ(1)(1 − σ(1)) ≈ 0.20, so a gate
-# drifts by 0.03 at most from σ(1) ≈ 0.73. The paper's gates move over 300 epochs.
+# end far above chance (10 %). The gates barely move, as they should: AdamW moves a parameter by roughly the rate
+# per step (3 times it at worst, for its default betas), this run's rates add up to 0.16, and σ's slope at λ = 1 is
+# σ(1)(1 − σ(1)) ≈ 0.20, so a layer's mean gate should drift by about 0.03 at most. The paper's move over 300 epochs.
 #
 # **What it does not show:** which model is better. At 50 % the standard error of a top-1 measured on 500 images
 # is √(0.5 · 0.5 / 500) ≈ 2.2 points: the evaluation alone blurs gaps of a few points, before one seed's luck.

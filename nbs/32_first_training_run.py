@@ -16,15 +16,14 @@
 # %% [markdown]
 # # A first training run: a small ConViT and DeiT in minutes
 #
-# Chapter 11 trained a small ConViT and DeiT with its first loop. This chapter trains a pair of the same shape, on
-# the same 10 classes of Tiny ImageNet on a laptop CPU in a few minutes, with the production loop (chapter 11's,
-# hardened; its inside is the engineering track's subject) used as a tool: one config in, one folder of records
-# out. It is not chapter 11's run: half the images (156 steps instead of 312) and DeiT's full augmentation recipe,
-# made for 300 epochs, against a crop and a flip. Its models score lower (DeiT 31.6 %, ConViT 33.4 % against
-# chapter 11's DeiT 48.2 %, ConViT 45.4 %); how much of that each difference costs is not measured here. We read
-# what it wrote: the schedule, the loss and accuracy per epoch, the checkpoints and the ConViT's gates σ(λ). Then
-# we read longer committed runs, which show what a few minutes cannot (the paper's Fig. 8b), and run a small
-# experiment of our own (its Fig. 8a).
+# Chapter 11 trained a small ConViT and DeiT with the loop you wrote. This chapter trains the same pair the same
+# way — the same 10 classes of Tiny ImageNet, images, crop and flip, epochs, batch, learning rates and seed — with
+# the production loop (chapter 11's, hardened; its inside is the engineering track's subject) used as a tool: one
+# config in, one folder of records out. Only the random draws differ (the production loop seeds the shuffling, the
+# crops and the initial weights its own way), so the two chapters' scores should differ by no more than a seed's
+# luck, and we measure that they do. We read what the run wrote: the schedule, the loss and accuracy per epoch, the
+# checkpoints and the ConViT's gates σ(λ). Then we read longer committed runs, which show what a few minutes
+# cannot (the paper's Fig. 8b), and run a small experiment of our own (its Fig. 8a).
 
 # %% tags=["parameters"]
 import os
@@ -58,14 +57,13 @@ _ = torch.manual_seed(0)
 #
 # Everything that decides what a run computes is one `TrainConfig`: the model (a zoo name, `model_args`
 # overriding its sizes), the data, the epochs, the batch, the learning rate, the seed. Its defaults are DeiT's
-# recipe (AdamW, warm-up + cosine, RandAugment, Mixup/CutMix, label smoothing, random erasing, drop path).
-#
-# **The data.** The first 10 classes of the course's Tiny ImageNet subset (chapter 14's `tiny_imagenet`, from
-# `data/`): 64 × 64 photographs, 500 training and 50 validation images per class.
-# **The models.** Width 96 in 4 heads, 6 blocks, 8-pixel patches (an 8 × 8 grid). The ConViT's first 5 blocks are
-# GPSA (`local_up_to_layer=5`), the class token joining before the last; the DeiT has plain self-attention. Same
-# seed, same images in the same order. **The budget.** Half of each class's images (`fraction=0.5`, 2 500), 4
-# epochs at batch 64, one of them warm-up. FAST mode (CI): 2 classes, a tenth of their images, 2 epochs.
+# recipe (AdamW, warm-up + cosine, RandAugment, Mixup/CutMix, label smoothing, random erasing, drop path: chapter
+# 15), made for 300 epochs; here we set chapter 11's run instead. **The data**: the first 10 classes of the
+# course's Tiny ImageNet (64 × 64 photographs, 500 training and 50 validation images per class), all 5 000
+# training images. **The models**: width 96 in 4 heads, 6 blocks, 8-pixel patches; the ConViT's first 5 blocks are
+# GPSA, the class token joining before the last. **The budget**: 4 epochs at batch 64, one of them warm-up.
+# **The augmentation** (`aug_args`): a crop of the image padded by 4 pixels and a flip; no drop path. FAST mode
+# (CI): 2 classes, a tenth of their images, 2 epochs.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -79,25 +77,24 @@ data = {"data": "imagefolder", "data_root": str(tiny_imagenet("../data"))}
 IMAGES_PER_CLASS, CLASSES = 500, 2 if FAST else 10
 
 size = dict(patch_size=8, embed_dim=96, num_heads=4, depth=6)
+chapter_11_aug = dict(crop="pad", padding=4, randaugment_magnitude=None, erasing=0.0, mixup_alpha=0.0,
+                      cutmix_alpha=0.0, label_smoothing=0.0, crop_ratio=1.0)  # crop_ratio 1: no resize to score
 deit_cfg = TrainConfig(model="deit_tiny", model_args=size, img_size=64, **data, classes=CLASSES,
-                       fraction=0.1 if FAST else 0.5, epochs=2 if FAST else 4, batch_size=64,
+                       aug_args=chapter_11_aug, drop_path_rate=0.0,
+                       fraction=0.1 if FAST else 1.0, epochs=2 if FAST else 4, batch_size=64,
                        lr=8e-3, warmup_epochs=1, precision="fp32", num_workers=2, seed=0,
                        output=str(RUNS / "28_deit"))
 convit_cfg = replace(deit_cfg, model="convit_tiny", model_args={**size, "local_up_to_layer": 5},
                      output=str(RUNS / "28_convit"))
 configs = {"DeiT": deit_cfg, "ConViT": convit_cfg}
-print("data:", data["data"], "| FAST:", FAST)
 print(convit_cfg)
 
 # %% [markdown]
 # Two settings deserve a word. `precision="fp32"`: on a CPU the default (`auto`) would pick bfloat16 where the
-# processor has it, and the run would depend on the machine. And `lr=8e-3`, sixteen times DeiT's 5·10⁻⁴: `lr` is
-# the *base* rate for a batch of 512, and the optimiser uses DeiT's linear scaling rule
-# $\eta_\text{peak} = \texttt{lr} \times B_\text{global} / 512$, the global batch being the images one optimiser step
-# averages over (`batch_size` × `accum_steps` × processes; here 64). Our peak is 8·10⁻³ × 64 / 512 = 10⁻³, the
-# peak DeiT reaches with its batch of 1024; DeiT's base rate would give 6·10⁻⁵ at our batch, too little for 156
-# steps. The rate is set at every step: a linear warm-up from `warmup_lr` (10⁻⁶) to the peak over `warmup_epochs`,
-# then half a cosine down to `min_lr` (10⁻⁵) at the last step.
+# processor has it, and the run would depend on the machine. And `lr=8e-3`, as in chapter 11: `lr` is the *base*
+# rate for a batch of 512, scaled linearly to the global batch (`batch_size` × `accum_steps` × processes; here 64),
+# a peak of 8·10⁻³ × 64 / 512 = 10⁻³, DeiT's own at its batch of 1024; warm-up from `warmup_lr` (10⁻⁶) over
+# `warmup_epochs`, then half a cosine down to `min_lr` (10⁻⁵) at the last step.
 #
 # ## Training
 #
@@ -140,8 +137,8 @@ print(sorted(p.name for p in out["ConViT"].iterdir()))
 print("a log row:", list(rows["ConViT"][0]))
 
 # %% [markdown]
-# The records agree with the config, by arithmetic anyone can redo: ⌊0.5 × 500⌋ × 10 = 2 500 images, ⌊2500 / 64⌋
-# = 39 steps per epoch (the last, incomplete batch of an epoch is dropped), and the learning rate of the last row
+# The records agree with the config, by arithmetic anyone can redo: ⌊1 × 500⌋ × 10 = 5 000 images, ⌊5000 / 64⌋
+# = 78 steps per epoch (the last, incomplete batch of an epoch is dropped), and the learning rate of the last row
 # — read after the last step — is `min_lr`:
 
 # %%
@@ -153,7 +150,7 @@ for name, cfg in configs.items():
     assert info[name]["steps_per_epoch"] == steps_per_epoch
     assert [r["epoch"] for r in rows[name]] == list(range(1, cfg.epochs + 1))
     assert [r["step"] for r in rows[name]] == [steps_per_epoch * e for e in range(1, cfg.epochs + 1)]
-    assert rows[name] == results[name].history and math.isclose(rows[name][-1]["lr"], cfg.min_lr)
+    assert math.isclose(rows[name][-1]["lr"], cfg.min_lr)
 print(f"peak learning rate {info['ConViT']['scaled_lr']:.1e} = {convit_cfg.lr:.0e} × 64 / 512; "
       f"last logged rate {rows['ConViT'][-1]['lr']:.0e} = min_lr")
 
@@ -167,8 +164,8 @@ for name in configs:
               + ("  gates " + " ".join(f"{g:.3f}" for g in r["gates"]) if r["gates"] else ""))
 
 # %% [markdown]
-# The train loss is measured on mixed, augmented images with smoothed labels, so it stays well above the
-# validation loss: it is what the optimiser sees, not how well the model does. `plot_history` draws a run's rows
+# The train loss is the mean of an epoch's losses on cropped and flipped images, taken while the weights were still
+# improving: what the optimiser saw, not how well the model does at the end. `plot_history` draws a run's rows
 # (it also saved them as `curves.png`): the losses with the schedule on the right axis, the accuracies, and for a
 # ConViT the mean gate of every GPSA layer. Here the ConViT's, then the two models against each other:
 
@@ -185,19 +182,36 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
+# **The same run as chapter 11's?** Its last top-1s, on the same 500 validation images, were DeiT 48.2 % and
+# ConViT 45.4 %. A top-1 near 47 % on 500 images has a standard error of 2.2 points, a difference between two
+# independent ones 3.2; a seed changes the weights, the order and the crops, so the two chapters' scores should
+# differ by less than two of those (6.3 points) — and would not, had the production loop quietly trained another
+# recipe (its default, DeiT's full augmentation, scored 31–33 % here on half the images).
+
+# %%
+CHAPTER_11 = {"DeiT": 48.2, "ConViT": 45.4}  # chapter 11's committed run: top-1 after its 4 epochs
+se_diff = 100 * math.sqrt(2 * 0.47 * 0.53 / 500)
+for name in configs:
+    ours = rows[name][-1]["val_top1"]
+    print(f"{name}: {ours:.1f} % here, {CHAPTER_11[name]:.1f} % in chapter 11 ({ours - CHAPTER_11[name]:+.1f} points; "
+          f"two standard errors of a difference: {2 * se_diff:.1f})")
+if not FAST:  # FAST mode trains 2 classes for 2 epochs: nothing to compare
+    assert all(abs(rows[name][-1]["val_top1"] - CHAPTER_11[name]) < 2 * se_diff for name in configs)
+
+# %% [markdown]
 # **What these runs can and cannot show.** The loop at work and how to read its records: the schedule, the
-# losses, both models well above chance (10 %) after 156 steps. Not which model is better, nor the paper's head
-# start: one seed, 500 validation images, 156 steps of a recipe (RandAugment, Mixup/CutMix, erasing) built for
-# 300 epochs; two seeds of the *same* model can differ by a few points, as much as any gap above.
+# losses, both models well above chance (10 %) after 312 steps, as in chapter 11. Not which model is better, nor
+# the paper's head start: one seed, 500 validation images, 312 steps; two seeds of the *same* model differ by a few
+# points, as much as any gap between the models — compare the two chapters.
 #
 # ## The gates during training
 #
 # Every row of a ConViT's log carries `gates`: the mean σ(λ) over the heads of each GPSA layer, in layer order
 # (the table above lists them). A gate of 1 is pure positional (convolution-like) attention, 0 pure content
 # attention. Every λ starts at 1, so every gate starts at σ(1) ≈ 0.731; a DeiT logs an empty list. In a run this
-# short the gates can barely move: AdamW moves a parameter by about the learning rate per step at most, and this
-# run's 156 rates add up to 0.079, so λ can travel about 0.08 from 1, and σ(λ), whose slope there is
-# σ(1)(1 − σ(1)) ≈ 0.2, about 0.015. The paper's gates fall over 300 epochs of ImageNet (375 000 steps).
+# short the gates can barely move: AdamW moves a parameter by roughly the learning rate per step, and this
+# run's 312 rates add up to 0.16, so λ can travel about 0.16 from 1, and σ(λ), whose slope there is
+# σ(1)(1 − σ(1)) ≈ 0.2, about 0.03. The paper's gates fall over 300 epochs of ImageNet (375 000 steps).
 
 # %%
 from convit_edu.optimisation import learning_rate_sum, scaled_lr
@@ -207,16 +221,14 @@ assert all(r["gates"] == [] for r in rows["DeiT"])
 print(f"initial gate σ(1) = {1 / (1 + math.exp(-1)):.3f}; GPSA layers logged: {len(rows['ConViT'][0]['gates'])}")
 sigma_slope = math.exp(-1) / (1 + math.exp(-1)) ** 2  # σ'(1) = σ(1)(1 − σ(1))
 assert round(sigma_slope, 1) == 0.2 and math.isclose(scaled_lr(5e-4, 64), 6.25e-5)  # DeiT's rate at our batch
+lr_sum = learning_rate_sum(convit_cfg, steps_per_epoch)
+moved = max(abs(g - 1 / (1 + math.exp(-1))) for r in rows["ConViT"] for g in r["gates"])
+print(f"{convit_cfg.epochs * steps_per_epoch} rates sum to {lr_sum:.3f}: σ(λ) may move about {sigma_slope * lr_sum:.3f}; "
+      f"the most any layer's mean gate moved: {moved:.3f}")
+assert moved <= sigma_slope * lr_sum  # no mean gate moved further than its learning rates typically allow
 if not FAST:  # the prose's numbers are those of the full run
-    lr_sum = learning_rate_sum(convit_cfg, steps_per_epoch)
-    assert convit_cfg.epochs * steps_per_epoch == 156 and round(lr_sum, 3) == 0.079
-    assert round(sigma_slope * lr_sum, 3) == 0.015
-    moved = max(abs(g - 1 / (1 + math.exp(-1))) for r in rows["ConViT"] for g in r["gates"])
-    assert moved < 0.02  # the gates barely moved: within about the 0.015 the learning rates allow
-    # and, from the sections above, the train loss (mixed, augmented, smoothed) stays well above the validation
-    # loss, and both models end well above chance (10 %)
-    assert all(r["train_loss"] > r["val_loss"] + 0.1 for name in rows for r in rows[name])
-    assert all(rows[name][-1]["val_top1"] > 20 for name in rows)
+    assert (convit_cfg.epochs * steps_per_epoch, round(lr_sum, 2), round(sigma_slope * lr_sum, 2)) == (312, 0.16, 0.03)
+    assert all(rows[name][-1]["val_top1"] > 20 for name in rows)  # both well above chance (10 %)
 
 # %% [markdown]
 # ## Longer runs: a head start? (Fig. 8b)
@@ -253,35 +265,29 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **What the pilots show** (each number checked below). A head start, small and brief: at the first evaluation
-# (about 110 steps, 6 % of each run) the ConViT leads by 3.4 points at f = 0.1 (27.0 % against 23.6 %) and by 3.6 at
-# f = 1 (27.4 against 23.8): 14 and 15 % more, where the paper's 9 GPSA layers almost double the top-1. With 3 500
-# images the lead is gone at step 327 and the DeiT leads at 13 of 17 evaluations; with 350 the ConViT leads at 16 of 17,
-# by 0.2 to 4.6 points. Both ConViTs end ahead on the dev images (+1.4, +1.6); their test images are left to the grid of
-# chapter 40, which alone is judged on them. Each gap is within the noise of a top-1 on 500 images (2.2 points, 3 for a
-# difference), and successive evaluations share images and model. One seed per run: consistent with the paper's head
-# start and its larger gain on less data, not a test of either. The gates, flat in the short runs, now move the paper's
-# way: every GPSA layer's mean gate falls from 0.731 to 0.707-0.717 (content gains a little weight), by at most 0.024,
-# 13 % of the 0.18 that the run's learning rates (summing to 0.93) would allow: the learning rate is not what holds them
-# near σ(1).
+# **What the pilots show.** A head start, small and brief: at the first evaluation (about 110 steps, 6 % of each
+# run) the ConViT leads by 3.4 points at f = 0.1 (27.0 % against 23.6 %) and by 3.6 at f = 1 (27.4 against 23.8),
+# 14 and 15 % more, where the paper's 9 GPSA layers almost double the top-1. With 3 500 images the lead is gone at
+# step 327; with 350 the ConViT leads at 16 of 17 evaluations. Every gap is within the noise of a difference of two
+# top-1s on 500 images (3 points), with one seed per run: consistent with the paper's head start, not a test of it
+# (chapter 38 reads four seeds). The gates, flat in the short runs, now move the paper's way: every GPSA layer's
+# mean gate falls from 0.731 to 0.707–0.717, by at most 0.024 — 13 % of the 0.18 that the run's learning rates
+# (summing to 0.93) would allow. (The cell below reads these numbers from the records, to keep the prose in step
+# with them; it is bookkeeping, not evidence.)
 
 # %%
 gap = {f: [round(c["val_top1"] - d["val_top1"], 1) for c, d in zip(log[f, "ConViT"], log[f, "DeiT"])] for f in PILOTS}
 first = {f: (log[f, "ConViT"][0]["val_top1"], log[f, "DeiT"][0]["val_top1"]) for f in PILOTS}
-run = {k: json.loads((d / "run.json").read_text()) for k, d in folders.items()}
-assert first == {"f = 0.1": (27.0, 23.6), "f = 1": (27.4, 23.8)}
-assert [r[0]["step"] for r in log.values()] == [110, 110, 109, 109] and round(100 * 110 / 1850) == 6  # 6 % of a run
-assert [round(c / d - 1, 2) for c, d in first.values()] == [0.14, 0.15] and all(len(g) == 17 for g in gap.values())
-assert [sum(g > 0 for g in gap[f]) for f in PILOTS] == [16, 4] and all(0 not in g for g in gap.values())  # leads
-assert gap["f = 1"][2] < 0 < gap["f = 1"][1] and log["f = 1", "DeiT"][2]["step"] == 327  # the lead gone at step 327
-assert (min(g for g in gap["f = 0.1"] if g > 0), max(gap["f = 0.1"])) == (0.2, 4.6)
-assert [g[-1] for g in gap.values()] == [1.4, 1.6]
-assert round(100 * math.sqrt(0.25 / 500), 1) == 2.2 and round(100 * math.sqrt(2 * 0.25 / 500)) == 3
-ends, pilot_run = [g for f in PILOTS for g in log[f, "ConViT"][-1]["gates"]], run["f = 0.1", "ConViT"]
+pilot_run = json.loads((folders["f = 0.1", "ConViT"] / "run.json").read_text())
+assert first == {"f = 0.1": (27.0, 23.6), "f = 1": (27.4, 23.8)} and [r[0]["step"] for r in log.values()] == [110] * 2 + [109] * 2
+assert [round(c / d - 1, 2) for c, d in first.values()] == [0.14, 0.15] and round(100 * 110 / 1850) == 6
+assert [sum(g > 0 for g in gap[f]) for f in PILOTS] == [16, 4] and gap["f = 1"][2] < 0 < gap["f = 1"][1]
+assert log["f = 1", "DeiT"][2]["step"] == 327 and round(100 * math.sqrt(2 * 0.25 / 500)) == 3
+ends = [g for f in PILOTS for g in log[f, "ConViT"][-1]["gates"]]
 pilot_lr_sum = learning_rate_sum(TrainConfig(**pilot_run["config"]), pilot_run["steps_per_epoch"])
 fall, allowed = 1 / (1 + math.exp(-1)) - min(ends), sigma_slope * pilot_lr_sum
-assert (round(min(ends), 3), round(max(ends), 3)) == (0.707, 0.717) and round(pilot_lr_sum, 2) == 0.93
-assert round(fall, 3) == 0.024 and round(allowed, 2) == 0.18 and round(fall / allowed, 2) == 0.13
+assert (round(min(ends), 3), round(max(ends), 3), round(pilot_lr_sum, 2)) == (0.707, 0.717, 0.93)
+assert (round(fall, 3), round(allowed, 2), round(fall / allowed, 2)) == (0.024, 0.18, 0.13)
 
 # %% [markdown]
 # ## Exercises
@@ -475,15 +481,11 @@ if not FAST:  # only the full run writes the committed result
 
 # %% [markdown]
 # **What the sweep shows, and what it cannot.** After 150 steps the four models end within 2.8 points of each
-# other: the DeiT (k = 0) at 35.0 %, one GPSA layer at 37.6 %, three at 35.4 %, five at 34.8 %. Top-1 does not rise
-# with the number of GPSA layers, and there is no head start either: after the first epoch all four are within
-# 3 points, the five-layer model lowest. But a top-1 near 36 % measured on 500 images has a standard error of about
-# 2.1 points, so a gap between two models is uncertain by about 3 points before the seed's luck is counted: every
-# gap here is inside the noise. The gates have not moved either (all within 0.002 of σ(1)): in 150 steps the GPSA
-# layers stay what their initialization made them. So this neither confirms nor contradicts Fig. 8a, which is
-# about 300 epochs on 100 ImageNet classes; it says that at this budget one seed cannot see an effect of a few
-# points. To look for one: train longer (the gates need time to move), repeat each k over several seeds, score
-# on more images, and vary the figure's other axis, α (`locality_strength`).
+# other (k = 0, 1, 3, 5: 35.0, 37.6, 35.4, 34.8 %), top-1 does not rise with k, and after the first epoch all
+# four are within 3 points. A top-1 near 36 % on 500 images has a standard error of 2.1 points, a difference 3:
+# every gap is inside the noise, and the gates stayed within 0.002 of σ(1). So this neither confirms nor
+# contradicts Fig. 8a (300 epochs on 100 ImageNet classes): at this budget one seed cannot see an effect of a few
+# points. To look for one: train longer, repeat each k over seeds, score on more images, vary α too.
 
 # %%
 committed = json.loads(Path("results/gpsa-layers/sweep.json").read_text())  # the full run's, in both modes
@@ -491,9 +493,8 @@ final, epoch1 = ({int(k): r["dev_top1"][i] for k, r in committed["runs"].items()
 se = 100 * math.sqrt(0.36 * 0.64 / committed["dev_images"])  # the standard error of one top-1 near 36 %
 print(f"dev top-1 after {committed['steps']} steps: {final}; after the first epoch: {epoch1}; one top-1's standard "
       f"error {se:.1f} points, a difference's {se * math.sqrt(2):.1f}")
+# the prose's numbers, kept in step with the committed record (bookkeeping, not evidence)
 assert (committed["train_images"], committed["dev_images"], committed["steps"]) == (1000, 500, 150)
-assert final == {0: 35.0, 1: 37.6, 3: 35.4, 5: 34.8} and round(max(final.values()) - min(final.values()), 1) == 2.8
-assert round(se, 1) == 2.1 and round(se * math.sqrt(2)) == 3 and max(final.values()) - min(final.values()) < se * 2**0.5
-assert not all(final[a] < final[b] for a, b in zip(LAYERS, LAYERS[1:]))  # no rise with k in this seed
-assert max(epoch1.values()) - min(epoch1.values()) <= 3 and min(epoch1, key=epoch1.get) == 5  # no head start
+assert final == {0: 35.0, 1: 37.6, 3: 35.4, 5: 34.8} and (round(se, 1), round(se * math.sqrt(2))) == (2.1, 3)
+assert max(final.values()) - min(final.values()) < se * 2**0.5 and max(epoch1.values()) - min(epoch1.values()) <= 3
 assert all(abs(g - 1 / (1 + math.exp(-1))) < 0.002 for r in committed["runs"].values() for g in r["gates"])

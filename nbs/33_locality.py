@@ -131,8 +131,9 @@ print(expect_error(lambda: nonlocality(maps, (4, 4))))
 # Layer ℓ's attention must be measured on what it receives in a forward pass, the output of layer ℓ − 1:
 # `forward_features(..., return_attention=True)` (chapter 09) records that in one pass. The official ConViT's
 # logging (`get_attention_map` in its `main.py`) fed the raw patch embeddings to *every* block, measuring all
-# but the first on an input they never see; `model_nonlocality(..., inputs="embeddings")` reproduces that (each
-# block on the first block's input). `gates` reads σ(λ_h) of every GPSA head, from a model or any checkpoint.
+# but the first on an input they never see; `model_nonlocality(..., inputs="embeddings")` approximates that: each
+# block's attention on the first block's input (with the position embedding, after the block's LayerNorm, where
+# the official code fed `patch_embed`'s output straight to each `attn`). `gates` reads σ(λ_h) of every GPSA head, from a model or any checkpoint.
 
 # %%
 #| export
@@ -329,9 +330,9 @@ size = dict(patch_size=8, embed_dim=48, num_heads=4, depth=6)
 base = TrainConfig(model="deit_tiny", model_args=size, img_size=64, data="imagefolder",
                    data_root=str(tiny_imagenet("../data")), classes=10, epochs=1, fraction=0.02 if FAST else 1.0,
                    batch_size=64, lr=8e-3, warmup_epochs=0.5, precision="fp32", num_workers=1, seed=0,
-                   progress="none", output="runs/29_deit")
+                   progress="none", output="runs/33_deit")
 configs = {"DeiT": base, "ConViT": replace(base, model="convit_tiny", model_args={**size, "local_up_to_layer": 4},
-                                           output="runs/29_convit")}
+                                           output="runs/33_convit")}
 _, val_set, classes = build_datasets("imagefolder", base.data_root, max_classes=10,
                                      val_transform=build_transforms(base.aug_config())[1])
 probe = torch.stack([val_set[i][0] for i in range(0, len(val_set), len(val_set) // 64)][:64])  # 64 val images

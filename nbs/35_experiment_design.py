@@ -26,7 +26,8 @@
 # name and a `TrainConfig`, printed as the `convit-edu train` words of its recipe and what differs from it —
 # writes the paper's own grid as a script, and designs a version small enough for a 2-core CPU that *can* show
 # the effect, with its pre-conditions stated before any run (a recipe of its own, `--preset sample-efficiency`).
-# Chapter 37 runs grids with one command and turns their logs into tables; chapter 38 reads the results.
+# Chapter 37 runs grids with one command and turns their logs into tables; chapter 38 reads the second design's
+# results, chapter 39 those of this first one.
 
 # %% tags=["parameters"]
 import os
@@ -127,8 +128,8 @@ assert words == ["--model", "convit_small", "--no-use-local-init", "--data-arg",
 # ## The grids: Table 2 and Table 3 at any scale
 #
 # What the runs of one experiment share is a **scale**: the ConViT and DeiT compared, the recipe, the settings
-# of every run and the training length at f = 1. Table 2 varies f, multiplying epochs and warm-up by 1/f
-# (`datasets.scaled_epochs`); Table 3 and Appendix A vary the ConViT's switches at one fraction. Each ablation's
+# of every run and the training length at f = 1. Table 2 varies f, multiplying epochs by 1/f (as the paper does)
+# and, the course's own choice, the warm-up too (`datasets.scaled_epochs`); Table 3 and Appendix A vary the ConViT's switches at one fraction. Each ablation's
 # name says what it changes (and names the runs' folders); the paper's row letter is kept as a label:
 #
 # | name | Table 3 | train gating | conv init | train GPSA | use GPSA | model and `ModelConfig` switches |
@@ -319,29 +320,29 @@ assert paper_script.count("torchrun") == 2 and "--fraction 0.05" in paper_script
 #   RandAugment, MixUp, CutMix or erasing: heavy augmentation hides data starvation. AdamW, 10⁻³ at batch 32 (written as a
 #   base rate of 1.6 × 10⁻² for 512, DeiT's linear scaling rule), weight decay 0.05, warm-up over 10 000
 #   images, then cosine;
-# * **budget**: every run makes the same number of optimiser steps, 120 000 images' worth in batches of 32
-#   (24 epochs at f = 1, about 80 at f = 0.3, 250 at f = 0.1): 3 744 steps, so the fraction changes the
+# * **budget**: every run makes the same number of optimiser steps within 1 %, 120 000 images' worth in batches
+#   of 32 (24 epochs at f = 1, about 80 at f = 0.3, 250 at f = 0.1): 3 726–3 750 steps, so the fraction changes the
 #   *data*, never the compute. Batch 32 gives 4 times the steps of batch 128 — which matters for the gates
-#   (pre-condition 3 below) — and did not cost this CPU more per image (the two grids' logs, read in chapter 38);
+#   (pre-condition 3 below) — and did not cost this CPU more per image (the two grids' logs);
 # * **evaluation**: top-1 on the 500 validation images **and** the training images the fraction left out (4 500
-#   at f = 0.1): pooled, a top-1's binomial standard error falls below a point (2.2 on 500 images). Two seeds
-#   per cell, paired (the ConViT and the DeiT of a seed see the same images in the same order).
+#   at f = 0.1): pooled, a top-1's binomial standard error falls below a point at f < 1; at f = 1 no image is
+#   left out, and the 500 validation images give about 2.2. Two seeds per cell, paired (the ConViT and the DeiT
+#   of a seed see the same images in the same order).
 #
 # Three pre-conditions are written here, before the results: **(1)** the DeiT at f = 0.1 is at least 10
 # points below the DeiT at f = 1 (the data really is scarce), **(2)** the models fit their training data at
-# f = 0.1, and **(3)** the gates *can* move. AdamW moves a parameter by at most about the learning rate per
-# step, so λ can move by at most the sum of the schedule's learning rates (the paper's: about 190); σ(λ) goes
+# f = 0.1, and **(3)** the gates *can* move. AdamW moves a parameter by roughly the learning rate per
+# step, so λ can move by about the sum of the schedule's learning rates (the paper's: about 190); σ(λ) goes
 # from σ(1) = 0.73 to 0.38 only if λ moves by 1.5, so the sum must be at least 1.5 — checked from the schedule
 # before any run by chapter 23's `learning_rate_sum`. (This design's first version, batch 128 with 936 steps,
 # summed to 0.47: its gates stayed within 0.02 of 0.73; its f = 0.1 runs are kept in
-# `nbs/results/sample-efficiency-b128/`.) (1) and (2) are checked on the results (chapter 38).
+# `nbs/results/sample-efficiency-b128/`.) (1) and (2) are checked on the results (chapter 39).
 #
 # The data, model size and recipe are chapter 21's `sample-efficiency` recipe (its model is the DeiT; the ConViT
 # adds `--model convit_tiny --local-up-to-layer 4`): every run is `--preset sample-efficiency` and a few flags.
 #
-# This is the course's *first* design; chapter 38 reads what it showed (the paper's ordering, within noise) and
-# the second: pilots that look for the regime, one fixed test split for every fraction (chapter 37), a paired
-# test (chapter 36) and four pre-conditions checked by code (`tables.check_preconditions`).
+# This is the course's *first* design; chapter 39 reads what it showed and the second (pilots, one fixed test
+# split for every fraction, a paired test, four pre-conditions checked by `tables.check_preconditions`).
 
 # %%
 #| export

@@ -75,7 +75,7 @@ print(expect_error(lambda: relative_gain(50.0, 0.0)))
 # and fraction. In a `fixed_test_split` folder both are scored on the same test images at every fraction, and
 # the uncertainty is **paired** (`paired_bootstrap`): it redraws the seeds and the test images with
 # replacement, the same images for both models, so an image both get right or both get wrong adds no noise to
-# their difference. The first design (chapter 38) had no such split: there the score is on every image neither
+# their difference. The first design (chapter 39) had no such split: there the score is on every image neither
 # run trained on (`unseen_top1`, different images at different fractions) and the standard error adds the
 # seed-to-seed spread and the binomial noise of each model's score, as if the two were scored independently.
 
@@ -217,8 +217,8 @@ def format_table_3(rows: list[dict]) -> str:
 # the DeiT alone 45, so the ConViT leads by 2 points. Scored separately, each accuracy has a binomial noise of
 # about √(0.5 · 0.5 / 1,500) ≈ 1.3 points, and their difference √2 times that, 1.8 points: 2 points would look
 # like noise. Compared image by image, only the 120 images on which they disagree carry noise, about
-# √120 / 1,500 ≈ 0.73 point. And since every seed is scored on the same test images, more seeds do not shrink
-# that part: only more test images do. (The first design's `_seed_and_binomial` ignored both facts: it scored
+# √120 / 1,500 ≈ 0.73 point. And since every seed is scored on the same test images, more seeds shrink that
+# part only down to a floor set by the number of test images. (The first design's `_seed_and_binomial` ignored both facts: it scored
 # the models separately, and divided the binomial noise by the number of seeds as if each seed had its own
 # images.)
 
@@ -265,7 +265,7 @@ assert spread["diff_se"] > four_seeds["diff_se"]
 # 2. **attention matters**: a ConViT whose GPSA layers are frozen at their initialization (Table 3's row f)
 #    is at least 3 points below the trained ConViT — otherwise there is little for a prior on attention to do;
 # 3. **the gates can move and do**: the schedule's learning rates sum to at least 1.5 (AdamW moves a parameter
-#    by at most about the learning rate per step, so λ could go from 1 to below 0 or above 2), and some GPSA
+#    by roughly the learning rate per step, so λ could go from 1 to below 0 or above 2), and some GPSA
 #    layer's mean σ(λ) moved by at least 0.05;
 # 4. **f = 1 is trained to a fair point**: neither model at f = 1 gained 2 points of dev top-1 or more over
 #    the last quarter of its evaluations (not stopped half-way up its curve).
@@ -284,7 +284,7 @@ def _check(name: str, value: float | None, threshold: float, needs: str, above: 
 
 
 def check_preconditions(records: list[dict]) -> list[dict]:
-    """Chapter 35's pre-conditions of a Table 2 grid, from its records' dev top-1 (``val_top1``) at the smallest
+    """The second design's four pre-conditions of a Table 2 grid (this chapter), from its records' dev top-1 (``val_top1``) at the smallest
     fraction: one dict per check with ``name``, ``passed`` (None when its runs are missing), ``value``, ``needs``."""
     low = min(r["fraction"] for r in records)
     runs = lambda model, f, ablation=None: [r for r in records if r["model"] == model and r["fraction"] == f
