@@ -148,9 +148,9 @@ def run_experiment(args: argparse.Namespace) -> int:
         if words:
             common[key] = dict(parse_key_value(item, flag) for item in words)
     data_root = args.data_root
-    if args.test_per_class:
+    if args.test_per_class or args.first_class:  # a first class needs the split (test_per_class 0 is refused there)
         data_root = fixed_test_split(args.data_root, args.output / "data", args.classes, args.test_per_class,
-                                     args.dev_per_class)
+                                     args.dev_per_class, args.first_class)
     convit_args = dict(parse_key_value(item, "--convit-arg") for item in args.convit_arg)
     scale = sample_efficiency_scale(data_root, args.classes, args.images_per_run, convit_args=convit_args, **common)
     if args.grid == "sample-efficiency":
@@ -179,7 +179,8 @@ def _experiment_parser(sub) -> None:
                                          "writes OUTPUT/summary.json, table.txt and the figures.")
         g.add_argument("--data-root", type=Path, required=True, help="ImageNet-style folder: train/ and val/")
         g.add_argument("--output", type=Path, required=True, help="one folder per run, and the summary")
-        g.add_argument("--classes", type=int, default=10, help="use the first K classes")
+        g.add_argument("--classes", type=int, default=10, help="use K classes, the first or from --first-class")
+        g.add_argument("--first-class", type=int, default=0, help="the split's classes start here, in sorted order")
         g.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="one run per seed and cell")
         g.add_argument("--images-per-run", type=int, default=120_000,
                        help="optimiser steps of this many images in every run, whatever the fraction")
@@ -200,8 +201,7 @@ def _experiment_parser(sub) -> None:
             g.add_argument("--fraction", type=float, default=0.1)
             g.add_argument("--names", nargs="+", default=list(ABLATIONS), choices=list(ABLATIONS),
                            help="ablations to run (convit and deit are shared with Table 2's runs)")
-        g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="show the full traceback of an error")
+        g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback")
 
 
 # %% nbs/42_cli.py 12

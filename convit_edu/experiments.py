@@ -42,8 +42,9 @@ def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConf
 
 # %% nbs/37_experiments.py 11
 def fixed_test_split(source: str | Path, dest: str | Path, classes: int, test_per_class: int = 100,
-                     dev_per_class: int = 50) -> Path:
-    """Make (or check) ``dest``: the first ``classes`` classes of the ImageNet-style folder ``source`` as
+                     dev_per_class: int = 50, first_class: int = 0) -> Path:
+    """Make (or check) ``dest``: ``classes`` classes of the ImageNet-style folder ``source`` from the
+    ``first_class``-th in sorted order as
     ``train/`` (the training images a fraction subsamples), ``val/`` (``dev_per_class`` training images per class,
     scored during training) and ``test/`` (the last ``test_per_class`` training images and every validation image
     of each class), as symbolic links; returns ``dest``."""
@@ -51,20 +52,21 @@ def fixed_test_split(source: str | Path, dest: str | Path, classes: int, test_pe
     positive_int("classes", classes)
     positive_int("test_per_class", test_per_class)
     positive_int("dev_per_class", dev_per_class, minimum=0)
-    recipe = {"source": str(source), "classes": classes, "test_per_class": test_per_class,
+    positive_int("first_class", first_class, minimum=0)
+    recipe = {"source": str(source), "classes": classes, "first_class": first_class, "test_per_class": test_per_class,
               "dev_per_class": dev_per_class}
     if (dest / "split.json").is_file():
-        made = json.loads((dest / "split.json").read_text())
+        made = {"first_class": 0, **json.loads((dest / "split.json").read_text())}  # older splits began at class 0
         if {k: made.get(k) for k in recipe} != recipe:
             raise ValueError(f"{dest} holds another split ({made}), not {recipe}: choose another folder")
         return dest
-    train, val = (ImageFolderDataset(source / split, max_classes=classes) for split in ("train", "val"))
+    train, val = (ImageFolderDataset(source / split, max_classes=first_class + classes) for split in ("train", "val"))
     by_class: dict[str, dict[int, list[str]]] = {"train": {}, "val": {}}
     for split, ds in (("train", train), ("val", val)):
         for path, target in ds.samples:  # one pass over each listing, in its sorted order
             by_class[split].setdefault(target, []).append(path)
     parts: dict[str, list[str]] = {"train": [], "val": [], "test": []}
-    for c in range(classes):
+    for c in range(first_class, first_class + classes):
         files = by_class["train"].get(c, [])
         if len(files) <= test_per_class + dev_per_class:
             raise ValueError(f"class {train.classes[c]!r} has {len(files)} training images: test_per_class "

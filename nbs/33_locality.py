@@ -424,15 +424,15 @@ for f in PILOTS:  # zoomed in: on the paper's 0-1 scale the fall is hard to see
     display(fig)
 
 # %% [markdown]
-# **What the pilots show** (each number checked above). *Fig. 5*, half of it: the ConViT's GPSA layers start local
+# **What the pilots show** (the cell above keeps these numbers in step with the records: bookkeeping, not evidence;
+# chapter 38 reads four seeds). *Fig. 5*, half of it: the ConViT's GPSA layers start local
 # (2.59 patches) and **rise**, to 2.77-2.87 at f = 0.1 and 2.72-2.79 at f = 1, slowly escaping locality; but its
 # SA layers and every DeiT layer stay within 0.15 of the uniform value (6.23, the mean distance between two
 # patches of the 12 × 12 grid) at every record: the DeiT's attention is not pulled towards locality as the paper's
 # is. *Fig. 6*: the gates move, the paper's way. After a slight rise in the warm-up (to 0.734 at most) every
 # layer's mean gate **falls**, to 0.707-0.717 at f = 0.1 and 0.711-0.716 at f = 1 (single heads 0.68-0.74):
 # content gains a little weight, position keeps about 70 %, where the paper's ConViT-S ends with layers ignoring
-# it. Two runs, one seed, 1 850 steps each (the paper's 375 000 are 200 times more): the direction of both
-# effects at this scale, not their size at the paper's.
+# it. Two runs, one seed, 1 850 steps each (the paper's 375 000 are 200 times more): the direction of both effects.
 
 # %% [markdown]
 # ## Exercises

@@ -87,6 +87,8 @@ for ax, (fraction, models) in zip(axes, CURVES.items()):
            xlabel="optimiser steps", ylabel="dev top-1 (%)")
     ax.legend(fontsize=7)
 fig.tight_layout()
+if not FAST:  # the README shows this figure
+    fig.savefig(GRID / "learning_curves.png")
 plt.show()
 
 # %% [markdown]
@@ -179,6 +181,12 @@ for seed in (1, 2, 3, 4):
 # The claims of this section are the table `CLAIMS`, checked against the records.
 
 # %%
+def verdict(d: dict) -> str:
+    """How the prose may word a paired difference ``d``: beyond two standard errors, or within noise."""
+    z = d["diff"] / d["diff_se"]
+    return "larger" if z > 2 else "smaller" if z < -2 else "within noise"
+
+
 def paired(a: str, b: str, seeds: tuple[int, ...], fraction: float = 0.1) -> dict:
     return paired_bootstrap([by_name[f"{a}_f{fraction:g}_s{s}"]["test_correct"] for s in seeds],
                             [by_name[f"{b}_f{fraction:g}_s{s}"]["test_correct"] for s in seeds])
@@ -197,7 +205,7 @@ for (a, b, seeds, f), said in CLAIMS.items():
     z = d["diff"] / d["diff_se"]
     print(f"f = {f:g}, seeds {seeds}: {LABELS[a]} - {LABELS[b]} = {d['diff']:+.1f} ± {d['diff_se']:.1f} points "
           f"({z:+.1f} SE): {said}")
-    assert said == ("larger" if z > 2 else "smaller" if z < -2 else "within noise"), (a, b, z)
+    assert verdict(d) == said, (a, b, z)
 
 # %% [markdown]
 # **Does not reproduce: Table 2.** The ConViT does not beat the DeiT at f = 0.1 or at f = 1; both differences
@@ -239,15 +247,16 @@ print(f"parameters: grid {sum(p.numel() for p in small.parameters()) / 1e6:.2f} 
 print(f"channels per head: grid {small.config.embed_dim // small.config.num_heads}, ConViT-Ti and -S 48, DeiT-Ti "
       "and -S 64")
 print(f"the gates: a layer's mean λ moved at most {lam_moved:.2f} from 1, of the {grid_sum:.2f} its rates allowed")
-assert paper_sum > 50 * grid_sum and lam_moved < grid_sum
+assert paper_sum > 50 * grid_sum and lam_moved < grid_sum / 5  # the gates used a small part of their room
 
 # %% [markdown]
 # - **Optimisation.** AdamW moves a parameter by roughly its learning rate per step, so a gate's λ can
 #   travel about the sum of the rates over the run: about 190 in the paper's runs (published small-data runs that
 #   show the gap, Li et al., ECCV 2022, CIFAR-100 from scratch at batch 128 for 300 epochs, about 28), 1.86 here.
-#   A layer's mean λ moved less than a third of that: room was not the only limit — the push on λ was weak too.
-# - **Data.** The paper trains every fraction for the same 384 M images; here a run sees 60 000, and f = 0.1 is
-#   350 training images. Where the paper's gains are largest (the "+" models, Table 1), its DeiTs overfit.
+#   A layer's mean λ moved at most 0.27, a seventh of that: the push on λ is steady but weak (AdamW's normalised
+#   step stays well below 1), so how far a gate goes scales with the sum, which the paper's runs have 100 times.
+# - **Data.** The paper trains every fraction on the same 384 M images (its epochs scale as 1/f): at f = 0.1, 128 000
+#   images seen 3 000 times each. Here a run sees 59 200 images: at f = 0.1, 350 images seen about 170 times.
 # - **Model.** 0.39 M parameters and heads of 8 channels, where ConViT-Ti has 5.7 M and 48: content attention of
 #   8 channels has little to add to the prior, so the gates have little reason to open.
 #
@@ -287,12 +296,43 @@ fig.tight_layout()
 plt.show()
 
 # %%
+DIAGNOSTIC_CLAIMS = {  # (fraction, the grid's run of seed 1): what the prose says of the diagnostic ConViT minus it
+    (0.1, "convit"): "within noise", (1.0, "convit"): "within noise", (0.1, "deit"): "within noise",
+    (1.0, "deit"): "within noise", (0.1, "frozen_gpsa"): "smaller"}
 for f in CURVES:
-    base, diag = by_name[f"convit_f{f:g}_s1"], diag_records[f]
-    d = paired_bootstrap([diag["test_correct"]], [base["test_correct"]])
-    print(f"f = {f:g}: gates at the end {[round(g, 2) for g in diag['gates_end']]} (grid "
-          f"{[round(g, 2) for g in base['gates_end']]}); test top-1 {d['convit_top1']:.1f} % against the grid's "
-          f"{d['deit_top1']:.1f} % ({d['diff']:+.1f} ± {d['diff_se']:.1f}, one seed, paired over images)")
+    print(f"f = {f:g}: mean σ(λ) per GPSA layer at the end {[round(g, 2) for g in diag_records[f]['gates_end']]}, "
+          f"the grid's {[round(g, 2) for g in by_name[f'convit_f{f:g}_s1']['gates_end']]}")
+    assert all(d < g for d, g in zip(diag_records[f]["gates_end"], by_name[f"convit_f{f:g}_s1"]["gates_end"]))
+for (f, other), said in DIAGNOSTIC_CLAIMS.items():
+    d = paired_bootstrap([diag_records[f]["test_correct"]], [by_name[f"{other}_f{f:g}_s1"]["test_correct"]])
+    print(f"f = {f:g}: test top-1 {d['convit_top1']:.1f} %, minus the grid's {LABELS[other]} of seed 1 "
+          f"({d['deit_top1']:.1f} %): {d['diff']:+.1f} ± {d['diff_se']:.1f} (paired over images): {said}")
+    assert verdict(d) == said, (f, other, d)
+
+# %% [markdown]
+# **What the diagnostic shows.** Given the paper's learning-rate sum, the gates move as Fig. 6's do, in direction
+# and in a good part of its size: every GPSA layer ends below its grid twin, the middle two at 0.28–0.38 (from
+# 0.73), the first and the last at 0.50–0.64. The heads turn to content, most in the middle layers, where the
+# paper's late layers go all the way to 0. So what held the grid's gates near their start is the optimisation,
+# not a gradient that pushes them nowhere. What it rules out: that this alone is what the trained ConViT lacked.
+# With its gates free to move it scores within noise of the grid's ConViT and DeiT, and at f = 0.1 still below
+# the GPSA frozen at its initialization. At this scale, content attention of 8 channels per head, learned from
+# 350 images, does not beat the fixed prior. Whether it does with wider heads, more images and the paper's sum
+# for every parameter is the question for Table 2 at real widths, on a GPU.
+
+# %% [markdown]
+# ## Rerun it, on other classes
+#
+# Every number above comes from one set of 10 classes, the first of the course's subset. The grid reruns with
+# the commands of `results/second-design/grid.sh` (seeds 1–4 for Table 2, 1 and 3 for the ablations: 24 runs
+# of 12 to 51 minutes on one core of the Xeon they ran on, 8 hours in all, about 4 on two cores), and on the
+# next 10 classes with `--first-class 10` added (chapter 37's split then starts at the 11th class). What
+# reproduces the paper's direction here has not been checked on other classes yet: until it is, read it as the
+# result of these 10.
+
+# %%
+minutes = sorted(60 * r["hours"] for r in grid)
+print(f"{len(grid)} runs of {minutes[0]:.0f} to {minutes[-1]:.0f} minutes, {sum(minutes) / 60:.1f} hours in all")
 
 # %% [markdown]
 # ## Exercises

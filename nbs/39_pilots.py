@@ -28,6 +28,9 @@
 # Then the rule registered before the last pilots landed picks the design, at which the registered grid runs (Tables
 # 2 and 3, 4 and 2 seeds, on a fixed test split: chapter 40 reads it), and the last section says what the pilots do
 # and do not point to.
+#
+# The log's check cells read every number its prose quotes from the committed records, so that prose and records
+# stay in step: bookkeeping, not evidence (one seed per pilot; the evidence is the standard errors they quote).
 
 # %% tags=["parameters"]
 import os

@@ -14,7 +14,10 @@
 # ---
 
 # %% [markdown]
-# # The second design's grid: Tables 2 and 3, and what they show
+# # The research log, part 2: the registered grid's endpoint, pre-conditions and ablations
+#
+# Chapter 38 reads this grid as a lesson; this chapter holds it to what was registered before it ran. As in
+# chapter 39, the check cells keep the prose's numbers in step with the records (bookkeeping, not evidence).
 #
 # Chapter 39's pilots and its registered rule chose the design: a 12 × 12 grid (48-px images in 4-px patches),
 # 60 000 training images per run. The registered grid (`results/second-design/`: its commands in `grid.sh`, one

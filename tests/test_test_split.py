@@ -34,6 +34,27 @@ def test_the_split_sets_aside_the_same_test_images_whatever_trains(tmp_path):
         fixed_test_split(source, tmp_path / "other", classes=2, test_per_class=10, dev_per_class=2)
 
 
+def test_a_split_from_another_first_class_holds_those_classes_and_refuses_too_few(tmp_path):
+    source = jpeg_folder(tmp_path / "src", classes=4, train=8, val=2)
+    dest = fixed_test_split(source, tmp_path / "split", classes=2, test_per_class=2, dev_per_class=1, first_class=2)
+    for split in ("train", "val", "test"):
+        assert sorted(p.name for p in (dest / split).iterdir()) == ["c2", "c3"]
+    assert json.loads((dest / "split.json").read_text())["first_class"] == 2
+    with pytest.raises(ValueError, match="holds another split"):
+        fixed_test_split(source, dest, classes=2, test_per_class=2, dev_per_class=1, first_class=1)
+    with pytest.raises(ValueError, match="max_classes 5 is larger than the 4 classes"):
+        fixed_test_split(source, tmp_path / "other", classes=2, test_per_class=2, dev_per_class=1, first_class=3)
+
+
+def test_a_split_made_before_first_class_existed_is_read_as_starting_at_class_0(tmp_path):
+    source = jpeg_folder(tmp_path / "src", classes=2, train=8, val=2)
+    dest = fixed_test_split(source, tmp_path / "split", classes=2, test_per_class=2, dev_per_class=1)
+    made = json.loads((dest / "split.json").read_text())
+    del made["first_class"]
+    (dest / "split.json").write_text(json.dumps(made))
+    assert fixed_test_split(source, dest, classes=2, test_per_class=2, dev_per_class=1) == dest
+
+
 def test_per_image_correct_lists_each_images_top1_hit_in_order():
     images = torch.randn(5, 3, 4, 4)
     labels = torch.tensor([0, 1, 1, 0, 1])
@@ -73,8 +94,9 @@ def test_table_2_pairs_runs_that_saved_their_test_answers():
 def test_the_experiment_command_scores_every_run_on_the_fixed_test_split(tmp_path, capsys):
     from convit_edu.cli import main
 
-    root = jpeg_folder(tmp_path / "data", classes=2, train=44, val=4)
-    code = main(["experiment", "sample-efficiency", "--data-root", str(root), "--classes", "2", "--seeds", "0",
+    root = jpeg_folder(tmp_path / "data", classes=3, train=44, val=4)
+    code = main(["experiment", "sample-efficiency", "--data-root", str(root), "--classes", "2", "--first-class", "1",
+                 "--seeds", "0",
                  "--fractions", "1.0", "--images-per-run", "64", "--num-workers", "0", "--progress", "none",
                  "--test-per-class", "8", "--dev-per-class", "4", "--set", "img_size=32", "--model-arg",
                  "embed_dim=36", "--convit-arg", "locality_strength=2.0", "--output", str(tmp_path / "out")])
@@ -85,6 +107,7 @@ def test_the_experiment_command_scores_every_run_on_the_fixed_test_split(tmp_pat
     run = json.loads((tmp_path / "out" / "convit_f1_s0" / "run.json").read_text())["config"]
     assert (run["img_size"], run["model_args"]["embed_dim"], run["model_args"]["locality_strength"]) == (32, 36, 2.0)
     assert "24" in (tmp_path / "out" / "table.txt").read_text()
+    assert sorted(p.name for p in (tmp_path / "out" / "data" / "test").iterdir()) == ["c1", "c2"]  # --first-class 1
 
 
 def test_table_3_pairs_each_ablation_with_the_convit_of_its_seeds():
