@@ -255,10 +255,23 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
 # Before a grid starts, the command says how long it will take on this machine: the mean measured time of
 # the finished runs of each model when there are some, otherwise a training step of each model measured on the
 # spot (`throughput.measure_model`) times the run's steps. The measured step leaves out data loading and the
-# per-epoch evaluation, so the second kind of estimate is a lower bound, and says so.
+# per-epoch evaluation, so the second kind of estimate is a lower bound, and says so. Each run then starts by
+# printing its budget (`run_budget`): the images its optimiser steps take, and the sum of its learning rates.
 
 # %%
 #| export
+def run_budget(cfg: TrainConfig, class_sizes: list[int]) -> tuple[int, float]:
+    """The images a run of ``cfg`` trains on (its optimiser steps times the global batch) and the sum of its
+    learning rates (about how far AdamW can move one parameter), on classes of ``class_sizes`` training images."""
+    steps = cfg.steps_per_epoch(sum(math.floor(cfg.fraction * n + 1e-9) for n in class_sizes))
+    return steps * cfg.epochs * cfg.images_per_step(), learning_rate_sum(cfg, steps)
+
+
+def folder_class_sizes(cfg: TrainConfig) -> list[int]:
+    """Training images per class of the run's ``data_root`` (its first ``classes``)."""
+    return list(Counter(ImageFolderDataset(Path(cfg.data_root) / "train", max_classes=cfg.classes).targets).values())
+
+
 def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]:
     """Hours the unfinished ``runs`` should take here, and how that was estimated."""
     done = [json.loads(p.read_text()) for p in Path(output).glob("*/record.json")]
@@ -270,28 +283,29 @@ def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]
             how.add("finished runs")
             continue
         cfg = run_config(spec, output)
-        batch = cfg.images_per_step()
         model = VisionTransformer(cfg.model_config(num_classes=cfg.classes or 10, distilled=False))
-        speed = measure_model(model, batch, cfg.img_size, steps=2, num_classes=cfg.classes or 10,
+        speed = measure_model(model, cfg.images_per_step(), cfg.img_size, steps=2, num_classes=cfg.classes or 10,
                               device=resolve_device(cfg.device), precision=cfg.precision)["train_images_per_s"]
-        class_sizes = Counter(ImageFolderDataset(Path(cfg.data_root) / "train", max_classes=cfg.classes).targets)
-        images = sum(math.floor(cfg.fraction * n + 1e-9) for n in class_sizes.values()) // batch * batch
-        hours += cfg.epochs * images / speed / 3600
+        hours += run_budget(cfg, folder_class_sizes(cfg))[0] / speed / 3600
         how.add("a training step measured now (data loading and evaluation not included: at least this)")
     return hours, " and ".join(sorted(how)) or "nothing left to run"
 
 
 def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list[dict]:
     """Train every unfinished run of ``runs`` into ``output`` one after another (``train_run``), rewriting
-    ``summary.json``, ``table.txt`` and the figures after each; the summary's records when all are done."""
+    ``summary.json``, ``table.txt`` and the figures after each; the summary's records when all are done. Each
+    run first prints the images it trains on and the sum of its learning rates (``run_budget``)."""
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     todo = [s for s in runs if not (output / s.name / "record.json").is_file()]
     hours, how = expected_hours(todo, output)
     print(f"{len(runs) - len(todo)} of {len(runs)} runs already finished in {output}; {len(todo)} to go, "
-          f"expected {hours:.1f} h on this machine (from {how})", flush=True)
+          f"expected {hours:.1f} h ({60 * hours:.0f} min) on this machine (from {how})", flush=True)
     for i, spec in enumerate(todo, 1):
-        print(f"[{i}/{len(todo)}] {spec.name} ({spec.label}, {spec.config.epochs} epochs)", flush=True)
+        cfg = run_config(spec, output)
+        images, rates = run_budget(cfg, folder_class_sizes(cfg))
+        print(f"[{i}/{len(todo)}] {spec.name} ({spec.label}, {cfg.epochs} epochs: {images:,} images, "
+              f"learning-rate sum {rates:.2f})", flush=True)
         if train_run(spec, output, records) is None:
             print(f"stopped during {spec.name}: run the same command again to continue", flush=True)
             break

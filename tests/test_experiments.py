@@ -272,6 +272,16 @@ def test_expected_hours_uses_finished_runs_of_the_same_model(tmp_path):
     assert 0 < hours < 1 and "measured now" in how
 
 
+def test_run_budget_counts_whole_steps_of_the_kept_images_and_their_rates():
+    from convit_edu.experiments import run_budget
+    from convit_edu.optimisation import learning_rate_sum
+
+    cfg = TrainConfig(global_batch=32, epochs=3, fraction=0.1, lr=1e-2, warmup_epochs=1)
+    images, rates = run_budget(cfg, [351] * 10)  # ⌊35.1⌋ × 10 = 350 images an epoch: 10 whole steps of 32
+    assert images == 3 * 10 * 32 and rates == learning_rate_sum(cfg, 10)
+    assert run_budget(replace(cfg, fraction=1.0), [351] * 10)[0] == 3 * (3510 // 32) * 32
+
+
 def test_the_experiment_command_runs_a_grid_and_prints_its_table(tmp_path, capsys):
     from convit_edu.cli import main
 
@@ -281,6 +291,7 @@ def test_the_experiment_command_runs_a_grid_and_prints_its_table(tmp_path, capsy
                  "--progress", "none", "--output", str(tmp_path / "out"), "--test-per-class", "0"])
     out = capsys.readouterr().out
     assert code == 0 and "App. A PSA" in out and "ConViT" in out
+    assert "convit_f0.5_s0 (ConViT, 2 epochs: 256 images, learning-rate sum" in out  # each run's budget, first
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [(r["ablation"], r["heldout_images"]) for r in summary] == [(None, 128), ("psa", 128)]
     code = main(["experiment", "sample-efficiency", "--data-root", str(tmp_path / "nowhere"), "--output",
