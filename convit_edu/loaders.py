@@ -11,38 +11,40 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, Subset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, Subset
 
 from convit_edu.checks import positive_int
-from convit_edu.samplers import KeyedSampler, RepeatAugSampler, SeededSamples, val_shard
+from convit_edu.samplers import JoinedBatches, KeyedSampler, RepeatAugSampler, SeededSamples, SplitBatches, val_shard
 
 __all__ = ['build_loader', 'default_num_workers', 'DataLoaders', 'build_loaders']
 
 
 # %% nbs/17_loaders.py 10
 def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, num_workers: int, seed: int,
-                 drop_last: bool, pin_memory: bool | None = None) -> DataLoader:
-    """A DataLoader over ``sampler`` (None: dataset order) with workers, pinning, prefetch and a seeded generator."""
+                 drop_last: bool, pin_memory: bool | None = None, parts: int = 1) -> DataLoader | JoinedBatches:
+    """A DataLoader over ``sampler`` (None: dataset order) with workers, pinning, prefetch and a seeded generator;
+    with ``parts`` > 1, each batch loaded in that many pieces by as many workers (chapter 16's ``SplitBatches``)."""
     positive_int("batch_size", batch_size)
     positive_int("num_workers (0: load in this process)", num_workers, minimum=0)
     if drop_last and sampler is not None and len(sampler) < batch_size:
         raise ValueError(f"batch_size {batch_size} with drop_last=True leaves no batch: this rank's epoch holds "
                          f"only {len(sampler)} samples")
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    batching = ({"batch_size": batch_size, "sampler": sampler, "drop_last": drop_last} if parts == 1 else
+                {"batch_sampler": SplitBatches(BatchSampler(sampler, batch_size, drop_last), parts)})
     loader = _WorkerTrackingLoader(
-        dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=drop_last,
-        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        dataset, **batching, num_workers=num_workers, pin_memory=pin and parts == 1,
         generator=torch.Generator().manual_seed(seed), persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers > 0 else None, worker_init_fn=_ignore_stop_signals if num_workers else None,
     )
     if num_workers:
         _WITH_WORKERS.add(loader)
-    return loader
+    return loader if parts == 1 else JoinedBatches(loader, parts, pin_memory=pin)
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
-    """SLURM and a terminal send SIGTERM / SIGINT to every process of a job, loader workers included; a worker that
-    died of it would crash the main process mid-step. Workers ignore both: the main process stops them itself
-    after it has saved its checkpoint, or at its exit (``_stop_workers_at_exit``)."""
+    """SLURM and a terminal send SIGTERM / SIGINT to every process of a job, workers included. Workers ignore both:
+    the main process stops them itself after its checkpoint, or at its exit (``_stop_workers_at_exit``)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -77,10 +79,9 @@ def _stop_workers_at_exit() -> None:
 # %% nbs/17_loaders.py 12
 def default_num_workers(env: Mapping[str, str] = os.environ) -> int:
     """Loader workers per process when none are asked for: the CPUs this process may run on
-    (``os.sched_getaffinity``, which SLURM, ``taskset`` and containers restrict; ``os.cpu_count`` where the OS
-    has no affinity, e.g. macOS) divided among this node's processes (``LOCAL_WORLD_SIZE``, set by torchrun;
-    1 without it), less one CPU for the process itself, which runs the training step; never below 0 (then
-    the process loads its batches itself)."""
+    (``os.sched_getaffinity``, which SLURM, ``taskset`` and containers restrict; ``os.cpu_count`` without it, e.g.
+    macOS) divided among this node's processes (``LOCAL_WORLD_SIZE``, set by torchrun; 1 without it), less one
+    for the process itself, which runs the step; never below 0 (then the process loads its batches itself)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local = env.get("LOCAL_WORLD_SIZE", "1")
     if not local.isdigit() or int(local) < 1:
@@ -94,13 +95,12 @@ def default_num_workers(env: Mapping[str, str] = os.environ) -> int:
 class DataLoaders:
     """What ``build_loaders`` makes: the two loaders and the train sampler (call its ``set_epoch``)."""
 
-    train: DataLoader
+    train: DataLoader | JoinedBatches
     val: DataLoader
     sampler: KeyedSampler
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The train batches of ``epoch``, from this rank's sample ``start`` on (``sampler.set_epoch``, then the
-        loader)."""
+        """The train batches of ``epoch`` from this rank's sample ``start`` on (``sampler.set_epoch``, ``train``)."""
         self.sampler.set_epoch(epoch, start)
         return iter(self.train)
 
@@ -115,16 +115,20 @@ def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_
                   repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> DataLoaders:
     """Loaders for rank ``rank`` of ``num_replicas``: the train loader ``batch_size`` images per rank, seeded per
     sample and dropping the last incomplete batch; the val loader every ``num_replicas``-th image from ``rank`` on,
-    each once (no padding: chapter 25's sums stay exact), in dataset order, ``2 * batch_size`` a batch (inference
-    keeps no activations for a backward pass). Both keep their workers between epochs, so an evaluation starts
-    none."""
+    each once (no padding: chapter 25's sums stay exact), in dataset order, up to ``2 * batch_size`` a batch
+    (inference keeps no activations for a backward pass). Both keep their workers between epochs, so an evaluation
+    starts none, and give every worker a share of an epoch: a train batch in pieces when an epoch has fewer batches
+    than workers, smaller val batches when the val images fill fewer."""
     if len(train_set) < num_replicas:
         raise ValueError(f"{num_replicas} processes but the training set has only {len(train_set)} samples: "
                          f"use at most {len(train_set)} processes")
     sampler = KeyedSampler(RepeatAugSampler(len(train_set), num_replicas, rank, repeats=repeats, seed=seed))
     val_part = Subset(val_set, val_shard(len(val_set), rank, num_replicas))
+    steps = len(sampler) // batch_size
+    parts = min(batch_size, -(-num_workers // steps)) if num_workers and steps else 1
+    val_batch = min(2 * batch_size, -(-len(val_part) // num_workers)) if num_workers and val_part else 2 * batch_size
     return DataLoaders(
         train=build_loader(SeededSamples(train_set, seed), batch_size, sampler, num_workers=num_workers, seed=seed,
-                           drop_last=True),
-        val=build_loader(val_part, 2 * batch_size, None, num_workers=num_workers, seed=seed, drop_last=False),
+                           drop_last=True, parts=parts),
+        val=build_loader(val_part, val_batch, None, num_workers=num_workers, seed=seed, drop_last=False),
         sampler=sampler)

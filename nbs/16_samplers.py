@@ -33,13 +33,14 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| export
+import itertools
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import BatchSampler, Dataset, Sampler
 
 from convit_edu.checks import positive_int
 
@@ -312,3 +313,67 @@ copy = next(key for key in keys if key[2] == keys[0][2] and key[1] != keys[0][1]
 first, other, again = samples[keys[0]][0], samples[copy][0], samples[keys[0]][0]
 assert torch.equal(first, again) and not torch.equal(first, other)
 print(f"key {keys[0]} read twice: the same crop; key {copy} (the same image): another")
+
+# %% [markdown]
+# ## An epoch of few batches, loaded by many workers
+#
+# A loader hands each worker whole batches, in turn. When an epoch holds fewer batches than there are workers (a
+# small training set at a large batch: the 350 images of the grid's f = 0.1 at a batch of 256 make one), the
+# other workers idle and each epoch begins by waiting for one worker to decode and augment a whole batch. On an
+# H200 with 15 workers that wait was 0.25 s of each 0.28 s step, for 923 epochs (`nbs/results/gpu/real-width/`).
+# `SplitBatches` cuts every batch into `parts` consecutive pieces, so `parts` workers load one batch together;
+# `JoinedBatches` reads the pieces `parts` at a time and puts each batch back together. Since each sample's
+# augmentation is seeded by its key, not by the worker that reads it, the joined batches are the batches.
+
+# %%
+#| export
+class SplitBatches(Sampler[list]):
+    """The batches of ``batches`` (full ones: ``drop_last``), each cut into ``parts`` consecutive pieces of
+    nearly equal size, for a loader whose workers then share a batch; ``JoinedBatches`` rejoins them."""
+
+    def __init__(self, batches: BatchSampler, parts: int):
+        positive_int("parts", parts)
+        if not batches.drop_last or parts > batches.batch_size:
+            raise ValueError(f"parts {parts} must be at most the batch size {batches.batch_size}, and the last "
+                             "incomplete batch dropped (drop_last), so that every batch has `parts` pieces")
+        self.batches, self.parts = batches, parts
+
+    def __iter__(self) -> Iterator[list]:
+        for batch in self.batches:
+            cuts = [len(batch) * i // self.parts for i in range(self.parts + 1)]
+            yield from (batch[a:b] for a, b in itertools.pairwise(cuts))
+
+    def __len__(self) -> int:
+        return len(self.batches) * self.parts
+
+
+class JoinedBatches:
+    """The batches of ``pieces`` (a loader over ``SplitBatches``), ``parts`` pieces at a time joined along the
+    batch (``torch.cat`` of each field), then pinned when ``pin_memory``."""
+
+    def __init__(self, pieces: Iterable, parts: int, pin_memory: bool = False):
+        self.pieces, self.parts, self.pin_memory = pieces, parts, pin_memory
+
+    def __iter__(self) -> Iterator[list[torch.Tensor]]:
+        stream = iter(self.pieces)
+        for first in stream:
+            batch = [torch.cat(field) for field in zip(first, *itertools.islice(stream, self.parts - 1))]
+            yield [t.pin_memory() for t in batch] if self.pin_memory else batch
+
+    def __len__(self) -> int:
+        return len(self.pieces) // self.parts
+
+# %% [markdown]
+# Rank 0's epoch above in batches of 6, each cut in 3 pieces, read as a loader would and joined again: the same
+# batches as read whole.
+
+# %%
+from torch.utils.data import default_collate
+
+whole = [default_collate([samples[key] for key in batch]) for batch in BatchSampler(keyed[0], 6, True)]
+split = SplitBatches(BatchSampler(keyed[0], 6, True), 3)
+pieces = [default_collate([samples[key] for key in piece]) for piece in split]
+print(f"{len(whole)} batches of 6; {len(pieces)} pieces of {[len(p[1]) for p in pieces[:3]]}")
+joined = list(JoinedBatches(pieces, 3))
+assert len(joined) == len(whole) and all(torch.equal(a, b) for j, w in zip(joined, whole) for a, b in zip(j, w))
+print("joined again: the same batches")

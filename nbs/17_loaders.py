@@ -39,10 +39,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, Subset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, Subset
 
 from convit_edu.checks import positive_int
-from convit_edu.samplers import KeyedSampler, RepeatAugSampler, SeededSamples, val_shard
+from convit_edu.samplers import (JoinedBatches, KeyedSampler, RepeatAugSampler, SeededSamples, SplitBatches,
+                                 val_shard)
 
 # %%
 import warnings
@@ -76,40 +77,40 @@ print(names)
 #
 # `build_loader` sets what matters at scale: `num_workers` processes decode and augment in parallel,
 # `persistent_workers` keeps them (and their open files) across epochs, `prefetch_factor` keeps 4 batches per
-# worker in flight, `pin_memory` (on when CUDA is present) makes host-to-GPU copies asynchronous, and a **seeded
-# generator** fixes the workers' base seed, so a run is reproducible. Workers ignore SIGTERM and SIGINT: SLURM
-# signals every process of a job, and a worker killed by it would crash the main process in the middle of the
-# step it must finish before saving (chapter 28). So the main process stops them itself, also at its exit, where
-# Python would otherwise wait without end for daemonic children that ignore SIGTERM (a script that iterated a
-# loader printed its result, then hung): every loader with workers is remembered (weakly) and its workers told to
-# stop, as PyTorch does when a loader's iterator is deleted; workers whose loader is gone (after a worker's error,
-# or collected in a cycle) are killed, since by then nothing waits for their batches.
+# worker in flight, `pin_memory` (on when CUDA is present) makes host-to-GPU copies asynchronous, a **seeded
+# generator** fixes the workers' base seed, and `parts` shares each batch among workers (chapter 16). Workers
+# ignore SIGTERM and SIGINT: SLURM signals every process of a job, and a worker killed by it would crash the main
+# process mid-step, before it saves (chapter 28). So the main process stops them itself, also at its exit, where
+# Python would otherwise wait forever for daemonic children that ignore SIGTERM: every loader with workers is
+# remembered (weakly) and its workers told to stop; workers whose loader is gone are killed.
 
 # %%
 #| export
 def build_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, *, num_workers: int, seed: int,
-                 drop_last: bool, pin_memory: bool | None = None) -> DataLoader:
-    """A DataLoader over ``sampler`` (None: dataset order) with workers, pinning, prefetch and a seeded generator."""
+                 drop_last: bool, pin_memory: bool | None = None, parts: int = 1) -> DataLoader | JoinedBatches:
+    """A DataLoader over ``sampler`` (None: dataset order) with workers, pinning, prefetch and a seeded generator;
+    with ``parts`` > 1, each batch loaded in that many pieces by as many workers (chapter 16's ``SplitBatches``)."""
     positive_int("batch_size", batch_size)
     positive_int("num_workers (0: load in this process)", num_workers, minimum=0)
     if drop_last and sampler is not None and len(sampler) < batch_size:
         raise ValueError(f"batch_size {batch_size} with drop_last=True leaves no batch: this rank's epoch holds "
                          f"only {len(sampler)} samples")
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    batching = ({"batch_size": batch_size, "sampler": sampler, "drop_last": drop_last} if parts == 1 else
+                {"batch_sampler": SplitBatches(BatchSampler(sampler, batch_size, drop_last), parts)})
     loader = _WorkerTrackingLoader(
-        dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=drop_last,
-        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        dataset, **batching, num_workers=num_workers, pin_memory=pin and parts == 1,
         generator=torch.Generator().manual_seed(seed), persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers > 0 else None, worker_init_fn=_ignore_stop_signals if num_workers else None,
     )
     if num_workers:
         _WITH_WORKERS.add(loader)
-    return loader
+    return loader if parts == 1 else JoinedBatches(loader, parts, pin_memory=pin)
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
-    """SLURM and a terminal send SIGTERM / SIGINT to every process of a job, loader workers included; a worker that
-    died of it would crash the main process mid-step. Workers ignore both: the main process stops them itself
-    after it has saved its checkpoint, or at its exit (``_stop_workers_at_exit``)."""
+    """SLURM and a terminal send SIGTERM / SIGINT to every process of a job, workers included. Workers ignore both:
+    the main process stops them itself after its checkpoint, or at its exit (``_stop_workers_at_exit``)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -143,19 +144,17 @@ def _stop_workers_at_exit() -> None:
 # %% [markdown]
 # ### How many workers?
 #
-# One worker per CPU the process may use (its affinity, which SLURM, `taskset` and containers restrict, not
-# `os.cpu_count()`), less one for the process itself; the processes of one node (`torchrun` sets
-# `LOCAL_WORLD_SIZE`) share those CPUs. `default_num_workers` says what that comes to, and the training loop uses
-# it when `--num-workers` is not given. On a 2-core laptop, a 64-core node with 8 GPUs, an 8-core one with 8:
+# One worker per CPU the process may use (its affinity, not `os.cpu_count()`), less one for the process itself; the
+# processes of one node (`torchrun` sets `LOCAL_WORLD_SIZE`) share them. The training loop uses `default_num_workers`
+# when `--num-workers` is not given. On a 2-core laptop, a 64-core node with 8 GPUs, an 8-core one with 8:
 
 # %%
 #| export
 def default_num_workers(env: Mapping[str, str] = os.environ) -> int:
     """Loader workers per process when none are asked for: the CPUs this process may run on
-    (``os.sched_getaffinity``, which SLURM, ``taskset`` and containers restrict; ``os.cpu_count`` where the OS
-    has no affinity, e.g. macOS) divided among this node's processes (``LOCAL_WORLD_SIZE``, set by torchrun;
-    1 without it), less one CPU for the process itself, which runs the training step; never below 0 (then
-    the process loads its batches itself)."""
+    (``os.sched_getaffinity``, which SLURM, ``taskset`` and containers restrict; ``os.cpu_count`` without it, e.g.
+    macOS) divided among this node's processes (``LOCAL_WORLD_SIZE``, set by torchrun; 1 without it), less one
+    for the process itself, which runs the step; never below 0 (then the process loads its batches itself)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local = env.get("LOCAL_WORLD_SIZE", "1")
     if not local.isdigit() or int(local) < 1:
@@ -192,13 +191,12 @@ print(f"this process, alone on this machine: {default_num_workers({})} worker(s)
 # Its random draws come from the process's global generators, which the training loop seeds from
 # (seed, rank, epoch, step) before every step (chapter 23): a resumed run draws the same boxes.
 #
-# **No waiting for the device.** A CUDA device runs behind the CPU, which queues kernels and goes on; anything
-# that needs a value *on the host* (`.item()`, printing a tensor, a blocking copy from pageable memory) makes the
-# CPU wait, and the queue runs dry. So `DeviceTransforms` fills its constants (255·mean, 255·std) in place on the
-# device the first time it sees a batch there, and `erasing_boxes` draws the few numbers a box needs with
-# `torch.rand(..., device=...)` and the (B, H, W) mask by comparisons against `arange` there: nothing is read
-# back or copied over. Both belong to the augmentation, so they live in `convit_edu.augment`, beside chapter 15's
-# recipe (the cell below exports them there).
+# **No waiting for the device.** A CUDA device runs behind the CPU; anything that needs a value *on the host*
+# (`.item()`, printing a tensor, a blocking copy from pageable memory) makes the CPU wait, and the queue runs dry.
+# So `DeviceTransforms` fills its constants (255·mean, 255·std) in place on the device at its first batch there,
+# and `erasing_boxes` draws a box's numbers with `torch.rand(..., device=...)` and the (B, H, W) mask by
+# comparisons against `arange` there: nothing is read back. Both live in `convit_edu.augment` (the cell exports
+# them there), beside chapter 15's recipe.
 
 # %%
 #| export augment
@@ -295,9 +293,8 @@ assert finish.train(batch).shape == (4, 3, 64, 64)
 # ### From datasets to loaders in one call
 #
 # `build_loaders` strings chapter 16 and this one together: a `RepeatAugSampler` for this rank behind a
-# `KeyedSampler`, the seeded samples (`SeededSamples`), loaders with workers; validation in dataset order. It is
-# the call chapter 28's `train` makes, and the one for a loop of your own (`sampler.set_epoch(epoch, start)`
-# before each epoch). Every kind of loader a run can use (these, chapter 19's GPU-decoding ones, chapter 18's DALI) answers
+# `KeyedSampler`, the seeded samples, loaders with workers; validation in dataset order. Chapter 28's `train`
+# calls it. Every kind of loader a run can use (these, chapter 19's GPU-decoding ones, chapter 18's DALI) answers
 # `epoch(e, start)`, `val`, and `state()` / `restore(state)` for what a checkpoint keeps of the loader itself
 # (chapter 26): nothing here, as the position in the stream is the epoch and step, which it holds anyway.
 
@@ -307,13 +304,12 @@ assert finish.train(batch).shape == (4, 3, 64, 64)
 class DataLoaders:
     """What ``build_loaders`` makes: the two loaders and the train sampler (call its ``set_epoch``)."""
 
-    train: DataLoader
+    train: DataLoader | JoinedBatches
     val: DataLoader
     sampler: KeyedSampler
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The train batches of ``epoch``, from this rank's sample ``start`` on (``sampler.set_epoch``, then the
-        loader)."""
+        """The train batches of ``epoch`` from this rank's sample ``start`` on (``sampler.set_epoch``, ``train``)."""
         self.sampler.set_epoch(epoch, start)
         return iter(self.train)
 
@@ -328,18 +324,22 @@ def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_
                   repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> DataLoaders:
     """Loaders for rank ``rank`` of ``num_replicas``: the train loader ``batch_size`` images per rank, seeded per
     sample and dropping the last incomplete batch; the val loader every ``num_replicas``-th image from ``rank`` on,
-    each once (no padding: chapter 25's sums stay exact), in dataset order, ``2 * batch_size`` a batch (inference
-    keeps no activations for a backward pass). Both keep their workers between epochs, so an evaluation starts
-    none."""
+    each once (no padding: chapter 25's sums stay exact), in dataset order, up to ``2 * batch_size`` a batch
+    (inference keeps no activations for a backward pass). Both keep their workers between epochs, so an evaluation
+    starts none, and give every worker a share of an epoch: a train batch in pieces when an epoch has fewer batches
+    than workers, smaller val batches when the val images fill fewer."""
     if len(train_set) < num_replicas:
         raise ValueError(f"{num_replicas} processes but the training set has only {len(train_set)} samples: "
                          f"use at most {len(train_set)} processes")
     sampler = KeyedSampler(RepeatAugSampler(len(train_set), num_replicas, rank, repeats=repeats, seed=seed))
     val_part = Subset(val_set, val_shard(len(val_set), rank, num_replicas))
+    steps = len(sampler) // batch_size
+    parts = min(batch_size, -(-num_workers // steps)) if num_workers and steps else 1
+    val_batch = min(2 * batch_size, -(-len(val_part) // num_workers)) if num_workers and val_part else 2 * batch_size
     return DataLoaders(
         train=build_loader(SeededSamples(train_set, seed), batch_size, sampler, num_workers=num_workers, seed=seed,
-                           drop_last=True),
-        val=build_loader(val_part, 2 * batch_size, None, num_workers=num_workers, seed=seed, drop_last=False),
+                           drop_last=True, parts=parts),
+        val=build_loader(val_part, val_batch, None, num_workers=num_workers, seed=seed, drop_last=False),
         sampler=sampler)
 
 # %% [markdown]
@@ -361,13 +361,14 @@ assert mixed.shape == (32, 3, 224, 224) and torch.allclose(targets.sum(1), torch
 
 # %% [markdown]
 # Every sample's augmentation is a function of its place in the run (chapter 16's `SeededSamples`): the first
-# batch of an epoch is the same with no worker and with two, and reading it again gives it again.
+# batch of an epoch is the same with no worker and with two (an epoch of one batch: loaded in 2 pieces, so that
+# both workers have a share), and reading it again gives it again.
 
 # %%
 small_ds = SyntheticImages(64, 4, 48, transform=build_transforms(replace(aug, img_size=32))[0])
-first = [next(iter(build_loaders(small_ds, small_ds, batch_size=8, num_workers=w, seed=3).train))[0]
-         for w in (0, 2, 0)]
-assert torch.equal(first[0], first[1]) and torch.equal(first[0], first[2])
+loaders = [build_loaders(small_ds, small_ds, batch_size=64, num_workers=w, seed=3) for w in (0, 2, 0)]
+first = [next(iter(data.train))[0] for data in loaders]
+assert torch.equal(first[0], first[1]) and torch.equal(first[0], first[2]) and loaders[1].train.parts == 2
 print("the first batch is identical with 0 and 2 workers, and when read again")
 
 # %% [markdown]
@@ -475,11 +476,10 @@ def plot_loader_benchmarks(results: dict[str, LoaderBenchmark]) -> Figure:
     return fig
 
 # %% [markdown]
-# The benchmark on this machine (its numbers change from run to run, and with the CPU; the committed ones come
-# from an AMD EPYC (Zen 3, AVX2, 2 cores), with nothing else running).
-# Decoding a 64×64 JPEG is cheap; the augmentations at 224 px dominate — RandomResizedCrop's bicubic upsampling
-# and RandAugment — so `num_workers` should be as large as the CPU cores allow (DeiT used 10 per GPU). At 32 px
-# the same pipeline is an order of magnitude faster.
+# The benchmark on this machine (its numbers change from run to run and with the CPU; the committed ones: an AMD EPYC
+# (Zen 3, AVX2, 2 cores), nothing else running). Decoding a 64×64 JPEG is cheap; the augmentations at 224 px dominate —
+# RandomResizedCrop's bicubic upsampling and RandAugment — so `num_workers` should be as large as the CPU cores allow
+# (DeiT used 10 per GPU). At 32 px the same pipeline is an order of magnitude faster.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

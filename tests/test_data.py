@@ -17,7 +17,7 @@ from convit_edu.augment import AUGMENTATIONS, AugConfig, MixupCutmix, build_mixu
 from convit_edu.benchmarks import LoaderBenchmark, benchmark_loader, plot_loader_benchmarks
 from convit_edu.datasets import build_datasets, scaled_epochs, subsample_per_class
 from convit_edu.loaders import build_loader, build_loaders
-from convit_edu.samplers import KeyedSampler, RepeatAugSampler
+from convit_edu.samplers import JoinedBatches, KeyedSampler, RepeatAugSampler, SplitBatches
 
 CLASSES = ["cat", "dog", "eel"]
 TRAIN_PER_CLASS, VAL_PER_CLASS = 6, 2
@@ -544,6 +544,44 @@ def test_the_train_loader_seeds_each_sample_by_its_place_in_the_run_not_by_its_w
     whole = first_epoch(0)
     assert torch.equal(whole, first_epoch(2)) and not torch.equal(whole, first_epoch(0, seed=1))
     assert torch.equal(whole[8:], first_epoch(2, start=8))  # resumed after two batches: the same images
+
+
+class WorkerIds(torch.utils.data.Dataset):
+    """Image i is filled with i; its label is the loader worker that read it (-1: the main process)."""
+
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, i: int):
+        info = torch.utils.data.get_worker_info()
+        return torch.full((2,), float(i)), -1 if info is None else info.id
+
+
+def test_an_epoch_of_fewer_batches_than_workers_shares_each_batch_among_them():
+    data = build_loaders(WorkerIds(), WorkerIds(), batch_size=16, num_workers=2)  # one batch an epoch
+    assert isinstance(data.train, JoinedBatches) and data.train.parts == 2 and len(data.train) == 1
+    images, workers = next(iter(data.train))
+    assert workers.tolist() == [0] * 8 + [1] * 8  # each worker read half of the batch
+    alone = build_loaders(WorkerIds(), WorkerIds(), batch_size=16, num_workers=0)
+    assert torch.equal(images, next(iter(alone.train))[0])  # the same images, in the same order
+    # val: 20 images, 2 workers: two batches of 10 (not one of 32), in dataset order
+    assert [len(y) for _, y in data.val] == [10, 10]
+    assert torch.equal(torch.cat([x for x, _ in data.val])[:, 0], torch.arange(20.0))
+    # five batches an epoch for two workers: each batch whole
+    assert not isinstance(build_loaders(WorkerIds(), WorkerIds(), batch_size=4, num_workers=2).train, JoinedBatches)
+
+
+def test_split_batches_cut_full_batches_into_pieces_and_joined_batches_rejoin_them():
+    batches = torch.utils.data.BatchSampler(range(14), 7, drop_last=True)
+    pieces = list(SplitBatches(batches, 3))
+    assert pieces == [[0, 1], [2, 3], [4, 5, 6], [7, 8], [9, 10], [11, 12, 13]]
+    loader = [[torch.tensor(p), torch.tensor(p) * 10] for p in pieces]
+    joined = list(JoinedBatches(loader, 3))
+    assert len(joined) == 2 and joined[1][0].tolist() == list(range(7, 14)) and joined[1][1][0] == 70
+    with pytest.raises(ValueError, match="parts 8 must be at most the batch size 7"):
+        SplitBatches(batches, 8)
+    with pytest.raises(ValueError, match="drop_last"):
+        SplitBatches(torch.utils.data.BatchSampler(range(14), 7, drop_last=False), 2)
 
 
 def test_loader_batch_larger_than_a_ranks_share_is_refused(folder):

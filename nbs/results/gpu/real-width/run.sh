@@ -4,10 +4,23 @@
 # the course's Tiny ImageNet at 64 px in 4-px patches (16 x 16 tokens), the CPU grid's recipe at a batch of 256:
 # f = 0.1 first, then f = 1, seed 1, every run scored on the CPU grid's 1 500 test images. Each run prints its
 # images and learning-rate sum before it trains; the command resumes where it stopped.
-#   bash nbs/results/gpu/real-width/run.sh pack   # the 10 classes into data/tiny-imagenet-100-first10 (11 MB, to carry)
-#   bash nbs/results/gpu/real-width/run.sh        # the grid into nbs/results/gpu/real-width (IMAGES=... to change)
+#   bash nbs/results/gpu/real-width/run.sh pack       # the 10 classes into data/tiny-imagenet-100-first10 (to carry)
+#   bash nbs/results/gpu/real-width/run.sh            # the grid into nbs/results/gpu/real-width (IMAGES=... to change)
+#   bash nbs/results/gpu/real-width/run.sh collect D  # its records (no checkpoints, no images) as D/real-width.tar.gz
+# On the lent machine (the device tool: at most 8 files come back, and files a call wrote that are neither tracked
+# nor ignored are gone at the next call, so collect in the same call), carrying .whl and the packed classes:
+#   python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl &&
+#   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1; timeout 480 bash nbs/results/gpu/real-width/run.sh \
+#   >$OUT/log.txt 2>&1; bash nbs/results/gpu/real-width/run.sh collect $OUT
+# The first attempt (2026-11-27-h200-first-attempt/, its README) found each one-step epoch waiting on one loader
+# worker; chapters 16-17 now share such a batch among the workers.
 set -euo pipefail
-source=data/tiny-imagenet-100 first10=data/tiny-imagenet-100-first10
+source=data/tiny-imagenet-100 first10=data/tiny-imagenet-100-first10 out=nbs/results/gpu/real-width
+if [ "${1:-}" = collect ]; then
+  tar -czf "${2:?the folder to write real-width.tar.gz in}/real-width.tar.gz" --exclude='*.pt' --exclude="$out/data" \
+    --exclude="$out/*-attempt" "$out"
+  exit 0
+fi
 if [ "${1:-}" = pack ]; then
   for split in train val; do
     mkdir -p "$first10/$split"
@@ -22,4 +35,4 @@ python -m convit_edu.cli experiment sample-efficiency --data-root "$first10" --c
   --seeds 1 --images-per-run "${IMAGES:-250000}" --num-workers "${WORKERS:-15}" --device cuda --progress lines \
   --set img_size=64 --set global_batch=256 --set lr=4e-3 --model-arg patch_size=4 --model-arg embed_dim=192 \
   --model-arg num_heads=3 --model-arg depth=12 --convit-arg num_heads=4 --convit-arg local_up_to_layer=10 \
-  --output nbs/results/gpu/real-width
+  --output "$out"
