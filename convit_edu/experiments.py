@@ -151,7 +151,8 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
         "hours": result.history[-1]["time_s"] / 3600,
         "gates_start": _gpsa_layer_means(recorder.records[0]["gates"]),
         "gates_end": _gpsa_layer_means(recorder.records[-1]["gates"])}
-    record.update(lr_sum=learning_rate_sum(cfg, cfg.steps_per_epoch(len(sets["train"]))),
+    lr_sum = learning_rate_sum(cfg, cfg.steps_per_epoch(len(sets["train"])))
+    record.update(lr_sum=lr_sum, gate_lr_sum=lr_sum * cfg.gate_lr_scale,  # the gates' own (chapter 21)
                   val_curve=[[row["epoch"], row["val_top1"]] for row in result.history if "val_top1" in row])
     if correct is not None:
         record.update(test_top1=100 * correct.count("1") / len(correct), test_images=len(correct),
@@ -205,8 +206,9 @@ def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list
     for i, spec in enumerate(todo, 1):
         cfg = run_config(spec, output)
         images, rates = run_budget(cfg, folder_class_sizes(cfg))
+        gates = f", the gates' {rates * cfg.gate_lr_scale:.2f}" if cfg.gate_lr_scale != 1 else ""
         print(f"[{i}/{len(todo)}] {spec.name} ({spec.label}, {cfg.epochs} epochs: {images:,} images, "
-              f"learning-rate sum {rates:.2f})", flush=True)
+              f"learning-rate sum {rates:.2f}{gates})", flush=True)
         if train_run(spec, output, records) is None:
             print(f"stopped during {spec.name}: run the same command again to continue", flush=True)
             break

@@ -169,7 +169,7 @@ def check_preconditions(records: list[dict]) -> list[dict]:
                                             and r["ablation"] == ablation]
     deit_low, deit_full = _mean(runs("deit", low), "val_top1"), _mean(runs("deit", 1.0), "val_top1")
     convit_low, frozen = _mean(runs("convit", low), "val_top1"), _mean(runs("convit", low, "frozen_gpsa"), "val_top1")
-    lr_sums = [r["lr_sum"] for r in records if "lr_sum" in r]
+    lr_sums = [r.get("gate_lr_sum", r["lr_sum"]) for r in records if "lr_sum" in r]  # older records: no gate scale
     moves = [max(abs(a - b) for a, b in zip(r["gates_start"], r["gates_end"])) for r in runs("convit", low)]
     gap = lambda a, b: None if a is None or b is None else a - b
     return [_check("1 data is scarce", gap(deit_full, deit_low), 10, f"DeiT f = 1 minus f = {low:g}: >= 10 points"),

@@ -76,10 +76,10 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # half-way continues from its `last.pt`), records σ(λ) and the nonlocality of every layer about 20 times along the way
 # (`LocalityRecorder`, for Figs. 5 and 6), then scores the final model on the validation images, on the held-out
 # training images, on the training images it saw and on the fixed test images (below), image by image. The record also
-# keeps the schedule's learning-rate sum and the validation curve, for chapter 36's pre-conditions. It writes the run's
-# `record.json` last: a folder with a record is finished and is skipped the next time, so the command resumes a partly
-# finished grid where it stopped. After every run, `OUTPUT/summary.json` (one record per finished run),
-# `OUTPUT/table.txt` and the figures are written again.
+# keeps the schedule's learning-rate sum (and the gates', `gate_lr_scale` times it) and the validation curve, for
+# chapter 36's pre-conditions. It writes the run's `record.json` last: a folder with a record is finished and is
+# skipped the next time, so the command resumes a partly finished grid where it stopped. After every run,
+# `OUTPUT/summary.json` (one record per finished run), `OUTPUT/table.txt` and the figures are written again.
 #
 # A run of a grid already is a `TrainConfig` (chapter 35): the one its printed command trains. Here it only
 # gets its folder, and `--resume auto`.
@@ -242,7 +242,8 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
         "hours": result.history[-1]["time_s"] / 3600,
         "gates_start": _gpsa_layer_means(recorder.records[0]["gates"]),
         "gates_end": _gpsa_layer_means(recorder.records[-1]["gates"])}
-    record.update(lr_sum=learning_rate_sum(cfg, cfg.steps_per_epoch(len(sets["train"]))),
+    lr_sum = learning_rate_sum(cfg, cfg.steps_per_epoch(len(sets["train"])))
+    record.update(lr_sum=lr_sum, gate_lr_sum=lr_sum * cfg.gate_lr_scale,  # the gates' own (chapter 21)
                   val_curve=[[row["epoch"], row["val_top1"]] for row in result.history if "val_top1" in row])
     if correct is not None:
         record.update(test_top1=100 * correct.count("1") / len(correct), test_images=len(correct),
@@ -304,8 +305,9 @@ def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list
     for i, spec in enumerate(todo, 1):
         cfg = run_config(spec, output)
         images, rates = run_budget(cfg, folder_class_sizes(cfg))
+        gates = f", the gates' {rates * cfg.gate_lr_scale:.2f}" if cfg.gate_lr_scale != 1 else ""
         print(f"[{i}/{len(todo)}] {spec.name} ({spec.label}, {cfg.epochs} epochs: {images:,} images, "
-              f"learning-rate sum {rates:.2f})", flush=True)
+              f"learning-rate sum {rates:.2f}{gates})", flush=True)
         if train_run(spec, output, records) is None:
             print(f"stopped during {spec.name}: run the same command again to continue", flush=True)
             break

@@ -72,12 +72,13 @@ for folder in ("sample-efficiency-b128", "sample-efficiency"):
     moved = max(abs(g - 1 / (1 + math.exp(-1))) for r in records if r["ablation"] is None for g in r["gates_end"])
     rates = learning_rate_sum(TrainConfig.from_dict(run["config"]), run["steps_per_epoch"])
     print(f"{folder}: learning-rate sum {rates:.2f}; a GPSA layer's mean gate moved {moved:.3f} at most")
+runs = {(r["model"], r["fraction"], r["seed"]): r for r in first if r["ablation"] is None}
 for row in table_2(first):
-    pairs = [(r, s) for r in first for s in first if r["ablation"] is s["ablation"] is None and r["seed"] == s["seed"]
-             and r["fraction"] == s["fraction"] == row["fraction"] and (r["model"], s["model"]) == ("convit", "deit")]
-    ahead = sum(unseen_top1(c) > unseen_top1(d) for c, d in pairs)
+    seeds = row["paired_seeds"]
+    ahead = sum(unseen_top1(runs["convit", row["fraction"], s]) > unseen_top1(runs["deit", row["fraction"], s])
+                for s in seeds)
     print(f"f = {row['fraction']:g}: ConViT - DeiT {row['diff']:+.1f} ± {row['diff_se']:.1f}; ConViT ahead in {ahead} "
-          f"of {len(pairs)} seeds")
+          f"of {len(seeds)} seeds")
     assert abs(row["diff"]) < 2 * row["diff_se"]  # within noise at every fraction
 
 # %% [markdown]

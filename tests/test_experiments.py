@@ -282,6 +282,20 @@ def test_run_budget_counts_whole_steps_of_the_kept_images_and_their_rates():
     assert run_budget(replace(cfg, fraction=1.0), [351] * 10)[0] == 3 * (3510 // 32) * 32
 
 
+def test_a_run_with_faster_gates_records_and_prints_the_gates_learning_rate_sum(tmp_path, capsys):
+    from convit_edu.cli import main
+
+    root = jpeg_folder(tmp_path / "data", classes=2, train=64, val=4)
+    code = main(["experiment", "ablations", "--data-root", str(root), "--classes", "2", "--seeds", "0",
+                 "--fraction", "1", "--names", "convit", "--images-per-run", "64", "--num-workers", "0",
+                 "--progress", "none", "--output", str(tmp_path / "out"), "--test-per-class", "0",
+                 "--set", "gate_lr_scale=10"])
+    out = capsys.readouterr().out
+    record = json.loads((tmp_path / "out" / "convit_f1_s0" / "record.json").read_text())
+    assert code == 0 and record["gate_lr_sum"] == pytest.approx(10 * record["lr_sum"]) and record["lr_sum"] > 0
+    assert f"learning-rate sum {record['lr_sum']:.2f}, the gates' {record['gate_lr_sum']:.2f})" in out
+
+
 def test_the_experiment_command_runs_a_grid_and_prints_its_table(tmp_path, capsys):
     from convit_edu.cli import main
 

@@ -139,6 +139,8 @@ def test_preconditions_pass_fail_or_wait_for_their_runs():
     checks = {c["name"][0:2]: (c["passed"], c["value"]) for c in check_preconditions(records)}
     assert checks["1 "] == (False, 9.0) and checks["2 "] == (True, 5.0)  # 9 points: not scarce enough
     assert checks["3a"] == (False, 0.93) and checks["3b"][0] is False  # gates moved 0.02 at most
+    faster_gates = check_preconditions([{**r, "gate_lr_sum": 93.0} for r in records])  # gate_lr_scale 100
+    assert (faster_gates[2]["passed"], faster_gates[2]["value"]) == (True, 93.0)  # the gates' own sum is what counts
     assert checks["4 "] == (None, 1.0)  # the DeiT's last quarter gained 1 point, but no ConViT at f = 1 yet
     levelled = rec("convit", 1.0, 45.0, val_curve=[[1, 30.0], [2, 40.0], [3, 44.0], [4, 45.5], [5, 45.0]])
     assert check_preconditions(records + [levelled])[-1]["passed"] is True
