@@ -206,6 +206,17 @@ def test_resume_is_exact_for_a_built_convit_on_augmented_images(tmp_path):
     assert_same_weights(straight.model, resumed.model)
 
 
+def test_a_run_of_one_batch_epochs_trains_the_same_with_its_batches_shared_among_workers(tmp_path):
+    """32 images at a batch of 32: with 2 workers each batch is loaded in 2 pieces (chapter 16's SplitBatches)."""
+    cfg = TrainConfig(model="deit_tiny", img_size=16, model_args={"patch_size": 8, "embed_dim": 48, "depth": 1},
+                      data="fake", data_args={"num_train": 32, "num_val": 8, "image_size": 16}, epochs=2,
+                      batch_size=32, aug="pad-crop-flip", precision="fp32", progress="none")
+    shared = train(replace(cfg, num_workers=2, output=str(tmp_path / "a")))
+    alone = train(replace(cfg, num_workers=0, output=str(tmp_path / "b")))
+    assert [r["train_loss"] for r in shared.history] == [r["train_loss"] for r in alone.history]
+    assert_same_weights(shared.model, alone.model)
+
+
 def test_checkpoint_survives_a_crash_during_writing(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
     save_checkpoint({"format": "convit-edu-train-1", "weights": torch.arange(3.0)}, path)
