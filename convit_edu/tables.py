@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 
 from convit_edu.experiment_design import ABLATIONS
 
-__all__ = ['relative_gain', 'unseen_top1', 'test_top1', 'paired_bootstrap', 'table_2', 'format_table_2', 'table_3', 'format_table_3', 'check_preconditions', 'format_preconditions', 'plot_table_2']
+__all__ = ['relative_gain', 'unseen_top1', 'test_top1', 'paired_bootstrap', 'table_2', 'format_table_2', 'table_3', 'format_table_3', 'check_preconditions', 'format_preconditions', 'plot_table_2', 'plot_table_3']
 
 
 # %% nbs/36_tables.py 7
@@ -224,5 +224,24 @@ def plot_table_2(records: list[dict], paper_gaps: dict[float, float] | None = No
         ax.legend(fontsize=7)
     acc.set(ylabel="test top-1 (%)", title="top-1 on unseen images")
     gains.set(ylabel="relative improvement (%)", title="ConViT over DeiT")
+    fig.tight_layout()
+    return fig
+
+
+def plot_table_3(records: list[dict], fraction: float, paper: dict[str, float] | None = None) -> Figure:
+    """Table 3's paired rows on ``fraction``: each row minus the ConViT of its seeds, ± 2 paired standard errors,
+    beside the paper's differences (``paper``: row name to points) where given."""
+    rows = [r for r in table_3(records, fraction) if r["vs_convit"] is not None]
+    fig = Figure(figsize=(7, 0.9 + 0.45 * len(rows)), dpi=80)
+    ax = fig.subplots()
+    ax.errorbar([r["vs_convit"] for r in rows], range(len(rows)), xerr=[2 * r["vs_convit_se"] for r in rows],
+                fmt="o", capsize=3, label="this grid (± 2 paired SE)")
+    known = [(paper[r["name"]], y) for y, r in enumerate(rows) if r["name"] in (paper or {})]
+    if known:
+        ax.plot(*zip(*known), "s", color="grey", label="paper")
+    ax.axvline(0, color="black", linewidth=0.5)
+    ax.set(yticks=list(range(len(rows))), yticklabels=[f"{r['table_ref']} {r['label']}" for r in rows],
+           xlabel="test top-1 minus the ConViT's (points)", title=f"Table 3 at f = {fraction:g}")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

@@ -385,6 +385,25 @@ def plot_table_2(records: list[dict], paper_gaps: dict[float, float] | None = No
     return fig
 
 
+def plot_table_3(records: list[dict], fraction: float, paper: dict[str, float] | None = None) -> Figure:
+    """Table 3's paired rows on ``fraction``: each row minus the ConViT of its seeds, ± 2 paired standard errors,
+    beside the paper's differences (``paper``: row name to points) where given."""
+    rows = [r for r in table_3(records, fraction) if r["vs_convit"] is not None]
+    fig = Figure(figsize=(7, 0.9 + 0.45 * len(rows)), dpi=80)
+    ax = fig.subplots()
+    ax.errorbar([r["vs_convit"] for r in rows], range(len(rows)), xerr=[2 * r["vs_convit_se"] for r in rows],
+                fmt="o", capsize=3, label="this grid (± 2 paired SE)")
+    known = [(paper[r["name"]], y) for y, r in enumerate(rows) if r["name"] in (paper or {})]
+    if known:
+        ax.plot(*zip(*known), "s", color="grey", label="paper")
+    ax.axvline(0, color="black", linewidth=0.5)
+    ax.set(yticks=list(range(len(rows))), yticklabels=[f"{r['table_ref']} {r['label']}" for r in rows],
+           xlabel="test top-1 minus the ConViT's (points)", title=f"Table 3 at f = {fraction:g}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 
 # %%
 def answers_record(model: str, fraction: float, seed: int, answers: torch.Tensor) -> dict:

@@ -9,7 +9,7 @@ import torch
 
 from convit_edu.datasets import ImageFolderDataset
 from convit_edu.experiments import fixed_test_split, per_image_correct
-from convit_edu.tables import check_preconditions, format_table_3, paired_bootstrap, table_2, table_3
+from convit_edu.tables import check_preconditions, format_table_3, paired_bootstrap, plot_table_3, table_2, table_3
 from test_experiments import jpeg_folder
 
 
@@ -127,6 +127,10 @@ def test_table_3_pairs_each_ablation_with_the_convit_of_its_seeds():
     assert "-25.0 ±" in format_table_3(list(rows.values()))
     unpaired = table_3([{k: v for k, v in r.items() if k != "test_correct"} for r in records], 0.1)
     assert all(r["vs_convit"] is None for r in unpaired) and "±" not in format_table_3(unpaired)
+    ax = plot_table_3(records, 0.1, {"frozen_gpsa": -5.4}).axes[0]  # the paired rows (not the ConViT's own)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["e DeiT", "f frozen GPSA"]
+    points = [[round(x, 6) for x in line.get_xdata()] for line in ax.lines]
+    assert [-50.0, -25.0] in points and [-5.4] in points  # this grid's rows, the paper's frozen GPSA
 
 
 def test_preconditions_pass_fail_or_wait_for_their_runs():
