@@ -57,7 +57,7 @@ class TrainConfig:
     loader: str = setting("torchvision", "torchvision (workers decode with PIL), or for imagefolder data dali (NVIDIA "
                                          f"DALI; {DALI_INSTALL}) or gpu-decode (the training device decodes)")
     epochs: int = setting(300, "training epochs")
-    eval_every: int = setting(1, "evaluate, log a row and update best.pt every N epochs, and after the last")
+    eval_every: int = setting(1, "evaluate, log a row, checkpoint and update best.pt every N epochs, and after the last")
     batch_size: int = setting(64, "images per process and step (ignored when --global-batch is set)")
     global_batch: int | None = setting(None, "images per optimiser step over all processes and accumulation steps")
     accum_steps: int = setting(1, "gradient accumulation steps per optimiser step")
@@ -81,7 +81,7 @@ class TrainConfig:
     device: str = setting("auto", "auto (cuda:LOCAL_RANK if available, else mps, else cpu), cpu, cuda or mps")
     output: str = setting("runs/run", "run folder: checkpoints, logs, run.json, curves.png")
     resume: str | None = setting(None, "continue from a checkpoint path, or auto (OUTPUT/last.pt when it exists)")
-    ckpt_every: int = setting(0, "also checkpoint every N optimiser steps (0: at epoch ends only)")
+    ckpt_every: int = setting(0, "also checkpoint every N optimiser steps (0: at evaluated epochs and stops only)")
     log_every: int = setting(50, "print a progress line every N steps (when not showing bars)")
     progress: str = setting("auto", "auto (bars in notebooks and terminals, lines otherwise), bar, lines or none")
 

@@ -256,9 +256,9 @@ if yours is not None:
 # `run.json` (the config, the world, the batch sizes, the learning rate, the versions, the command line) when it
 # starts, and a line in `invocations.jsonl` every time it is started or resumed (a run extended with more
 # epochs, or resumed on another number of GPUs, keeps the record of each start); chapter 26's checkpoints —
-# `last.pt` at every epoch end and every `ckpt_every` steps, `best.pt` when the top-1 improved (a second name of
-# that epoch's `last.pt`); the logs, `log.jsonl` and `log.csv`, rewritten from the history at each evaluated
-# epoch; the curves. Before any of it, the output folder must be writable.
+# `last.pt` at every evaluated epoch, every `ckpt_every` steps and on a stop, `best.pt` when the top-1 improved
+# (a second name of that epoch's `last.pt`); the logs, `log.jsonl` and `log.csv`, rewritten from the history at
+# each evaluated epoch; the curves. Before any of it, the output folder must be writable.
 
 # %%
 #| export run_records

@@ -186,18 +186,22 @@ def new_train_state(cfg: TrainConfig, world: World, model: nn.Module, data: RunD
 # back at each interval with the time its steps waited for data, and writing `last.pt` every `ckpt_every`
 # steps.
 #
-# **`end_epoch`** first checkpoints — so that a signal during a long evaluation (an ImageNet pass takes
-# minutes) loses nothing: the checkpoint keeps the epoch's training numbers as `pending`, and a run resumed from
-# it evaluates that epoch first. **`evaluate_epoch`** then scores the model (and the EMA), appends the row to
+# **`end_epoch`** checkpoints an epoch that is evaluated (every `eval_every` epochs, and the last), before its
+# evaluation — so that a signal during a long evaluation (an ImageNet pass takes minutes) loses nothing: the
+# checkpoint keeps the epoch's training numbers as `pending`, and a run resumed from it evaluates that epoch
+# first. Other epochs end without a checkpoint: a run of one-step epochs (Table 2's f = 0.1 on a GPU) spent more
+# time writing `last.pt` at every epoch's end than training, and a signal still loses nothing (below); a crash
+# loses at most `eval_every` epochs, or `ckpt_every` steps when that is set. **`evaluate_epoch`** then scores the model (and the EMA), appends the row to
 # the log and rewrites the log files. When the top-1 improved, the `last.pt` just written becomes `best.pt` as
 # well: a second name for the same file (chapter 12's `keep_as`), so an evaluated epoch writes its hundreds of
 # megabytes once, not three times. The score is in the log, and in `last.pt` from the next checkpoint on; a run
 # resumed from the epoch's own `last.pt` evaluates that epoch again (one evaluation, the same score). A run that
-# returns (finished, or stopped at an epoch's end) writes `last.pt` once more, so that it holds the whole log.
+# returns (finished, or stopped anywhere) writes `last.pt` once more when the trainer has moved on since the
+# last one (`unsaved`), so that it holds the run's position and its whole log.
 #
 # **`fit`**, the algorithm of a run: epoch after epoch, train the epoch; if it was stopped before its last
-# step, checkpoint where it is and return; otherwise end the epoch, and return there if a stop was asked for
-# meanwhile. Then the hooks' last call, the curves, and what happened.
+# step, return; otherwise end the epoch, and return there if a stop was asked for meanwhile. Then the last
+# checkpoint, the hooks' last call, the curves, and what happened.
 
 # %%
 #| export
@@ -295,7 +299,7 @@ class Trainer:
         self.state = new_train_state(cfg, world, self.model, data, self.precision)
         self.step = TrainStep(cfg, world, self.model, self.teacher, data, self.state, self.precision)
         self.compiled = False  # the first compiled step is done (each epoch's `compile_s` and `data_wait`: seconds)
-        self.evaluated_since_checkpoint = False  # a score that last.pt does not hold yet
+        self.unsaved = False  # steps or a score that last.pt does not hold yet
         self.progress = Progress(cfg.progress if world.main else "none", cfg.epochs, cfg.log_every)
         self.signals = StopSignals()
         if ckpt is not None:
@@ -316,6 +320,7 @@ class Trainer:
         for _ in self.progress.steps_of(range(s.step, data.steps_per_epoch)):
             compiling = cfg.compile and not self.compiled
             self.data_wait += self.step(batches)
+            self.unsaved = True
             if compiling:  # the host waited for the compiler, not for the device (which runs ahead)
                 self.compile_s, self.compiled = time.perf_counter() - t0 - self.data_wait, True
             images += data.global_batch
@@ -335,16 +340,15 @@ class Trainer:
         return None, images, time.perf_counter() - t0
 
     def end_epoch(self, images: int, seconds: float) -> None:
-        """Close the finished epoch: checkpoint it and, when it is evaluated (every `eval_every` epochs and the
-        last), checkpoint it before its (possibly long) evaluation, then evaluate it."""
+        """Close the finished epoch; when it is evaluated (every `eval_every` epochs and the last), checkpoint it
+        before its (possibly long) evaluation, then evaluate it."""
         s = self.state
         row = {"epoch": s.epoch + 1, "step": s.global_step,
                "train_loss": sum(s.epoch_losses) / max(1, len(s.epoch_losses)),
                "lr": s.optimizer.param_groups[0]["lr"], "images_per_s": images / seconds, "epoch_time_s": seconds,
                "data_wait_s": self.data_wait, "data_wait_share": self.data_wait / seconds, "compile_s": self.compile_s}
         s.epoch, s.step, s.epoch_losses, s.seconds = s.epoch + 1, 0, [], s.seconds + seconds
-        if s.epoch % self.cfg.eval_every and s.epoch < self.cfg.epochs:  # not evaluated: no row
-            self.checkpoint()
+        if s.epoch % self.cfg.eval_every and s.epoch < self.cfg.epochs:  # not evaluated: no row, no checkpoint
             self._callback("on_epoch_end")
             return
         s.pending = row
@@ -367,7 +371,7 @@ class Trainer:
             run_on_main(self.world, f"keep {self.output / 'last.pt'} as best.pt",
                         lambda: keep_as(self.output / "last.pt", self.output / "best.pt"))
         run_on_main(self.world, f"write the logs in {self.output}", lambda: write_logs(s.history, self.output))
-        self.evaluated_since_checkpoint = True
+        self.unsaved = True
         self._callback("on_epoch_end")
 
     def checkpoint(self) -> None:
@@ -378,7 +382,7 @@ class Trainer:
         ckpt = run_checkpoint(s, weights, loader_states(self.data.loaders, self.world), self.data.num_classes)
         run_on_main(self.world, f"write the checkpoint {self.output / 'last.pt'}",
                     lambda: save_checkpoint(ckpt, self.output / "last.pt"))
-        self.evaluated_since_checkpoint = False
+        self.unsaved = False
 
     def last_good(self) -> str:
         """Where the run can be resumed from, for an error's message."""
@@ -405,7 +409,6 @@ class Trainer:
             for _ in self.progress.epochs_of(range(s.epoch, cfg.epochs)):  # each epoch_end moves s.epoch on
                 stopped, images, seconds = self.train_epoch()
                 if stopped and s.step < self.data.steps_per_epoch:
-                    self.checkpoint()
                     break
                 self.end_epoch(images, seconds)
                 signalled = all_reduce(torch.tensor(float(self.signals.received is not None),
@@ -413,7 +416,7 @@ class Trainer:
                 if stopped or signalled or s.stop:
                     stopped = stopped or self._why(bool(signalled))
                     break
-            if self.evaluated_since_checkpoint:  # a run that returns leaves a last.pt that holds its whole log
+            if self.unsaved:  # a run that returns leaves a last.pt that holds its position and its whole log
                 self.checkpoint()
         self._callback("on_train_end")
         if self.world.main:

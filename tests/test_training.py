@@ -137,17 +137,28 @@ def test_stop_and_resume_gives_weights_identical_to_an_uninterrupted_run(tmp_pat
     assert [[r[k] for k in keys] for r in straight.history] == [[r[k] for k in keys] for r in resumed.history]
 
 
-def test_eval_every_logs_evaluated_epochs_only_and_resumes_exactly(tmp_path):
+def test_eval_every_logs_and_checkpoints_evaluated_epochs_only_and_resumes_exactly(tmp_path, monkeypatch):
+    saved = []  # (epoch, rows in the log) of each last.pt written
+
+    def recording_save(ckpt, path):
+        saved.append((ckpt["epoch"], len(ckpt["history"])))
+        return save_checkpoint(ckpt, path)
+
+    monkeypatch.setattr(training, "save_checkpoint", recording_save)
     cfg = config(tmp_path / "straight", epochs=5, eval_every=2)
     straight = train(cfg, model=make_model(), datasets=make_data())
     assert [row["epoch"] for row in straight.history] == [2, 4, 5]  # every 2nd epoch, and the last
+    # before each evaluation, and once more at the end with the whole log; epochs 1 and 3 write nothing
+    assert saved == [(2, 0), (4, 1), (5, 2), (5, 3)]
     times = [row["time_s"] for row in straight.history]
     assert times == sorted(times) and times[0] > 0
     assert straight.history[0]["time_s"] >= straight.history[0]["epoch_time_s"]
 
     cfg = replace(cfg, output=str(tmp_path / "stopped"))
+    saved.clear()
     first = train(cfg, model=make_model(), datasets=make_data(), callbacks=[StopAt(2, 12)])  # after epoch 3
     assert first.stopped == "callback" and [row["epoch"] for row in first.history] == [2]
+    assert saved == [(2, 0), (3, 1)]  # a stop after an epoch that is not evaluated still saves where it is
     resumed = train(replace(cfg, resume="auto"), model=make_model(), datasets=make_data())
     assert_same_weights(straight.model, resumed.model)
     assert [row["epoch"] for row in resumed.history] == [2, 4, 5]
