@@ -268,11 +268,11 @@ for name in ("deit_tiny", "convit_tiny"):
 # %% [markdown]
 # ## Files that lose nothing
 #
-# A training checkpoint (chapter 26) holds everything a run needs to go on, hundreds of megabytes at ConViT-S,
-# and it is replaced as the run goes on. It is written **atomically**: to a temporary file in the same folder,
-# flushed to disk, then renamed over the old one. A rename within one file system is atomic, so a crash — a SIGKILL, a
-# full disk, a node failure — at any moment leaves either the old file or the new one, never half of one. The
-# logs, results and cached file lists are written the same way.
+# A training checkpoint (chapter 26) holds everything a run needs to go on, hundreds of megabytes at ConViT-S, and
+# it is replaced as the run goes on. It is written **atomically**: to a temporary file in the same folder, flushed
+# to disk, then renamed over the old one. A rename within one file system is atomic, so a crash — a SIGKILL, a full
+# disk, a node failure — at any moment leaves either the old file or the new one, never half of one. The logs,
+# results and cached file lists are written the same way.
 
 # %%
 #| export files
