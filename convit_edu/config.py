@@ -57,7 +57,8 @@ class TrainConfig:
     loader: str = setting("torchvision", "torchvision (workers decode with PIL), or for imagefolder data dali (NVIDIA "
                                          f"DALI; {DALI_INSTALL}) or gpu-decode (the training device decodes)")
     epochs: int = setting(300, "training epochs")
-    eval_every: int = setting(1, "evaluate, log a row, checkpoint and update best.pt every N epochs, and after the last")
+    eval_every: int = setting(1, "evaluate, log a row, checkpoint and update best.pt every N epochs, and after "
+                                 "the last")
     batch_size: int = setting(64, "images per process and step (ignored when --global-batch is set)")
     global_batch: int | None = setting(None, "images per optimiser step over all processes and accumulation steps")
     accum_steps: int = setting(1, "gradient accumulation steps per optimiser step")

@@ -188,16 +188,16 @@ def new_train_state(cfg: TrainConfig, world: World, model: nn.Module, data: RunD
 #
 # **`end_epoch`** checkpoints an epoch that is evaluated (every `eval_every` epochs, and the last), before its
 # evaluation — so that a signal during a long evaluation (an ImageNet pass takes minutes) loses nothing: the
-# checkpoint keeps the epoch's training numbers as `pending`, and a run resumed from it evaluates that epoch
-# first. Other epochs end without a checkpoint: a run of one-step epochs (Table 2's f = 0.1 on a GPU) spent more
-# time writing `last.pt` at every epoch's end than training, and a signal still loses nothing (below); a crash
-# loses at most `eval_every` epochs, or `ckpt_every` steps when that is set. **`evaluate_epoch`** then scores the model (and the EMA), appends the row to
-# the log and rewrites the log files. When the top-1 improved, the `last.pt` just written becomes `best.pt` as
-# well: a second name for the same file (chapter 12's `keep_as`), so an evaluated epoch writes its hundreds of
-# megabytes once, not three times. The score is in the log, and in `last.pt` from the next checkpoint on; a run
-# resumed from the epoch's own `last.pt` evaluates that epoch again (one evaluation, the same score). A run that
-# returns (finished, or stopped anywhere) writes `last.pt` once more when the trainer has moved on since the
-# last one (`unsaved`), so that it holds the run's position and its whole log.
+# checkpoint keeps the epoch's training numbers as `pending`, and a run resumed from it evaluates that epoch first.
+# Other epochs end without a checkpoint: a run of one-step epochs (Table 2's f = 0.1 on a GPU, chapter 38) spent
+# more time writing `last.pt` at every epoch's end than training, and a signal still loses nothing (below); a crash
+# loses at most `eval_every` epochs, or `ckpt_every` steps when that is set. **`evaluate_epoch`** then scores the
+# model (and the EMA), appends the row to the log and rewrites the log files. When the top-1 improved, the `last.pt`
+# just written becomes `best.pt` as well: a second name for the same file (chapter 12's `keep_as`), so an evaluated
+# epoch writes its hundreds of megabytes once, not three times. The score is in the log, and in `last.pt` from the
+# next checkpoint on; a run resumed from the epoch's own `last.pt` evaluates that epoch again (one evaluation, the
+# same score). A run that returns (finished, or stopped anywhere) writes `last.pt` once more when the trainer has
+# moved on since the last one (`unsaved`), so that it holds the run's position and its whole log.
 #
 # **`fit`**, the algorithm of a run: epoch after epoch, train the epoch; if it was stopped before its last
 # step, return; otherwise end the epoch, and return there if a stop was asked for meanwhile. Then the last
