@@ -32,7 +32,6 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 import math
-import time
 
 import matplotlib.pyplot as plt
 import torch
@@ -189,7 +188,8 @@ print("matches nn.MultiheadAttention: output", tuple(y_torch.shape), "attention"
 # * dropout on the attention weights (`attn_drop`) and on the output (`proj_drop`), 0 in the paper's recipes;
 # * a fast path: unless you ask for the attention map, it calls SDPA, whose fused kernels never store the
 #   (B, N_h, L, L) matrix (its plain-PyTorch fallback does), and which picks the fastest kernel for the hardware
-#   (FlashAttention on recent GPUs), with the attention dropout done inside SDPA (`dropout_p`) in training;
+#   (FlashAttention on recent GPUs), with the attention dropout done inside SDPA (`dropout_p`) in training.
+#   `fused_attention` wraps it: on a CPU it attends in fp32 even when the rest computes in bf16 (chapter 20);
 # * `return_attention=True` materialises A as in Eq. 1 and returns it with the output, for the analyses of
 #   chapters 33-34. The map returned is the softmax of Eq. 1 (rows sum to 1); in training the values are mixed with a
 #   dropped-out copy of it.
@@ -199,17 +199,28 @@ print("matches nn.MultiheadAttention: output", tuple(y_torch.shape), "attention"
 
 # %%
 #| export
+import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
+    """Eq. 1 for every head by ``F.scaled_dot_product_attention``; on a CPU in bf16 or fp16 (inputs or autocast)
+    attended in fp32 and cast back, because there its bf16 kernel took 2-7 times as long as fp32 (chapter 20)."""
+    if q.device.type == "cpu" and (q.dtype in (torch.bfloat16, torch.float16) or torch.is_autocast_enabled("cpu")):
+        mask = attn_mask.float() if attn_mask is not None and attn_mask.is_floating_point() else attn_mask
+        with torch.autocast("cpu", enabled=False):
+            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), mask, dropout_p).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
 
 
 class MHSA(nn.Module):
     """Multi-head self-attention, Eq. 1-3: ``concat_h[softmax(Q_h K_h^T / sqrt(head_dim)) V_h] W_out + b_out``.
 
     ``embed_dim`` is the token width D_emb, split into ``num_heads`` heads of ``head_dim = embed_dim //
-    num_heads``. ``forward(x)`` runs through ``F.scaled_dot_product_attention``, whose fused kernels do not store
-    the attention matrix; ``forward(x, return_attention=True)`` computes it explicitly and returns
+    num_heads``. ``forward(x)`` runs through ``fused_attention`` (SDPA), whose fused kernels do not store the
+    attention matrix; ``forward(x, return_attention=True)`` computes it explicitly and returns
     ``(y, attn)`` with ``attn`` of shape (B, num_heads, L, L), the softmax of Eq. 1 before attention dropout.
     """
 
@@ -241,7 +252,7 @@ class MHSA(nn.Module):
             attn = (q @ k.transpose(-2, -1) * self.head_dim**-0.5).softmax(dim=-1)
             out = self.attn_drop(attn) @ v
         else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+            out = fused_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
         y = self.proj_drop(self.proj(rearrange(out, "b h l d -> b l (h d)")))
         return (y, attn) if return_attention else y
 
@@ -307,22 +318,6 @@ with torch.no_grad():
 attn_floats, token_floats = attn[0].numel(), tokens[0].numel()
 print(f"per image, fp32: attention {attn_floats * 4 / 1e6:.2f} MB, tokens {token_floats * 4 / 1e6:.2f} MB")
 assert attn_floats > 3 * token_floats
-
-# %% [markdown]
-# A rough timing on this machine, forward only (it varies from run to run):
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-layer = MHSA(384, 6).eval()
-xb = torch.randn(8 if FAST else 32, 197, 384)
-with torch.no_grad():
-    for return_attention in (False, True):
-        layer(xb, return_attention=return_attention)
-        start = time.perf_counter()
-        for _ in range(3):
-            layer(xb, return_attention=return_attention)
-        ms = (time.perf_counter() - start) / 3 * 1e3
-        print(f"batch {xb.shape[0]}, return_attention={return_attention}: {ms:.1f} ms")
 
 # %% [markdown]
 # ## Self-attention knows no positions

@@ -57,9 +57,9 @@ _ = torch.manual_seed(0)
 #   + \sigma_h\,\underbrace{\operatorname{softmax}\!\big(\mathbf{v}^{h\top}_{pos}\mathbf{r}\big)}_{
 #   \mathbf{P}^h\text{: no batch index}}\,\mathbf{V}^h .$$
 #
-# * The first term is ordinary attention: `F.scaled_dot_product_attention` computes it with a fused kernel
-#   (flash or memory-efficient attention on GPUs, flash on CPUs) that never stores the L × L matrix and saves only the output and
-#   one number per row for the backward pass.
+# * The first term is ordinary attention: SDPA (through chapter 01's `fused_attention`) computes it with a fused
+#   kernel (flash or memory-efficient attention on GPUs, flash on CPUs) that never stores the L × L matrix and saves
+#   only the output and one number per row for the backward pass.
 # * The second term's attention P does not depend on the image: it is computed **once per forward** and
 #   applied to all images at once by folding the batch into the columns of V. (Writing `P @ V` with
 #   broadcasting over the batch looks the same but makes torch expand P into one copy per image — and keep that
@@ -114,10 +114,10 @@ _ = torch.manual_seed(0)
 # %%
 #| export
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
+from convit_edu.attention import fused_attention
 from convit_edu.gated_attention import GatedAttention, PositionalAttention, softmax_without_denormals
 
 
@@ -182,14 +182,14 @@ class GPSA(GatedAttention):
         if self.gate_override is not None or _computes_in_fp16(x):
             q, k, v = self._projections(x)
             sigma = self.gate().to(v.dtype).view(-1, 1, 1)
-            content = F.scaled_dot_product_attention(q, k, v)
+            content = fused_attention(q, k, v)
             return self._output(torch.lerp(content, _positional_output(py, px, v), sigma))
         # at |λ| = 60 the weaker term weighs 1e-26 of the other (it changes no fp32 sum), and e^60 and σ(−60) are
         # still normal fp32 numbers (e^89 is none)
         lam = self.gating_param.clamp(-60.0, 60.0)
         q, k, v = self._projections(x, value_scale=torch.sigmoid(-lam))  # V' = (1 − σ)·V
         position = _positional_output(py * lam.exp().view(-1, 1, 1), px, v)  # e^λ·P V' = σ·P V
-        return self._output(F.scaled_dot_product_attention(q, k, v) + position)
+        return self._output(fused_attention(q, k, v) + position)
 
 
 # %% [markdown]
@@ -222,7 +222,7 @@ class PSA(PositionalAttention):
             attn = (q @ k.transpose(-2, -1) * self.head_dim**-0.5 + scores).softmax(dim=-1)
             y = self._output(self.attn_drop(attn) @ v)
             return (y, attn) if return_attention else y
-        return self._output(F.scaled_dot_product_attention(q, k, v, attn_mask=scores))
+        return self._output(fused_attention(q, k, v, attn_mask=scores))
 
 
 # %% [markdown]

@@ -50,16 +50,16 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # %% [markdown]
 # ## Precision, and where it pays
 #
-# bf16 autocast runs matmuls in bfloat16 (same exponent range as fp32, so no loss scaling); fp16
-# needs a `GradScaler`, which scales the loss up so small gradients survive and skips steps whose gradients
-# overflow; fp32 is exact and what the resume tests use. bf16 pays on GPUs (Ampere and later) and on CPUs
-# with AVX-512 BF16 or AMX units; a CPU without them emulates it, and is *slower* in bf16 than in fp32 — see
-# the measurement below. So `precision="auto"` means bf16 on a GPU that has it (fp16 on older ones); on a CPU,
-# bf16 where the CPU says it has the units (the `avx512_bf16` or `amx_bf16` flags of `/proc/cpuinfo`, with
-# PyTorch running its AVX-512 kernels), fp32 elsewhere — the flags rather than a timed trial, because a trial
-# at start-up would cost seconds and vary with the load, while the flags decide the same way every time.
-# `device="auto"` is CUDA, else Apple's MPS (whose precision stays fp32), else the CPU. On a GPU, fp32 runs its
-# matmuls on tensor cores in TF32, and AdamW runs fused (one kernel for all parameters).
+# bf16 autocast runs matmuls in bfloat16 (same exponent range as fp32, so no loss scaling); fp16 needs a
+# `GradScaler`, which scales the loss up so small gradients survive and skips steps whose gradients overflow; fp32
+# is exact and what the resume tests use. bf16 pays on GPUs (Ampere and later) and on CPUs with AVX-512 BF16 or AMX
+# units (except in attention's kernel, below); a CPU without them emulates it, and is *slower* in bf16 than in fp32
+# — see the measurement below. So `precision="auto"` means bf16 on a GPU that has it (fp16 on older ones); on a CPU,
+# bf16 where the CPU says it has the units (the `avx512_bf16` or `amx_bf16` flags of `/proc/cpuinfo`, with PyTorch
+# running its AVX-512 kernels), fp32 elsewhere — the flags rather than a timed trial, because a trial at start-up
+# would cost seconds and vary with the load, while the flags decide the same way every time. `device="auto"` is
+# CUDA, else Apple's MPS (whose precision stays fp32), else the CPU. On a GPU, fp32 runs its matmuls on tensor cores
+# in TF32, and AdamW runs fused (one kernel for all parameters).
 
 # %%
 #| export
@@ -87,7 +87,8 @@ def autocast(device: torch.device, precision: str):
 #| export
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX: Linux's /proc/cpuinfo flags), where bf16
-    autocast is about twice as fast as fp32 on a training step; elsewhere bf16 is emulated and far slower."""
+    autocast beat fp32 on a training step (an Intel Xeon with AMX: 1.8x for DeiT-Ti at 224 px, 1.2x for chapter
+    37's models at 48 px, attention in fp32); elsewhere bf16 is emulated and far slower."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -140,6 +141,38 @@ for dtype in (torch.float32, torch.bfloat16):
     print(f"{str(dtype):<15} {(time.perf_counter() - t0) / 5 * 1e3:7.2f} ms   (CPU capability: "
           f"{torch.backends.cpu.get_cpu_capability()})")
 
+
+# %% [markdown]
+# ### Attention stays in fp32 on a CPU
+#
+# Native bf16 matmuls do not make every bf16 kernel fast. SDPA's forward and backward (chapter 01), at the
+# attention shapes of ConViT-Ti and of chapter 37's grid (heads of 8), on fp32 and on bf16 inputs:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+def attention_ms(shape: tuple[int, ...], dtype: torch.dtype, reps: int = 5) -> float:
+    """Median milliseconds of SDPA's forward and backward on random (batch, heads, tokens, head_dim) inputs."""
+    q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=True) for _ in range(3))
+    times = []
+    for _ in range(reps + 1):  # the first is a warm-up
+        t0 = time.perf_counter()
+        F.scaled_dot_product_attention(q, k, v).sum().backward()
+        times.append(time.perf_counter() - t0)
+    return sorted(times[1:])[reps // 2] * 1e3
+
+
+batch = 4 if FAST else 32
+for label, (heads, tokens, head_dim) in {"ConViT-Ti, 224 px": (4, 197, 48), "the grid's, 48 px": (9, 145, 8)}.items():
+    fp32, bf16 = (attention_ms((batch, heads, tokens, head_dim), dtype) for dtype in (torch.float32, torch.bfloat16))
+    print(f"{label:<18} batch {batch}, {heads} heads of {head_dim}: fp32 {fp32:6.1f} ms, bf16 {bf16:6.1f} ms "
+          f"({bf16 / fp32:.1f}x the time)")
+
+# %% [markdown]
+# On the 2-core Intel Xeon with AMX these outputs come from, bf16 took 2.2 and 6.7 times as long as fp32 (from
+# run to run 1.8-3.1 and 4.8-6.7), and chapter 37's grid trained about 3 times slower in bf16 than in fp32. So on
+# a CPU `fused_attention`, which every attention layer calls, attends in fp32 while the rest of the step stays in
+# bf16: there, a training step then ran 1.2 times faster in bf16 than in fp32 for the grid's models and 1.8 times
+# for DeiT-Ti at 224 px (chapter 31's `train_step`, interleaved). GPUs keep SDPA's bf16 kernels, their fast ones.
 
 # %% [markdown]
 # The flags decide, whatever the machine this notebook runs on: a CPU whose flags show AVX-512 BF16 is native

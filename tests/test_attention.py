@@ -1,5 +1,6 @@
 """Claims of chapter 01 (nbs/01_self_attention.py) about convit_edu.attention.MHSA."""
 
+import contextlib
 import re
 
 import pytest
@@ -7,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from convit_edu.attention import MHSA
+from convit_edu.attention import MHSA, fused_attention
+from convit_edu.gpsa import GPSA, PSA
 
 
 def make(embed_dim: int = 24, num_heads: int = 4, seed: int = 0, **kwargs) -> MHSA:
@@ -64,6 +66,53 @@ def test_fast_path_uses_sdpa_and_equals_materialised_attention():
         F.scaled_dot_product_attention = original
     assert len(calls) == 1, "SDPA must run on the fast path only"
     torch.testing.assert_close(y_fast, y_slow)
+
+
+@contextlib.contextmanager
+def sdpa_calls():
+    """What every call of ``F.scaled_dot_product_attention`` computes in: (its queries' dtype, whether the CPU's
+    autocast was on, which would cast them to bf16 again)."""
+    calls, original = [], F.scaled_dot_product_attention
+
+    def spy(q, *args, **kwargs):
+        calls.append((q.dtype, torch.is_autocast_enabled("cpu")))
+        return original(q, *args, **kwargs)
+
+    F.scaled_dot_product_attention = spy
+    try:
+        yield calls
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+@pytest.mark.parametrize("layer", [MHSA(48, 4), GPSA(48, 4), PSA(48, 4)], ids=["MHSA", "GPSA", "PSA"])
+def test_every_attention_layer_attends_in_fp32_under_cpu_bf16_autocast(layer):
+    """Chapter 20: the CPU's bf16 SDPA kernel took 2-7 times as long as its fp32 one, so bf16 attends in fp32."""
+    x = torch.randn(2, 16, 48, requires_grad=True)
+    with sdpa_calls() as calls, torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer.train()(x)
+    assert calls == [(torch.float32, False)] and y.dtype == torch.bfloat16  # the rest of the layer stays in bf16
+    y.float().sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    with sdpa_calls() as calls:
+        layer(x)
+    assert calls == [(torch.float32, False)]
+
+
+def test_fused_attention_is_sdpa_in_fp32_on_a_cpu_and_sdpa_itself_elsewhere():
+    q, k, v = torch.randn(3, 2, 4, 9, 8).unbind(0)
+    mask = torch.randn(4, 9, 9)
+    low = [t.bfloat16() for t in (q, k, v, mask)]
+    want = F.scaled_dot_product_attention(*(t.float() for t in low[:3]), attn_mask=low[3].float())
+    with sdpa_calls() as calls:
+        got = fused_attention(*low[:3], attn_mask=low[3])
+    assert calls == [(torch.float32, False)] and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want.bfloat16(), rtol=0, atol=0)
+    torch.testing.assert_close(fused_attention(q, k, v, attn_mask=mask),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=mask), rtol=0, atol=0)
+    with sdpa_calls() as calls:  # a GPU's kernel is left to torch (a meta tensor stands in for one here)
+        fused_attention(*(t.to("meta") for t in low[:3]))
+    assert calls == [(torch.bfloat16, False)]
 
 
 def test_mhsa_equals_nn_multihead_attention_with_copied_weights():
