@@ -48,26 +48,6 @@ def test_mhsa_computes_eq_1_to_3_head_by_head(qkv_bias):
     torch.testing.assert_close(m(x), y_ref)
 
 
-def test_fast_path_uses_sdpa_and_equals_materialised_attention():
-    m = make()
-    x = torch.randn(2, 10, 24)
-    calls = []
-    original = F.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return original(*args, **kwargs)
-
-    F.scaled_dot_product_attention = spy
-    try:
-        y_fast = m(x)
-        y_slow, _ = m(x, return_attention=True)
-    finally:
-        F.scaled_dot_product_attention = original
-    assert len(calls) == 1, "SDPA must run on the fast path only"
-    torch.testing.assert_close(y_fast, y_slow)
-
-
 @contextlib.contextmanager
 def sdpa_calls():
     """What every call of ``F.scaled_dot_product_attention`` computes in: (its queries' dtype, whether the CPU's
@@ -83,6 +63,16 @@ def sdpa_calls():
         yield calls
     finally:
         F.scaled_dot_product_attention = original
+
+
+def test_fast_path_uses_sdpa_and_equals_materialised_attention():
+    m = make()
+    x = torch.randn(2, 10, 24)
+    with sdpa_calls() as calls:
+        y_fast = m(x)
+        y_slow, _ = m(x, return_attention=True)
+    assert len(calls) == 1, "SDPA must run on the fast path only"
+    torch.testing.assert_close(y_fast, y_slow)
 
 
 @pytest.mark.parametrize("layer", [MHSA(48, 4), GPSA(48, 4), PSA(48, 4)], ids=["MHSA", "GPSA", "PSA"])
