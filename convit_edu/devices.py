@@ -37,8 +37,8 @@ def autocast(device: torch.device, precision: str):
 # %% nbs/20_devices.py 9
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX: Linux's /proc/cpuinfo flags), where bf16
-    autocast beat fp32 on a training step (an Intel Xeon with AMX: 1.8x for DeiT-Ti at 224 px, 1.2x for chapter
-    37's models at 48 px, attention in fp32); elsewhere bf16 is emulated and far slower."""
+    autocast beat fp32 on a training step (an Intel Xeon with AMX: about 2x for DeiT-Ti at 224 px, 1.1-1.4x for
+    chapter 37's models at 48 px, attention in fp32); elsewhere bf16 is emulated and far slower."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()

@@ -87,8 +87,8 @@ def autocast(device: torch.device, precision: str):
 #| export
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX: Linux's /proc/cpuinfo flags), where bf16
-    autocast beat fp32 on a training step (an Intel Xeon with AMX: 1.8x for DeiT-Ti at 224 px, 1.2x for chapter
-    37's models at 48 px, attention in fp32); elsewhere bf16 is emulated and far slower."""
+    autocast beat fp32 on a training step (an Intel Xeon with AMX: about 2x for DeiT-Ti at 224 px, 1.1-1.4x for
+    chapter 37's models at 48 px, attention in fp32); elsewhere bf16 is emulated and far slower."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -168,11 +168,53 @@ for label, (heads, tokens, head_dim) in {"ConViT-Ti, 224 px": (4, 197, 48), "the
           f"({bf16 / fp32:.1f}x the time)")
 
 # %% [markdown]
-# On the 2-core Intel Xeon with AMX these outputs come from, bf16 took 2.2 and 6.7 times as long as fp32 (from
-# run to run 1.8-3.1 and 4.8-6.7), and chapter 37's grid trained about 3 times slower in bf16 than in fp32. So on
-# a CPU `fused_attention`, which every attention layer calls, attends in fp32 while the rest of the step stays in
-# bf16: there, a training step then ran 1.2 times faster in bf16 than in fp32 for the grid's models and 1.8 times
-# for DeiT-Ti at 224 px (chapter 31's `train_step`, interleaved). GPUs keep SDPA's bf16 kernels, their fast ones.
+# So on a CPU `fused_attention`, which every attention layer calls, attends in fp32 while the rest of a step stays
+# in bf16. A whole training step (forward under `autocast`, cross-entropy, backward, AdamW) of chapter 37's grid
+# models (width 72, 9 heads of 8, 48 px, batch 32) and of DeiT-Ti at 224 px (batch 16), in fp32 and in bf16
+# (full mode only: FAST mode times nothing):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from convit_edu.models import VisionTransformer
+from convit_edu.zoo import model_config
+
+grid = dict(img_size=48, patch_size=4, embed_dim=72, num_heads=9, depth=6, num_classes=10)
+runs = {"grid's ConViT": (model_config("convit_tiny", local_up_to_layer=4, **grid), 32),
+        "grid's DeiT": (model_config("deit_tiny", **grid), 32), "DeiT-Ti, 224 px": (model_config("deit_tiny"), 16)}
+
+
+def step_seconds(config, batch: int, precision: str) -> float:
+    """Seconds of one training step of a fresh model of ``config`` at ``precision`` (the median of 5)."""
+    torch.manual_seed(0)
+    model = VisionTransformer(config)
+    optimizer = torch.optim.AdamW(model.parameters())
+    x, y = torch.randn(batch, 3, config.img_size, config.img_size), torch.randint(0, config.num_classes, (batch,))
+    times = []
+    for _ in range(6):  # the first is a warm-up
+        t0 = time.perf_counter()
+        with autocast(torch.device("cpu"), precision):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        times.append(time.perf_counter() - t0)
+    return sorted(times[1:])[2]
+
+
+if not FAST:
+    print(f"bf16 native on this CPU: {cpu_has_native_bf16()}")
+    for label, (config, batch) in runs.items():
+        fp32, bf16 = (step_seconds(config, batch, precision) for precision in ("fp32", "bf16"))
+        print(f"{label:<16} batch {batch}: fp32 {batch / fp32:6.1f} images/s, bf16 {batch / bf16:6.1f} images/s "
+              f"(bf16 {fp32 / bf16:.2f}x as fast)")
+
+# %% [markdown]
+# On the 2-core Intel Xeon with AMX these outputs come from, SDPA took 1.9 and 5.8 times as long in bf16 as in
+# fp32 (1.8-3.1 and 4.8-6.7 over several runs), and with attention in fp32 a bf16 step ran 1.16 and 1.15 times as
+# fast as an fp32 one for the grid's models (1.13-1.38 over runs) and 2.12 times for DeiT-Ti (1.99-2.12): `auto`'s
+# bf16 is the right pick there.
+# (With SDPA in bf16, the grid's models had trained about 3 times slower in bf16 than in fp32 on that CPU, measured
+# on 2026-11-28.) GPUs keep SDPA's bf16 kernels, their fast ones.
 
 # %% [markdown]
 # The flags decide, whatever the machine this notebook runs on: a CPU whose flags show AVX-512 BF16 is native
