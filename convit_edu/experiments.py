@@ -175,19 +175,22 @@ def folder_class_sizes(cfg: TrainConfig) -> list[int]:
 
 
 def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]:
-    """Hours the unfinished ``runs`` should take here, and how that was estimated."""
-    done = [json.loads(p.read_text()) for p in Path(output).glob("*/record.json")]
+    """Hours the unfinished ``runs`` should take here, and how that was estimated: the finished runs of each model
+    on this kind of device (their ``run.json`` says where they started), else a training step measured now."""
+    done = [(json.loads(p.read_text()), json.loads((p.parent / "run.json").read_text())["device"])
+            for p in Path(output).glob("*/record.json") if (p.parent / "run.json").is_file()]
     hours, how = 0.0, set()
     for spec in runs:
-        past = [r["hours"] for r in done if r["name"].startswith(spec.name.rsplit("_f", 1)[0] + "_f")]
+        cfg = run_config(spec, output)
+        device, same = resolve_device(cfg.device), spec.name.rsplit("_f", 1)[0] + "_f"  # the same model's runs
+        past = [r["hours"] for r, on in done if r["name"].startswith(same) and torch.device(on).type == device.type]
         if past:
             hours += sum(past) / len(past)
-            how.add("finished runs")
+            how.add(f"finished runs on {device.type}")
             continue
-        cfg = run_config(spec, output)
         model = VisionTransformer(cfg.model_config(num_classes=cfg.classes or 10, distilled=False))
         speed = measure_model(model, cfg.images_per_step(), cfg.img_size, steps=2, num_classes=cfg.classes or 10,
-                              device=resolve_device(cfg.device), precision=cfg.precision)["train_images_per_s"]
+                              device=device, precision=cfg.precision)["train_images_per_s"]
         hours += run_budget(cfg, folder_class_sizes(cfg))[0] / speed / 3600
         how.add("a training step measured now (data loading and evaluation not included: at least this)")
     return hours, " and ".join(sorted(how)) or "nothing left to run"

@@ -261,14 +261,16 @@ def test_the_grid_writes_a_summary_per_run_and_resumes_where_it_stopped(tmp_path
     assert again == records  # nothing left to train: the resumed run scores the same weights
 
 
-def test_expected_hours_uses_finished_runs_of_the_same_model(tmp_path):
+def test_expected_hours_uses_finished_runs_of_the_same_model_on_this_kind_of_device(tmp_path):
     root = jpeg_folder(tmp_path / "data")
     runs = sample_efficiency_grid(tiny_scale(root), [0.5, 1.0])
-    (tmp_path / "out" / "deit_f1_s0").mkdir(parents=True)
-    (tmp_path / "out" / "deit_f1_s0" / "record.json").write_text(json.dumps({"name": "deit_f1_s0", "hours": 2.0}))
-    hours, how = expected_hours([runs[0]], tmp_path / "out")  # deit_f0.5_s0: like the finished DeiT
-    assert hours == 2.0 and how == "finished runs"
-    hours, how = expected_hours([runs[1]], tmp_path / "out")  # no ConViT finished: a measured step
+    for name, device, hours in [("deit_f1_s0", "cpu", 2.0), ("deit_f1_s1", "cuda:0", 0.1), ("convit_f1_s0", "cuda", 1)]:
+        (tmp_path / "out" / name).mkdir(parents=True)
+        (tmp_path / "out" / name / "record.json").write_text(json.dumps({"name": name, "hours": hours}))
+        (tmp_path / "out" / name / "run.json").write_text(json.dumps({"device": device}))
+    hours, how = expected_hours([runs[0]], tmp_path / "out")  # deit_f0.5_s0: like the DeiT finished on a CPU
+    assert hours == 2.0 and how == "finished runs on cpu"
+    hours, how = expected_hours([runs[1]], tmp_path / "out")  # the ConViT finished on a GPU only: a measured step
     assert 0 < hours < 1 and "measured now" in how
 
 
