@@ -54,10 +54,14 @@ def run_train(args: argparse.Namespace) -> int:
     if main_process and args.preset:
         print(f"preset {args.preset} expands to:")
         for key, value in recipe(args.preset).items():
-            print(f"  {key} = {value!r}")
+            now = getattr(cfg, key)  # a flag given after the preset wins; compared as JSON (tuples are lists)
+            print(f"  {key} = {value!r}" + ("" if json.dumps(now) == json.dumps(value) else f" (flag: {now!r})"))
         for note in notes:
             print(f"note: {note}")
     if not args.print_config:
+        if cfg.resume is None and (Path(cfg.output) / "last.pt").exists():
+            raise FileExistsError(f"{cfg.output} already holds a run (its last.pt): --resume auto continues it; "
+                                  "another --output starts a new one")
         train(cfg)
     elif main_process:
         print(json.dumps(asdict(cfg), indent=2))
@@ -275,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                "data": run_data}[args.command]
     try:
         return command(args)
+    except KeyboardInterrupt:  # Ctrl-C outside a run, or twice inside one (its last.pt stays as last written)
+        print(f"convit-edu {args.command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as e:  # one line for the user; --debug shows where it came from
         if args.debug:
             raise

@@ -107,6 +107,9 @@ class TrainConfig:
         for what, value, choices in (("precision", self.precision, PRECISIONS), ("progress", self.progress, PROGRESS),
                                      ("dataset", self.data, DATASETS), ("loader", self.loader, LOADERS)):
             one_of(what, value, choices)
+        if self.data == "fake" and self.data_root != TrainConfig.data_root:  # a folder named, then not read
+            raise ValueError(f"data_root {self.data_root!r} is set but data is 'fake' (random images, no folder read): "
+                             "name the dataset too, e.g. --data imagefolder (ROOT/train, ROOT/val) or cifar100")
         if self.teacher_checkpoint is not None and not self.distill_teacher:
             raise ValueError(f"teacher_checkpoint {self.teacher_checkpoint} given without distill_teacher (the "
                              "teacher's model name)")

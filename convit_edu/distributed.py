@@ -124,7 +124,8 @@ def run_on_main(world: World, what: str, write: Callable[[], Any]) -> Any:
 
 # %% nbs/24_distributed.py 17
 class StopSignals:
-    """Turn SIGTERM and SIGINT into a flag for the duration of a run (main thread only), then restore."""
+    """Turn SIGTERM and SIGINT into a flag for the duration of a run (main thread only), then restore. A second
+    SIGINT (Ctrl-C twice) is left to the handler that was there before: it interrupts at once."""
 
     def __init__(self):
         self.received: str | None = None
@@ -138,6 +139,8 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         self.received = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            signal.signal(signum, self._previous[signum] or signal.default_int_handler)
 
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():

@@ -227,7 +227,9 @@ class Trainer:
             images += data.global_batch
             self._callback("on_step_end")
             checkpoint = bool(cfg.ckpt_every) and s.global_step % cfg.ckpt_every == 0
-            if not (s.step % cfg.log_every == 0 or s.step == data.steps_per_epoch or s.stop or checkpoint):
+            alone_signalled = self.world.world_size == 1 and self.signals.received is not None  # stop at this step
+            if not (s.step % cfg.log_every == 0 or s.step == data.steps_per_epoch or s.stop or checkpoint
+                    or alone_signalled):
                 continue  # no host sync: the device runs ahead
             signalled = self.step.read_back(self.signals.received is not None, self.last_good)
             now = time.perf_counter()
@@ -314,9 +316,11 @@ class Trainer:
                 self.end_epoch(images, seconds)
                 signalled = all_reduce(torch.tensor(float(self.signals.received is not None),
                                                     device=self.world.device)).item()
-                if stopped or signalled or s.stop:
+                if (stopped or signalled or s.stop) and s.epoch < cfg.epochs:
                     stopped = stopped or self._why(bool(signalled))
                     break
+            else:  # the last epoch ran to its end: a stop that came during it or its evaluation stops nothing
+                stopped = None
             if self.unsaved:  # a run that returns leaves a last.pt that holds its position and its whole log
                 self.checkpoint()
         self._callback("on_train_end")

@@ -207,14 +207,16 @@ print(message)
 # SLURM pre-empts or time-limits a job by sending SIGTERM, then SIGKILL a grace period later; Jupyter's
 # *interrupt* sends SIGINT. Both only raise a flag here. The loop finishes the optimiser step it is in, sums the
 # flag over ranks (so every process stops at the same step even when only one got the signal), writes a
-# checkpoint and returns; `convit-edu train` then exits with status 0 and `--resume auto` continues. A loss
+# checkpoint and returns; `convit-edu train` then exits with status 0 and `--resume auto` continues. A second
+# SIGINT is not caught: Ctrl-C twice interrupts at once, losing only the steps since the last checkpoint. A loss
 # that is not finite travels in the same all-reduce: every rank raises `FloatingPointError` at once, and no
 # checkpoint ever holds non-finite weights, so the last checkpoint stays the last good state (chapter 28).
 
 # %%
 #| export
 class StopSignals:
-    """Turn SIGTERM and SIGINT into a flag for the duration of a run (main thread only), then restore."""
+    """Turn SIGTERM and SIGINT into a flag for the duration of a run (main thread only), then restore. A second
+    SIGINT (Ctrl-C twice) is left to the handler that was there before: it interrupts at once."""
 
     def __init__(self):
         self.received: str | None = None
@@ -228,6 +230,8 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         self.received = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            signal.signal(signum, self._previous[signum] or signal.default_int_handler)
 
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():

@@ -177,7 +177,8 @@ def new_train_state(cfg: TrainConfig, world: World, model: nn.Module, data: RunD
 # for the CPU to queue the next step idles. So the loop reads back once per logging interval (`log_every`
 # steps, the end of an epoch, a checkpoint or a stop): one all-reduce carries, for every process at once, the
 # losses of the steps since the last read-back, whether each was finite, and whether a stop signal arrived, so
-# that every process takes the same decision at the same step. The price: a non-finite loss is noticed up to
+# that every process takes the same decision at the same step (a process alone reads back at the step after
+# a signal, so that Ctrl-C stops within a step, not an interval). The price: a non-finite loss is noticed up to
 # `log_every` steps late, after the optimiser has used it — which is why checkpoints refuse non-finite weights
 # and the error names the last good checkpoint.
 #
@@ -326,7 +327,9 @@ class Trainer:
             images += data.global_batch
             self._callback("on_step_end")
             checkpoint = bool(cfg.ckpt_every) and s.global_step % cfg.ckpt_every == 0
-            if not (s.step % cfg.log_every == 0 or s.step == data.steps_per_epoch or s.stop or checkpoint):
+            alone_signalled = self.world.world_size == 1 and self.signals.received is not None  # stop at this step
+            if not (s.step % cfg.log_every == 0 or s.step == data.steps_per_epoch or s.stop or checkpoint
+                    or alone_signalled):
                 continue  # no host sync: the device runs ahead
             signalled = self.step.read_back(self.signals.received is not None, self.last_good)
             now = time.perf_counter()
@@ -413,9 +416,11 @@ class Trainer:
                 self.end_epoch(images, seconds)
                 signalled = all_reduce(torch.tensor(float(self.signals.received is not None),
                                                     device=self.world.device)).item()
-                if stopped or signalled or s.stop:
+                if (stopped or signalled or s.stop) and s.epoch < cfg.epochs:
                     stopped = stopped or self._why(bool(signalled))
                     break
+            else:  # the last epoch ran to its end: a stop that came during it or its evaluation stops nothing
+                stopped = None
             if self.unsaved:  # a run that returns leaves a last.pt that holds its position and its whole log
                 self.checkpoint()
         self._callback("on_train_end")

@@ -47,18 +47,16 @@ from convit_edu.config import RECIPES
 # ## Presets: the paper's recipes by name
 #
 # `--preset NAME` applies one of chapter 21's `RECIPES` over the defaults. `deit` is DeiT's ImageNet recipe as the
-# ConViT paper uses it unchanged (Sec. 3): 300 epochs, global batch 1024 (so lr = 5·10⁻⁴ × 1024/512 = 10⁻³), 5 warm-up
-# epochs, cosine to 10⁻⁵, AdamW wd 0.05, drop path 0.1, RandAugment, random erasing, Mixup/CutMix with label smoothing,
-# repeated augmentation ×3. `imagenet` is `deit` on an ImageNet folder. `cifar100-224` is SM C's CIFAR-100 setting:
-# every hyper-parameter unchanged, images rescaled to 224 × 224 (the paper then trains far longer than 300 epochs, up
-# to 3000: pass `--epochs`). `cifar100-32` is this course's own small setting for one GPU or a CPU: native 32 × 32
-# images cut into 4 × 4 patches (an 8 × 8 grid), the classic CIFAR augmentation (pad-and-crop, flip) without mixing,
-# global batch 128. `sample-efficiency` is the recipe of chapter 35's grid (Table 2 at the scale of a CPU), so that any
-# run of that grid is `--preset sample-efficiency` and a few flags: the command its script prints runs here by hand.
+# ConViT paper uses it (Sec. 3): 300 epochs, global batch 1024 (lr = 5·10⁻⁴ × 1024/512 = 10⁻³), 5 warm-up epochs,
+# cosine to 10⁻⁵, AdamW wd 0.05, drop path 0.1, RandAugment, random erasing, Mixup/CutMix, label smoothing, repeated
+# augmentation ×3; `imagenet` is `deit` on an ImageNet folder. `cifar100-224` is SM C's CIFAR-100 setting (images
+# rescaled to 224 px; the paper trains up to 3000 epochs: pass `--epochs`). `cifar100-32` is the course's setting for
+# one GPU or a CPU: 32 px images in 4 × 4 patches, pad-crop-flip without mixing, global batch 128.
+# `sample-efficiency` is chapter 35's grid recipe: the command its script prints for any run runs here by hand.
 #
-# Explicit flags override the preset; a preset's global batch holds on any number of GPUs. DALI (chapter 18)
-# has no repeated augmentation, so `--preset imagenet --loader dali` trains with `repeats` 1 and says so in a
-# note (an explicit `--repeats 3` with `--loader dali` is refused, naming the value).
+# Explicit flags override the preset (the listing shows them); a preset's global batch holds on any number of
+# GPUs. DALI (chapter 18) has no repeated augmentation: `--preset imagenet --loader dali` trains with `repeats` 1
+# and says so in a note (an explicit `--repeats 3` with `--loader dali` is refused, naming the value).
 
 # %%
 #| export
@@ -120,7 +118,8 @@ def _train_parser(sub) -> argparse.ArgumentParser:
 # `main(argv)` returns 0 when the work is done — including a run that a SIGTERM or SIGINT stopped *with a
 # checkpoint written* (resume it with `--resume auto`) — and 1 with a one-line message, no traceback, for a bad
 # input or a non-finite loss. Any other failure is one line too, with its type and a pointer to `--debug`
-# (before or after the command), which shows the traceback. Under `torchrun` only rank 0 prints.
+# (before or after the command), which shows the traceback; Ctrl-C (twice in a run) is 130 and one line. Under
+# `torchrun` only rank 0 prints. `train` refuses an `--output` holding a run unless `--resume` is given.
 
 # %%
 #| export
@@ -130,10 +129,14 @@ def run_train(args: argparse.Namespace) -> int:
     if main_process and args.preset:
         print(f"preset {args.preset} expands to:")
         for key, value in recipe(args.preset).items():
-            print(f"  {key} = {value!r}")
+            now = getattr(cfg, key)  # a flag given after the preset wins; compared as JSON (tuples are lists)
+            print(f"  {key} = {value!r}" + ("" if json.dumps(now) == json.dumps(value) else f" (flag: {now!r})"))
         for note in notes:
             print(f"note: {note}")
     if not args.print_config:
+        if cfg.resume is None and (Path(cfg.output) / "last.pt").exists():
+            raise FileExistsError(f"{cfg.output} already holds a run (its last.pt): --resume auto continues it; "
+                                  "another --output starts a new one")
         train(cfg)
     elif main_process:
         print(json.dumps(asdict(cfg), indent=2))
@@ -353,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
                "data": run_data}[args.command]
     try:
         return command(args)
+    except KeyboardInterrupt:  # Ctrl-C outside a run, or twice inside one (its last.pt stays as last written)
+        print(f"convit-edu {args.command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as e:  # one line for the user; --debug shows where it came from
         if args.debug:
             raise
@@ -388,8 +394,6 @@ def captured(argv: list[str]) -> tuple[int, str, str]:
 status, text, _ = captured(["--help"])
 assert status == 0
 print(text)
-
-# %%
 status, text, _ = captured(["train", "--help"])
 assert status == 0 and "--local-up-to-layer" in text and "--mixup-alpha" in text and "--warmup-epochs" in text
 assert "--loader STR" in text and "dali" in text  # chapter 18's optional DALI loader
@@ -403,12 +407,10 @@ print(text)
 
 # %%
 status, text, _ = captured(["train", "--preset", "cifar100-32", "--epochs", "100", "--print-config"])
-assert status == 0
+assert status == 0 and "epochs = 300 (flag: 100)" in text
 print(text)
 resolved = json.loads(text[text.index("{\n"):])
 assert resolved["epochs"] == 100 and resolved["img_size"] == 32 and resolved["model_args"] == {"patch_size": 4}
-
-# %%
 keys = ["data", "aug", "img_size", "epochs", "global_batch", "batch_size", "lr", "repeats"]
 print(f"{'preset':<14}" + "".join(f"{k:>14}" for k in keys))
 for name, values in RECIPES.items():
@@ -453,7 +455,6 @@ print(f"top-1 {evaluated['top1']:.2f} % as logged; with positional attention mas
 
 # %% [markdown]
 # ## Bad input: one line, before any work
-#
 # Each fails before an image is loaded, naming the wrong value and what works (`tests/test_bad_input.py`: 50 more):
 
 # %%
@@ -463,7 +464,8 @@ for argv in (["train", "--model", "convit_huge"],
              ["train", *TINY, "--global-batch", "100", "--accum-steps", "3", "--output", str(out_dir.parent / "x")],
              ["train", *TINY, "--model", "convit_tiny_plus", "--output", str(out_dir), "--resume", "auto"],
              ["train", *TINY, "--output", str(out_dir.parent / "y"), "--resume", str(corrupt)],
-             ["train", *TINY, "--output", str(corrupt / "run")],
+             ["train", *TINY, "--output", str(corrupt / "run")], ["train", "--data-root", str(out_dir.parent)],
+             ["train", *TINY, "--output", str(out_dir)],
              ["data", "tiny-imagenet", "--root", str(out_dir.parent), "--archive", str(out_dir.parent / "absent.zip")]):
     status, _, err = captured(argv)
     assert status == 1 and "Traceback" not in err
@@ -472,10 +474,9 @@ for argv in (["train", "--model", "convit_huge"],
 # %% [markdown]
 # ## `bench`
 #
-# A model's training and inference images/s and peak memory (chapter 41's `bench_model`: on a CPU, fp32 and bf16 side
-# by side; `--compile` adds the compile's seconds), the loader's images/s stage by stage (chapter 17's
-# `benchmark_loader`), the pipeline against the model (chapter 41's `pipeline_bench`), the model parts on `--device`
-# at `--precision`. ConViT-Ti, 224 px, batch 16 (FAST: 64 px), from a 2-core AMD EPYC (AVX2) shared with other work.
+# A model's training and inference images/s and peak memory (chapter 41's `bench_model`: on a CPU, fp32 and bf16
+# side by side; `--compile` adds the compile's seconds), the loader's images/s by stage (chapter 17), the pipeline
+# against the model (chapter 41's `pipeline_bench`). ConViT-Ti, 224 px, batch 16 (FAST: 64 px), 2-core AMD EPYC.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -487,10 +488,9 @@ assert status == 0, err
 print(text)
 
 # %% [markdown]
-# `convit-edu bench --suite fast|full [--device D] [--precision P] [--batch-size N] [--threads 1] [--json FILE]` runs
-# chapters 30 and 41's measurements instead (GPSA layer, resolution, ConViT vs DeiT throughput, the matmul peak; on D
-# at P, every timed step at N images; `--compile` adds `torch.compile`, capped at `--compile-timeout` seconds). The
-# FAST suite, as a smoke test:
+# `convit-edu bench --suite fast|full [--device D] [--precision P] [--batch-size N] [--threads 1] [--json FILE]`
+# runs chapters 30 and 41's measurements (GPSA layer, resolution, ConViT vs DeiT, the matmul peak; `--compile` adds
+# `torch.compile`, capped at `--compile-timeout` s). The FAST suite, as a smoke test:
 
 # %%
 # NBVAL_IGNORE_OUTPUT

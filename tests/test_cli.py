@@ -273,6 +273,39 @@ def test_resume_refuses_a_corrupt_file_another_model_and_an_unwritable_output(tm
     assert "is not writable" in capsys.readouterr().err
 
 
+def test_train_refuses_to_overwrite_a_run_unless_resume_says_what_to_do(tmp_path, capsys):
+    assert main(["train", *TINY, "--epochs", "1", "--output", str(tmp_path)]) == 0
+    before = (tmp_path / "last.pt").read_bytes()
+    assert main(["train", *TINY, "--epochs", "1", "--output", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path} already holds a run (its last.pt): --resume auto continues it" in err
+    assert (tmp_path / "last.pt").read_bytes() == before
+    assert main(["train", *TINY, "--epochs", "2", "--output", str(tmp_path), "--resume", "auto"]) == 0
+    assert read_checkpoint(tmp_path / "last.pt")["epoch"] == 2
+
+
+def test_a_data_root_for_random_images_is_refused_naming_the_dataset_flag(tmp_path, capsys):
+    assert main(["train", "--data-root", str(tmp_path), "--output", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert f"data_root {str(tmp_path)!r} is set but data is 'fake'" in err and "--data imagefolder" in err
+
+
+def test_a_preset_marks_the_values_explicit_flags_replace(capsys):
+    assert main(["train", "--preset", "sample-efficiency", "--lr", "0.01", "--print-config"]) == 0
+    listing = capsys.readouterr().out.split("\n{", 1)[0].splitlines()
+    assert [line for line in listing if "(flag:" in line] == ["  lr = 0.016 (flag: 0.01)"]
+    assert any(line.startswith("  aug_args = {'scale': (0.35, 1.0)") for line in listing)  # a tuple, read back a list
+
+
+def test_ctrl_c_outside_a_run_is_one_line_and_status_130(capsys, monkeypatch):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("convit_edu.cli.run_bench", interrupted)
+    assert main(["bench"]) == 130
+    assert capsys.readouterr().err == "convit-edu bench: interrupted\n"
+
+
 def test_an_unforeseen_error_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
     def broken(cfg):
         raise RuntimeError("CUDA error: an illegal memory access was encountered\nmany more lines")

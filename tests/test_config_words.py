@@ -13,7 +13,8 @@ from convit_edu.config_words import config_from_words, config_to_words
 CONFIGS = {  # name: (preset, values on top of it)
     "defaults": (None, {}),
     "run settings": (None, {"model": "deit_small", "epochs": 3, "lr": 1e-3, "warmup_epochs": 0.5, "seed": 7,
-                            "data_root": "my data/with spaces", "output": "runs/x", "eval_every": 2}),
+                            "data": "imagefolder", "data_root": "my data/with spaces", "output": "runs/x",
+                            "eval_every": 2}),
     "None values": (None, {"aug": None, "ema_decay": None, "clip_grad": None, "num_workers": None}),
     "optional values set": (None, {"ema_decay": 0.99996, "clip_grad": 1, "classes": 10, "global_batch": 256,
                                    "num_workers": 0, "resume": "auto", "distill_teacher": "regnety_160",
@@ -27,7 +28,7 @@ CONFIGS = {  # name: (preset, values on top of it)
                                                           "mixup_alpha": 0.0, "interpolation": "bilinear"}}),
     "data_args of every kind": (None, {"data_args": {"num_train": 64, "image_size": 16, "name": "3", "flag": True,
                                                      "size": (8, 8), "none": None, "word": "none"}}),
-    "a string that reads as an option": (None, {"data_root": "-data", "resume": "-x"}),
+    "a string that reads as an option": (None, {"data": "imagefolder", "data_root": "-data", "resume": "-x"}),
     **{f"preset {name}": (name, {}) for name in RECIPES},
     "preset deit with changes": ("deit", {"epochs": 30, "repeats": 1, "global_batch": None, "batch_size": 32}),
     "preset cifar100-32 with dict changes": ("cifar100-32", {

@@ -137,6 +137,44 @@ def test_stop_and_resume_gives_weights_identical_to_an_uninterrupted_run(tmp_pat
     assert [[r[k] for k in keys] for r in straight.history] == [[r[k] for k in keys] for r in resumed.history]
 
 
+class SignalAt(Callback):
+    """Sends this process `signum`, `times` times, at the end of step `step` (1-based) of epoch `epoch` (0-based)."""
+
+    def __init__(self, signum: int, epoch: int, step: int, times: int = 1):
+        self.signum, self.epoch, self.step, self.times = signum, epoch, step, times
+
+    def on_step_end(self, state):
+        if (state.epoch, state.step) == (self.epoch, self.step):
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.signum)
+
+
+def test_a_signal_stops_a_lone_process_at_the_step_it_came_in_not_at_the_next_read_back(tmp_path):
+    before = signal.getsignal(signal.SIGINT)
+    result = train(config(tmp_path, log_every=1000), model=make_model(), datasets=make_data(),
+                   callbacks=[SignalAt(signal.SIGINT, 0, 3)])
+    assert result.stopped == "SIGINT"
+    ckpt = read_checkpoint(tmp_path / "last.pt")
+    assert (ckpt["epoch"], ckpt["step"]) == (0, 3)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_second_sigint_interrupts_at_once_and_the_handlers_are_restored(tmp_path):
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        train(config(tmp_path, log_every=1000), model=make_model(), datasets=make_data(),
+              callbacks=[SignalAt(signal.SIGINT, 0, 3, times=2)])
+    assert signal.getsignal(signal.SIGINT) is before
+    assert not (tmp_path / "last.pt").exists()  # no checkpoint was due yet: none is half written
+
+
+def test_a_signal_at_the_last_step_of_the_last_epoch_stops_nothing(tmp_path):
+    result = train(config(tmp_path, epochs=2), model=make_model(), datasets=make_data(),
+                   callbacks=[SignalAt(signal.SIGTERM, 1, 12)])
+    assert result.stopped is None and [row["epoch"] for row in result.history] == [1, 2]
+    assert read_checkpoint(tmp_path / "last.pt")["epoch"] == 2
+
+
 def test_eval_every_logs_and_checkpoints_evaluated_epochs_only_and_resumes_exactly(tmp_path, monkeypatch):
     saved = []  # (epoch, rows in the log) of each last.pt written
 
