@@ -7,7 +7,7 @@ import json
 import math
 import warnings
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,11 @@ from convit_edu.loaders import build_loader
 from convit_edu.locality import LocalityRecorder, plot_gate_history, plot_nonlocality_history, read_locality
 from convit_edu.models import VisionTransformer
 from convit_edu.optimisation import learning_rate_sum
+from convit_edu.run_state import _RESUME_MAY_CHANGE
 from convit_edu.tables import format_table_2, format_table_3, plot_table_2, table_2, table_3
 from convit_edu.training import train
 
-__all__ = ['run_config', 'fixed_test_split', 'scoring_sets', 'per_image_correct', 'train_run', 'run_budget', 'folder_class_sizes', 'expected_hours', 'run_grid', 'RunResult', 'read_run', 'collect', 'locality_histories', 'write_summary', 'plot_ablation']
+__all__ = ['run_config', 'fixed_test_split', 'scoring_sets', 'per_image_correct', 'train_run', 'run_budget', 'folder_class_sizes', 'expected_hours', 'refuse_other_settings', 'run_grid', 'RunResult', 'read_run', 'collect', 'locality_histories', 'write_summary', 'plot_ablation']
 
 
 # %% nbs/37_experiments.py 7
@@ -44,10 +45,9 @@ def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConf
 def fixed_test_split(source: str | Path, dest: str | Path, classes: int, test_per_class: int = 100,
                      dev_per_class: int = 50, first_class: int = 0) -> Path:
     """Make (or check) ``dest``: ``classes`` classes of the ImageNet-style folder ``source`` from the
-    ``first_class``-th in sorted order as
-    ``train/`` (the training images a fraction subsamples), ``val/`` (``dev_per_class`` training images per class,
-    scored during training) and ``test/`` (the last ``test_per_class`` training images and every validation image
-    of each class), as symbolic links; returns ``dest``."""
+    ``first_class``-th in sorted order as ``train/`` (the training images a fraction subsamples), ``val/``
+    (``dev_per_class`` training images per class, scored during training) and ``test/`` (the last ``test_per_class``
+    training images and every validation image of each class), as symbolic links; returns ``dest``."""
     source, dest = Path(source).resolve(), Path(dest)
     positive_int("classes", classes)
     positive_int("test_per_class", test_per_class)
@@ -142,21 +142,18 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
     correct = None if test is None else per_image_correct(result.model, test, device=device, precision=cfg.precision,
                                                           num_workers=cfg.loader_workers())
     ablation = spec.name.rsplit("_f", 1)[0]
-    record = {
-        "name": spec.name, "model": ABLATIONS[ablation].model,
-        "ablation": None if ablation in ("convit", "deit") else ablation, "fraction": cfg.fraction,
-        "seed": cfg.seed, "val_top1": scores["val"], "val_images": len(sets["val"]),
-        "heldout_top1": scores["heldout"], "heldout_images": len(sets["heldout"]),
-        "train_top1": scores["train"], "train_images": len(sets["train"]), "epochs": cfg.epochs,
-        "hours": result.history[-1]["time_s"] / 3600,
-        "gates_start": _gpsa_layer_means(recorder.records[0]["gates"]),
-        "gates_end": _gpsa_layer_means(recorder.records[-1]["gates"])}
+    record = {"name": spec.name, "model": ABLATIONS[ablation].model, "fraction": cfg.fraction, "seed": cfg.seed,
+              "ablation": None if ablation in ("convit", "deit") else ablation, "epochs": cfg.epochs,
+              "val_top1": scores["val"], "val_images": len(sets["val"]), "train_top1": scores["train"],
+              "heldout_top1": scores["heldout"], "heldout_images": len(sets["heldout"]),
+              "train_images": len(sets["train"]), "hours": result.history[-1]["time_s"] / 3600,
+              "gates_start": _gpsa_layer_means(recorder.records[0]["gates"]),
+              "gates_end": _gpsa_layer_means(recorder.records[-1]["gates"])}
     lr_sum = learning_rate_sum(cfg, cfg.steps_per_epoch(len(sets["train"])))
     record.update(lr_sum=lr_sum, gate_lr_sum=lr_sum * cfg.gate_lr_scale,  # the gates' own (chapter 21)
                   val_curve=[[row["epoch"], row["val_top1"]] for row in result.history if "val_top1" in row])
     if correct is not None:
-        record.update(test_top1=100 * correct.count("1") / len(correct), test_images=len(correct),
-                      test_correct=correct)
+        record.update(test_top1=100 * correct.count("1") / len(correct), test_images=len(correct), test_correct=correct)
     write_json(folder / "record.json", record)
     return record
 
@@ -196,11 +193,28 @@ def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]
     return hours, " and ".join(sorted(how)) or "nothing left to run"
 
 
+def refuse_other_settings(runs: list[RunSpec], output: Path) -> None:
+    """ValueError naming the first run of ``runs`` whose folder in ``output`` holds a run (``run.json``) trained with
+    other settings than it would train with now, each as ``name: recorded -> now``, but those a resumed run may
+    change (chapter 26's ``_RESUME_MAY_CHANGE``; not the global batch they make) and ``data_root`` spelt otherwise."""
+    for folder, spec in ((output / s.name, s) for s in runs if (output / s.name / "run.json").is_file()):
+        info, now = json.loads((folder / "run.json").read_text()), run_config(spec, folder, resume="auto")
+        saved = {**asdict(TrainConfig.from_dict(info["config"])), "global batch": info["global_batch"]}
+        new = {**asdict(now), "global batch": now.images_per_step()}
+        same = {"data_root": Path(saved["data_root"]).resolve() == Path(new["data_root"]).resolve()}
+        changed = [f"{k}: {saved[k]!r} -> {new[k]!r}" for k in new
+                   if k not in _RESUME_MAY_CHANGE and saved[k] != new[k] and not same.get(k)]
+        if changed:
+            raise ValueError(f"{folder} holds a run trained with other settings ({'; '.join(changed)}): this grid "
+                             f"would reuse it; choose another --output or delete {folder}")
+
+
 def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list[dict]:
     """Train every unfinished run of ``runs`` into ``output`` one after another (``train_run``), rewriting
-    ``summary.json``, ``table.txt`` and the figures after each; the summary's records when all are done. Each
-    run first prints the images it trains on and the sum of its learning rates (``run_budget``)."""
+    ``summary.json``, ``table.txt`` and the figures after each; the summary's records when all are done. Each run
+    first prints its images and learning-rate sum (``run_budget``); runs trained with other settings are refused."""
     output = Path(output)
+    refuse_other_settings(runs, output)
     output.mkdir(parents=True, exist_ok=True)
     todo = [s for s in runs if not (output / s.name / "record.json").is_file()]
     hours, how = expected_hours(todo, output)
@@ -223,7 +237,6 @@ def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list
 @dataclass(frozen=True)
 class RunResult:
     """A run read back from its folder: the spec, the config `convit-edu train` recorded, one log row per epoch."""
-
     spec: RunSpec
     config: dict
     history: list[dict]
@@ -265,9 +278,8 @@ def collect(results: str | Path, runs: list[RunSpec]) -> dict[str, RunResult]:
         try:
             result = read_run(Path(results) / spec.name, spec)
         except FileNotFoundError:
-            missing.append(spec.name)
-            continue
-        if not result.history:
+            result = None
+        if result is None or not result.history:
             missing.append(spec.name)
             continue
         if not result.finished:

@@ -32,9 +32,12 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| export
+import json
 import math
+import warnings
 from collections import Counter
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,18 +57,14 @@ from convit_edu.loaders import build_loader
 from convit_edu.locality import LocalityRecorder, plot_gate_history, plot_nonlocality_history, read_locality
 from convit_edu.models import VisionTransformer
 from convit_edu.optimisation import learning_rate_sum
+from convit_edu.run_state import _RESUME_MAY_CHANGE
 from convit_edu.tables import format_table_2, format_table_3, plot_table_2, table_2, table_3
 from convit_edu.training import train
 
 # %%
 # %matplotlib inline
-import json
 import subprocess
 import sys
-from pathlib import Path
-
-import torch
-
 torch.set_printoptions(precision=4, sci_mode=False)
 
 # %% [markdown]
@@ -78,11 +77,11 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # training images, on the training images it saw and on the fixed test images (below), image by image. The record also
 # keeps the schedule's learning-rate sum (and the gates', `gate_lr_scale` times it) and the validation curve, for
 # chapter 36's pre-conditions. It writes the run's `record.json` last: a folder with a record is finished and is
-# skipped the next time, so the command resumes a partly finished grid where it stopped. After every run,
+# skipped the next time, so the command resumes a partly finished grid where it stopped; it refuses a folder of runs
+# trained with other settings (`refuse_other_settings`, as `train --resume` does, chapter 26). After every run,
 # `OUTPUT/summary.json` (one record per finished run), `OUTPUT/table.txt` and the figures are written again.
 #
-# A run of a grid already is a `TrainConfig` (chapter 35): the one its printed command trains. Here it only
-# gets its folder, and `--resume auto`.
+# Each run is the `TrainConfig` its printed command trains (chapter 35): here it just gets its folder, `--resume auto`.
 
 # %%
 #| export
@@ -97,7 +96,6 @@ def run_config(spec: RunSpec, folder: str | Path, **overrides: Any) -> TrainConf
 
 # %%
 import shlex
-
 from convit_edu.config_words import config_from_words
 from convit_edu.experiment_design import train_command
 
@@ -106,7 +104,6 @@ spec = RunSpec("demo", "ConViT", TrainConfig(model="convit_small", model_args={"
 words = shlex.split(train_command(spec, "out"))[4:]  # after `python -m convit_edu.cli train`
 assert config_from_words(words) == run_config(spec, "out/demo")
 print("read back:", config_from_words(words).model_args, "classes", config_from_words(words).classes)
-
 
 # %% [markdown]
 # ### One test set for every fraction
@@ -128,10 +125,9 @@ print("read back:", config_from_words(words).model_args, "classes", config_from_
 def fixed_test_split(source: str | Path, dest: str | Path, classes: int, test_per_class: int = 100,
                      dev_per_class: int = 50, first_class: int = 0) -> Path:
     """Make (or check) ``dest``: ``classes`` classes of the ImageNet-style folder ``source`` from the
-    ``first_class``-th in sorted order as
-    ``train/`` (the training images a fraction subsamples), ``val/`` (``dev_per_class`` training images per class,
-    scored during training) and ``test/`` (the last ``test_per_class`` training images and every validation image
-    of each class), as symbolic links; returns ``dest``."""
+    ``first_class``-th in sorted order as ``train/`` (the training images a fraction subsamples), ``val/``
+    (``dev_per_class`` training images per class, scored during training) and ``test/`` (the last ``test_per_class``
+    training images and every validation image of each class), as symbolic links; returns ``dest``."""
     source, dest = Path(source).resolve(), Path(dest)
     positive_int("classes", classes)
     positive_int("test_per_class", test_per_class)
@@ -170,10 +166,9 @@ def fixed_test_split(source: str | Path, dest: str | Path, classes: int, test_pe
 
 
 # %% [markdown]
-# The sets a run is scored on, all with the evaluation transform: the validation split, the training images
-# its fraction kept (does it fit them?), the ones the fraction left out and, in a `fixed_test_split` folder, the
-# test images — for those, the run keeps which image it got right (`per_image_correct`), so two models can be
-# compared image by image.
+# The sets a run is scored on, all with the evaluation transform: the validation split, the training images its fraction
+# kept (does it fit them?), the ones the fraction left out and, in a `fixed_test_split` folder, the test images — for
+# those, the run keeps which image it got right (`per_image_correct`), so two models can be compared image by image.
 
 # %%
 #| export
@@ -233,21 +228,18 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
     correct = None if test is None else per_image_correct(result.model, test, device=device, precision=cfg.precision,
                                                           num_workers=cfg.loader_workers())
     ablation = spec.name.rsplit("_f", 1)[0]
-    record = {
-        "name": spec.name, "model": ABLATIONS[ablation].model,
-        "ablation": None if ablation in ("convit", "deit") else ablation, "fraction": cfg.fraction,
-        "seed": cfg.seed, "val_top1": scores["val"], "val_images": len(sets["val"]),
-        "heldout_top1": scores["heldout"], "heldout_images": len(sets["heldout"]),
-        "train_top1": scores["train"], "train_images": len(sets["train"]), "epochs": cfg.epochs,
-        "hours": result.history[-1]["time_s"] / 3600,
-        "gates_start": _gpsa_layer_means(recorder.records[0]["gates"]),
-        "gates_end": _gpsa_layer_means(recorder.records[-1]["gates"])}
+    record = {"name": spec.name, "model": ABLATIONS[ablation].model, "fraction": cfg.fraction, "seed": cfg.seed,
+              "ablation": None if ablation in ("convit", "deit") else ablation, "epochs": cfg.epochs,
+              "val_top1": scores["val"], "val_images": len(sets["val"]), "train_top1": scores["train"],
+              "heldout_top1": scores["heldout"], "heldout_images": len(sets["heldout"]),
+              "train_images": len(sets["train"]), "hours": result.history[-1]["time_s"] / 3600,
+              "gates_start": _gpsa_layer_means(recorder.records[0]["gates"]),
+              "gates_end": _gpsa_layer_means(recorder.records[-1]["gates"])}
     lr_sum = learning_rate_sum(cfg, cfg.steps_per_epoch(len(sets["train"])))
     record.update(lr_sum=lr_sum, gate_lr_sum=lr_sum * cfg.gate_lr_scale,  # the gates' own (chapter 21)
                   val_curve=[[row["epoch"], row["val_top1"]] for row in result.history if "val_top1" in row])
     if correct is not None:
-        record.update(test_top1=100 * correct.count("1") / len(correct), test_images=len(correct),
-                      test_correct=correct)
+        record.update(test_top1=100 * correct.count("1") / len(correct), test_images=len(correct), test_correct=correct)
     write_json(folder / "record.json", record)
     return record
 
@@ -295,11 +287,28 @@ def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]
     return hours, " and ".join(sorted(how)) or "nothing left to run"
 
 
+def refuse_other_settings(runs: list[RunSpec], output: Path) -> None:
+    """ValueError naming the first run of ``runs`` whose folder in ``output`` holds a run (``run.json``) trained with
+    other settings than it would train with now, each as ``name: recorded -> now``, but those a resumed run may
+    change (chapter 26's ``_RESUME_MAY_CHANGE``; not the global batch they make) and ``data_root`` spelt otherwise."""
+    for folder, spec in ((output / s.name, s) for s in runs if (output / s.name / "run.json").is_file()):
+        info, now = json.loads((folder / "run.json").read_text()), run_config(spec, folder, resume="auto")
+        saved = {**asdict(TrainConfig.from_dict(info["config"])), "global batch": info["global_batch"]}
+        new = {**asdict(now), "global batch": now.images_per_step()}
+        same = {"data_root": Path(saved["data_root"]).resolve() == Path(new["data_root"]).resolve()}
+        changed = [f"{k}: {saved[k]!r} -> {new[k]!r}" for k in new
+                   if k not in _RESUME_MAY_CHANGE and saved[k] != new[k] and not same.get(k)]
+        if changed:
+            raise ValueError(f"{folder} holds a run trained with other settings ({'; '.join(changed)}): this grid "
+                             f"would reuse it; choose another --output or delete {folder}")
+
+
 def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list[dict]:
     """Train every unfinished run of ``runs`` into ``output`` one after another (``train_run``), rewriting
-    ``summary.json``, ``table.txt`` and the figures after each; the summary's records when all are done. Each
-    run first prints the images it trains on and the sum of its learning rates (``run_budget``)."""
+    ``summary.json``, ``table.txt`` and the figures after each; the summary's records when all are done. Each run
+    first prints its images and learning-rate sum (``run_budget``); runs trained with other settings are refused."""
     output = Path(output)
+    refuse_other_settings(runs, output)
     output.mkdir(parents=True, exist_ok=True)
     todo = [s for s in runs if not (output / s.name / "record.json").is_file()]
     hours, how = expected_hours(todo, output)
@@ -319,23 +328,15 @@ def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list
 # %% [markdown]
 # ## From logs to tables
 #
-# A finished run leaves `run.json` and `log.jsonl`. `collect` reads them back for a list of runs, skipping the
-# ones that have not started and saying which ones stopped early, and keeps the numbers the tables and the
-# figures need: the top-1/top-5 at the end of training (the paper reports the accuracy after the last epoch),
-# the curves, and the training time.
+# A finished run leaves `run.json` and `log.jsonl`. `collect` reads them back for a list of runs, skipping the ones
+# that have not started and saying which ones stopped early, and keeps the numbers the tables and the figures need:
+# the top-1/top-5 after the last epoch (what the paper reports), the curves, and the training time.
 
 # %%
 #| export
-import json
-import warnings
-from dataclasses import dataclass
-from pathlib import Path
-
-
 @dataclass(frozen=True)
 class RunResult:
     """A run read back from its folder: the spec, the config `convit-edu train` recorded, one log row per epoch."""
-
     spec: RunSpec
     config: dict
     history: list[dict]
@@ -377,9 +378,8 @@ def collect(results: str | Path, runs: list[RunSpec]) -> dict[str, RunResult]:
         try:
             result = read_run(Path(results) / spec.name, spec)
         except FileNotFoundError:
-            missing.append(spec.name)
-            continue
-        if not result.history:
+            result = None
+        if result is None or not result.history:
             missing.append(spec.name)
             continue
         if not result.finished:
@@ -388,7 +388,6 @@ def collect(results: str | Path, runs: list[RunSpec]) -> dict[str, RunResult]:
     if missing or partial:
         warnings.warn(f"under {results}: not run {missing}, unfinished {partial}", stacklevel=2)
     return found
-
 
 
 # %% [markdown]
@@ -428,8 +427,7 @@ def write_summary(output: str | Path, paper_gaps: dict[float, float] | None = No
 
 
 # %% [markdown]
-# `plot_ablation` draws the curves of Table 3's runs over training (Fig. 12, right) from their logs
-# (`collect`), with the final validation top-1 in the legend.
+# `plot_ablation` draws Table 3's curves (Fig. 12, right) from the runs' logs (`collect`), final top-1 in the legend.
 
 # %%
 #| export
@@ -454,16 +452,15 @@ def plot_ablation(results: dict[str, RunResult], runs: list[RunSpec]) -> Figure:
 # %% [markdown]
 # ## The pipeline end to end, on a tiny grid
 #
-# Before trusting tables made from records, run the whole chain once through the real command, in a
-# subprocess: a folder of 3 classes of generated JPEGs, split once into 96 training, 8 dev and 24 + 8 test
-# images per class, the grid on two fractions with a budget of eight optimiser steps per run, its
-# `summary.json` read back and checked against the schema. Interrupting the
-# command and running it again would skip the finished runs; the tests check that (`tests/test_experiments.py`).
+# Before trusting tables made from records, run the whole chain once through the real command, in a subprocess: a folder
+# of 3 classes of generated JPEGs, split once into 96 training, 8 dev and 24 + 8 test images per class, the grid on two
+# fractions with a budget of eight optimiser steps per run, its `summary.json` read back and checked against the schema.
+# Interrupting the command and running it again would skip the finished runs (`tests/test_experiments.py` checks it);
+# the same command with another setting is refused, each changed setting named, before anything trains.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 import shutil
-
 import numpy as np
 from PIL import Image
 
@@ -485,6 +482,9 @@ print(" ".join(command[1:]))
 done = subprocess.run(command, capture_output=True, text=True, timeout=600)
 print(done.stdout[-1500:], done.stderr[-1500:])
 assert done.returncode == 0
+refused = subprocess.run(command + ["--set", "lr=0.0123"], capture_output=True, text=True, timeout=600)
+print(refused.stderr)
+assert refused.returncode == 1 and "-> 0.0123" in refused.stderr and "lr: " in refused.stderr
 
 # %%
 tiny = json.loads((tiny_output / "summary.json").read_text())

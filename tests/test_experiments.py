@@ -36,7 +36,7 @@ def test_train_command_words_read_back_into_the_runs_config():
 
 
 def test_train_command_quotes_paths_and_keeps_the_launcher():
-    spec = RunSpec("r", "x", TrainConfig(data_root="my data"))
+    spec = RunSpec("r", "x", TrainConfig(data="imagefolder", data_root="my data"))
     command = train_command(spec, "res", launcher="OMP_NUM_THREADS=1 torchrun --nproc_per_node=8 -m convit_edu.cli")
     assert command.startswith("OMP_NUM_THREADS=1 torchrun --nproc_per_node=8 -m convit_edu.cli train ")
     assert "--data-root 'my data'" in command
@@ -259,6 +259,37 @@ def test_the_grid_writes_a_summary_per_run_and_resumes_where_it_stopped(tmp_path
     assert "3 of 4 runs already finished" in capsys.readouterr().out
     assert trained == [str(output / "convit_f1_s0")]  # only the unfinished run, from its last.pt
     assert again == records  # nothing left to train: the resumed run scores the same weights
+
+
+def test_the_grid_refuses_a_folder_of_runs_trained_with_other_settings(tmp_path, capsys, monkeypatch):
+    import convit_edu.experiments as experiments
+
+    root, output = jpeg_folder(tmp_path / "data"), tmp_path / "out"
+
+    def grid(**changes):
+        scale = sample_efficiency_scale(root, classes=3, images_per_run=96, warmup_images=0, **{
+            "global_batch": 12, "num_workers": 0, "progress": "none", "img_size": 32, **changes})
+        return sample_efficiency_grid(scale, [1.0])[:1]  # deit_f1_s0
+
+    run_grid(grid(), output, records=2)
+    trained = []
+    monkeypatch.setattr(experiments, "train", lambda cfg, **kw: trained.append(cfg.output))
+    with pytest.raises(ValueError, match=r"deit_f1_s0 holds a run trained with other settings \(img_size: 32 -> 40\)"
+                                         r".*choose another --output or delete"):
+        run_grid(grid(img_size=40), output)
+    with pytest.raises(ValueError, match=r"global batch: 12 -> 24") as refused:
+        run_grid(grid(global_batch=24), output)
+    assert "batch_size" not in str(refused.value)  # the global batch, once, not the settings that make it
+    with pytest.raises(ValueError) as refused:
+        run_grid(grid(lr=2e-3, model_args={**grid()[0].config.model_args, "depth": 5}), output)
+    assert "lr: 0.016 -> 0.002" in str(refused.value) and "'depth': 6} -> {" in str(refused.value)
+    capsys.readouterr()
+    run_grid(grid(num_workers=1, device="cpu"), output)  # what a resumed run may change: skipped as finished
+    assert "1 of 1 runs already finished" in capsys.readouterr().out
+    (output / "deit_f1_s0" / "record.json").unlink()  # a run stopped part-way is refused too
+    with pytest.raises(ValueError, match="img_size: 32 -> 40"):
+        run_grid(grid(img_size=40), output)
+    assert trained == []
 
 
 def test_expected_hours_uses_finished_runs_of_the_same_model_on_this_kind_of_device(tmp_path):
