@@ -16,7 +16,7 @@ from convit_edu.augment import AugConfig
 from convit_edu.config import DICT_FIELDS, RECIPES, RUN_OWNED, TrainConfig, resolve_config
 from convit_edu.models import ModelConfig
 
-__all__ = ['parse_key_value', 'add_config_flags', 'config_from_args', 'config_from_words', 'config_to_words']
+__all__ = ['parse_key_value', 'add_config_flags', 'DefaultsHelp', 'config_from_args', 'config_from_words', 'config_to_words']
 
 
 # %% nbs/22_config_words.py 6
@@ -115,6 +115,15 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
                 _add_flag(group, g, f"{prefix}.{g.name}")
         elif f.name != "data_args":  # data_args has the repeatable --data-arg instead
             _add_flag(run, f, f.name)
+
+
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` with each flag's default after its help, unless the help says it already or it is None (then the
+    help says what None means): no "(default: 64; …) (default: None)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        said = action.default is None or "default" in (action.help or "")
+        return action.help if said else super()._get_help_string(action)
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, list[str]]:

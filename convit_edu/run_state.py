@@ -249,4 +249,6 @@ def restore_run(ckpt: dict, path: Path, state: TrainState, loaders: DataLoaders,
         loaders.restore(ckpt["loader"][world.rank])
     if world.main:
         changed = "".join(f"; {k} {old!r} -> {new!r}" for k, (old, new) in changes.items())
-        print(f"resumed from {path}: epoch {s.epoch + 1}, step {s.step}/{s.steps_per_epoch}{changed}", flush=True)
+        where = (f"epoch {s.epoch + 1}, step {s.step}/{s.steps_per_epoch}" if s.epoch < s.cfg.epochs else
+                 f"the run is complete ({s.epoch} epochs): nothing to train; a larger epochs trains on")
+        print(f"resumed from {path}: {where}{changed}", flush=True)

@@ -181,6 +181,15 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             _add_flag(run, f, f.name)
 
 
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` with each flag's default after its help, unless the help says it already or it is None (then the
+    help says what None means): no "(default: 64; …) (default: None)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        said = action.default is None or "default" in (action.help or "")
+        return action.help if said else super()._get_help_string(action)
+
+
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, list[str]]:
     """The config of a namespace parsed by a parser with `add_config_flags` (its other attributes ignored), and
     `resolve_config`'s notes."""

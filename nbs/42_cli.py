@@ -75,7 +75,7 @@ from convit_edu.benchmarks import benchmark_loader
 from convit_edu.checkpoints import read_state_dict
 from convit_edu.checks import number, positive_int
 from convit_edu.config import TrainConfig, recipe
-from convit_edu.config_words import add_config_flags, config_from_args, parse_key_value
+from convit_edu.config_words import DefaultsHelp, add_config_flags, config_from_args, parse_key_value
 from convit_edu.datasets import ARCHIVE_VARIABLE, TINY_IMAGENET_URL, build_datasets, tiny_imagenet
 from convit_edu.devices import PRECISIONS, resolve_device, resolve_precision
 from convit_edu.evaluation import evaluate
@@ -157,7 +157,7 @@ def run_eval(args: argparse.Namespace) -> int:
                                          download=False, **cfg.data_args)
     if len(classes) != ckpt["num_classes"]:
         raise ValueError(f"the checkpoint has {ckpt['num_classes']} classes, dataset {cfg.data} has {len(classes)}: "
-                         "pass --classes")
+                         f"pass --classes {ckpt['num_classes']} and the data it was trained on")
     device = resolve_device(args.device)
     with mask_at_test_time(model.to(device), mask_pos_embed=args.mask_pos_embed, gate=args.gate,
                            num_layers=args.gate_layers):
@@ -254,7 +254,7 @@ def _experiment_parser(sub) -> None:
     grids = e.add_subparsers(dest="grid", required=True)
     for name, what in (("sample-efficiency", "Table 2: ConViT and DeiT on fractions of the data"),
                        ("ablations", "Table 3 and App. A: the ConViT taken apart, on one fraction")):
-        g = grids.add_parser(name, help=what, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        g = grids.add_parser(name, help=what, formatter_class=DefaultsHelp,
                              description=f"{what}. Runs one after another, resumes a partly finished grid, "
                                          "writes OUTPUT/summary.json, table.txt and the figures.")
         g.add_argument("--data-root", type=Path, required=True, help="ImageNet-style folder: train/ and val/")
@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     _experiment_parser(sub)
 
     e = sub.add_parser("eval", help="top-1/top-5 of a training checkpoint, optionally with parts masked (SM F)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelp)
     e.add_argument("checkpoint", type=Path, help="a checkpoint written by convit-edu train (last.pt, best.pt)")
     e.add_argument("--data", help="dataset name (default: the checkpoint's)")
     e.add_argument("--data-root", help="dataset folder (default: the checkpoint's)")
@@ -305,13 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--mask-pos-embed", action="store_true", help="drop the absolute position embedding (Table 5)")
     e.add_argument("--gate", type=float, help="replace σ(λ) by this value: 1 masks content, 0 position (Table 6)")
     e.add_argument("--gate-layers", type=int, help="apply --gate to the first N GPSA layers only")
-    e.add_argument("--batch-size", type=int, default=256)
+    e.add_argument("--batch-size", type=int, default=256, help="images per evaluated batch")
     e.add_argument("--precision", choices=PRECISIONS, default="auto")
     e.add_argument("--num-workers", type=int, help="loader processes (default: this process's CPUs less one)")
     e.add_argument("--device", default="auto")
 
     b = sub.add_parser("bench", help="training/inference images/s, peak memory, data loader images/s",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelp)
     b.add_argument("--model", default="convit_tiny")
     b.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="ModelConfig override")
     b.add_argument("--img-size", type=int, default=224)
@@ -325,13 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data", default="fake", help="dataset for the loader benchmark")
     b.add_argument("--data-root", default="data")
     b.add_argument("--data-arg", action="append", default=[], metavar="KEY=VALUE", help="e.g. num_train=512")
-    b.add_argument("--aug", default="deit", help="augmentation for the loader benchmark (data.AUGMENTATIONS)")
+    b.add_argument("--aug", default="deit", help="augmentation for the loader benchmark (augment.AUGMENTATIONS)")
     b.add_argument("--num-workers", type=int, help="loader processes (default: this process's CPUs less one)")
     b.add_argument("--suite", choices=["fast", "full"],
                    help="instead: chapter 41's whole suite (GPSA layer, resolution, ConViT vs DeiT throughput)")
     b.add_argument("--compile-timeout", type=float, default=120.0,
                    help="with --suite --compile: seconds allowed for torch.compile")
-    b.add_argument("--threads", type=int, help="torch threads (1 gives steadier numbers on a shared CPU)")
+    b.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 is steadier on a shared CPU)")
     b.add_argument("--json", type=Path, help="also write the results to this JSON file")
 
     d = sub.add_parser("data", help="the course's photographs: downloaded or --archive, checked, extracted once")
@@ -476,7 +476,7 @@ for argv in (["train", "--model", "convit_huge"],
 #
 # A model's training and inference images/s and peak memory (chapter 41's `bench_model`: on a CPU, fp32 and bf16
 # side by side; `--compile` adds the compile's seconds), the loader's images/s by stage (chapter 17), the pipeline
-# against the model (chapter 41's `pipeline_bench`). ConViT-Ti, 224 px, batch 16 (FAST: 64 px), 2-core AMD EPYC.
+# against the model (chapter 41's `pipeline_bench`). ConViT-Ti, 224 px, batch 16 (FAST: 64 px), 2-core Intel Xeon.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

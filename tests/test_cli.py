@@ -282,6 +282,18 @@ def test_train_refuses_to_overwrite_a_run_unless_resume_says_what_to_do(tmp_path
     assert (tmp_path / "last.pt").read_bytes() == before
     assert main(["train", *TINY, "--epochs", "2", "--output", str(tmp_path), "--resume", "auto"]) == 0
     assert read_checkpoint(tmp_path / "last.pt")["epoch"] == 2
+    capsys.readouterr()
+    assert main(["train", *TINY, "--epochs", "2", "--output", str(tmp_path), "--resume", "auto"]) == 0
+    assert "the run is complete (2 epochs): nothing to train" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command, shown", [("eval", "batch (default: 256)"), ("bench", "step (default: 10)")])
+def test_help_gives_each_default_once(capsys, command, shown):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "(default: None)" not in text and shown in text
+    assert "loader processes (default: this process's CPUs less one) --" in text  # said once, by its help
 
 
 def test_a_data_root_for_random_images_is_refused_naming_the_dataset_flag(tmp_path, capsys):
