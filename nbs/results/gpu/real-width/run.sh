@@ -7,6 +7,7 @@
 #   bash nbs/results/gpu/real-width/run.sh pack       # the 10 classes into data/tiny-imagenet-100-first10 (to carry)
 #   bash nbs/results/gpu/real-width/run.sh            # the grid into nbs/results/gpu/real-width (IMAGES=... to change)
 #   bash nbs/results/gpu/real-width/run.sh collect D  # its records (no checkpoints, no images) as D/real-width.tar.gz
+#   DEVICE=cpu WORKERS=1 nice -n 19 bash nbs/results/gpu/real-width/run.sh  # on a CPU instead (hours; see README.md)
 # On the lent machine (the device tool: at most 8 files come back, and files a call wrote that are neither tracked
 # nor ignored are gone at the next call, so collect in the same call), carrying .whl and the packed classes:
 #   python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl &&
@@ -33,7 +34,7 @@ if [ "${1:-}" = pack ]; then
 fi
 [ -d "$first10" ] || first10=$source
 python -m convit_edu.cli experiment sample-efficiency --data-root "$first10" --classes 10 --fractions 0.1 1.0 \
-  --seeds 1 --images-per-run "${IMAGES:-250000}" --num-workers "${WORKERS:-15}" --device cuda --progress lines \
+  --seeds 1 --images-per-run "${IMAGES:-250000}" --num-workers "${WORKERS:-15}" --device "${DEVICE:-cuda}" --progress lines \
   --set img_size=64 --set global_batch=256 --set lr=4e-3 --model-arg patch_size=4 --model-arg embed_dim=192 \
   --model-arg num_heads=3 --model-arg depth=12 --convit-arg num_heads=4 --convit-arg local_up_to_layer=10 \
   --output "$out"
