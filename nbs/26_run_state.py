@@ -341,11 +341,11 @@ def resume_checkpoint(cfg: TrainConfig, world: World) -> tuple[dict | None, Path
 
 # %%
 #| export
-_RESUME_MAY_CHANGE = {  # settings a resumed run may change without changing what it computes (the global batch,
+RESUME_MAY_CHANGE = {  # settings a resumed run may change without changing what it computes (the global batch,
     # which batch_size, accum_steps and global_batch set together, is checked on its own)
     "num_workers", "batch_size", "accum_steps", "global_batch", "compile", "device", "output", "resume",
     "ckpt_every", "log_every", "progress", "eval_every"}
-_RESUME_MAY_FIX = (  # settings a resumed run may change to mend or extend it: printed, recorded in invocations.jsonl
+RESUME_MAY_FIX = (  # settings a resumed run may change to mend or extend it: printed, recorded in invocations.jsonl
     "lr", "min_lr", "clip_grad", "precision", "data_root", "epochs")
 
 
@@ -354,12 +354,12 @@ def resume_weights(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, g
     than `cfg` with `model` at `global_batch`, each difference named; return the settings the resume mends,
     {setting: [old, new]}."""
     saved, now = asdict(TrainConfig.from_dict(ckpt["config"])), asdict(cfg)
-    differ = [k for k in now if k not in _RESUME_MAY_CHANGE and saved[k] != now[k]]
-    refused = [f"{k} {saved[k]!r} -> {now[k]!r}" for k in differ if k not in _RESUME_MAY_FIX]
+    differ = [k for k in now if k not in RESUME_MAY_CHANGE and saved[k] != now[k]]
+    refused = [f"{k} {saved[k]!r} -> {now[k]!r}" for k in differ if k not in RESUME_MAY_FIX]
     if refused:
         raise ValueError(f"checkpoint {path} was trained with other settings ({'; '.join(refused)}): resuming would "
                          "not continue the same run; resume with the checkpoint's settings or start a new --output "
-                         f"(a resume may change {', '.join(_RESUME_MAY_FIX)})")
+                         f"(a resume may change {', '.join(RESUME_MAY_FIX)})")
     own, theirs = model.state_dict(), ckpt["model"]
     wrong = sorted(set(own) ^ set(theirs)) + [k for k in own if k in theirs and own[k].shape != theirs[k].shape]
     if wrong:
