@@ -20,7 +20,7 @@ from convit_edu.distributed import World, all_reduce
 from convit_edu.files import atomic_write, load_file
 from convit_edu.loaders import DataLoaders
 
-__all__ = ['TrainState', 'Callback', 'rng_states', 'set_rng_states', 'CHECKPOINT_FORMAT', 'CHECKPOINT_KEYS', 'run_checkpoint', 'loader_states', 'nonfinite_remedy', 'checked_weights', 'save_checkpoint', 'read_checkpoint', 'resume_checkpoint', 'RESUME_MAY_CHANGE', 'RESUME_MAY_FIX', 'resume_weights', 'restore_run']
+__all__ = ['TrainState', 'Callback', 'rng_states', 'set_rng_states', 'CHECKPOINT_FORMAT', 'CHECKPOINT_KEYS', 'run_checkpoint', 'loader_states', 'nonfinite_remedy', 'checked_weights', 'save_checkpoint', 'read_checkpoint', 'resume_checkpoint', 'RESUME_MAY_CHANGE', 'RESUME_MAY_FIX', 'settings_changed', 'resume_weights', 'restore_run']
 
 
 # %% nbs/26_run_state.py 8
@@ -196,13 +196,19 @@ RESUME_MAY_FIX = (  # settings a resumed run may change to mend or extend it: pr
     "lr", "min_lr", "clip_grad", "precision", "data_root", "epochs")
 
 
+def settings_changed(recorded: dict, cfg: TrainConfig) -> dict[str, list]:
+    """{setting: [recorded, now]} for each setting of `cfg` that differs from the `recorded` config (a checkpoint's
+    or a `run.json`'s) and changes what a run computes: all but `RESUME_MAY_CHANGE`."""
+    saved, now = asdict(TrainConfig.from_dict(recorded)), asdict(cfg)
+    return {k: [saved[k], now[k]] for k in now if k not in RESUME_MAY_CHANGE and saved[k] != now[k]}
+
+
 def resume_weights(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, global_batch: int) -> dict[str, list]:
     """Load the weights of the checkpoint `ckpt` (read from `path`) into `model`, after refusing one of another run
     than `cfg` with `model` at `global_batch`, each difference named; return the settings the resume mends,
     {setting: [old, new]}."""
-    saved, now = asdict(TrainConfig.from_dict(ckpt["config"])), asdict(cfg)
-    differ = [k for k in now if k not in RESUME_MAY_CHANGE and saved[k] != now[k]]
-    refused = [f"{k} {saved[k]!r} -> {now[k]!r}" for k in differ if k not in RESUME_MAY_FIX]
+    differ = settings_changed(ckpt["config"], cfg)
+    refused = [f"{k} {old!r} -> {new!r}" for k, (old, new) in differ.items() if k not in RESUME_MAY_FIX]
     if refused:
         raise ValueError(f"checkpoint {path} was trained with other settings ({'; '.join(refused)}): resuming would "
                          "not continue the same run; resume with the checkpoint's settings or start a new --output "
@@ -219,7 +225,7 @@ def resume_weights(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, g
         raise ValueError(f"checkpoint {path} was trained with global batch {ckpt['global_batch']}, this run has "
                          f"{global_batch}: keep batch_size × accum_steps × world size equal to resume")
     model.load_state_dict(theirs)
-    return {k: [saved[k], now[k]] for k in differ}
+    return differ
 
 
 # %% nbs/26_run_state.py 23

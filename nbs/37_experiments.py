@@ -36,7 +36,7 @@ import json
 import math
 import warnings
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ from convit_edu.loaders import build_loader
 from convit_edu.locality import LocalityRecorder, plot_gate_history, plot_nonlocality_history, read_locality
 from convit_edu.models import VisionTransformer
 from convit_edu.optimisation import learning_rate_sum
-from convit_edu.run_state import RESUME_MAY_CHANGE
+from convit_edu.run_state import settings_changed
 from convit_edu.tables import format_table_2, format_table_3, plot_table_2, table_2, table_3
 from convit_edu.training import train
 
@@ -288,19 +288,19 @@ def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]
 
 
 def refuse_other_settings(runs: list[RunSpec], output: Path) -> None:
-    """ValueError naming the first run of ``runs`` whose folder in ``output`` holds a run (``run.json``) trained with
-    other settings than it would train with now, each as ``name: recorded -> now``, but those a resumed run may
-    change (chapter 26's ``RESUME_MAY_CHANGE``; not the global batch they make) and ``data_root`` spelt otherwise."""
+    """ValueError naming each setting (``settings_changed``, the global batch; not ``data_root`` spelt otherwise) that
+    differs between a run of ``runs`` now and the run its folder in ``output`` holds (``run.json``)."""
     for folder, spec in ((output / s.name, s) for s in runs if (output / s.name / "run.json").is_file()):
         info, now = json.loads((folder / "run.json").read_text()), run_config(spec, folder, resume="auto")
-        saved = {**asdict(TrainConfig.from_dict(info["config"])), "global batch": info["global_batch"]}
-        new = {**asdict(now), "global batch": now.images_per_step()}
-        same = {"data_root": Path(saved["data_root"]).resolve() == Path(new["data_root"]).resolve()}
-        changed = [f"{k}: {saved[k]!r} -> {new[k]!r}" for k in new
-                   if k not in RESUME_MAY_CHANGE and saved[k] != new[k] and not same.get(k)]
+        changed = settings_changed(info["config"], now)
+        if Path(info["config"]["data_root"]).resolve() == Path(now.data_root).resolve():
+            changed.pop("data_root", None)
+        if info["global_batch"] != now.images_per_step():
+            changed["global batch"] = [info["global_batch"], now.images_per_step()]
         if changed:
-            raise ValueError(f"{folder} holds a run trained with other settings ({'; '.join(changed)}): this grid "
-                             f"would reuse it; choose another --output or delete {folder}")
+            named = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
+            raise ValueError(f"{folder} holds a run trained with other settings ({named}): this grid would reuse it; "
+                             f"choose another --output or delete {folder}")
 
 
 def run_grid(runs: list[RunSpec], output: str | Path, records: int = 20) -> list[dict]:
