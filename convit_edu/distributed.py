@@ -147,5 +147,5 @@ class StopSignals:
             signal.signal(s, handler)
 
 
-# %% nbs/24_distributed.py 21
+# %% nbs/24_distributed.py 23
 SBATCH_SCRIPT = resources.files("convit_edu") / "slurm" / "convit_small.sbatch"  # a file of the package

@@ -253,6 +253,20 @@ assert signal.getsignal(signal.SIGTERM) is before
 print(f"received {stop.received} as a flag; the previous SIGTERM handler is restored")
 
 # %% [markdown]
+# A first SIGINT is a flag too, and it hands SIGINT back at once: the next Ctrl-C meets the handler that was there
+# before (here Python's, which raises `KeyboardInterrupt`).
+
+# %%
+before = signal.getsignal(signal.SIGINT)
+with StopSignals() as stop:
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(100):
+        if stop.received:
+            break
+    assert stop.received == "SIGINT" and signal.getsignal(signal.SIGINT) is before, signal.getsignal(signal.SIGINT)
+print(f"received {stop.received} as a flag; a second one would meet {before.__name__}")
+
+# %% [markdown]
 # ### A SLURM batch script
 #
 # Five minutes before its time limit SLURM signals the batch script, which stops the job step (every rank saves
