@@ -57,7 +57,7 @@ from convit_edu.loaders import build_loader
 from convit_edu.locality import LocalityRecorder, plot_gate_history, plot_nonlocality_history, read_locality
 from convit_edu.models import VisionTransformer
 from convit_edu.optimisation import learning_rate_sum
-from convit_edu.run_state import settings_changed
+from convit_edu.run_state import read_checkpoint, settings_changed
 from convit_edu.tables import format_table_2, format_table_3, plot_table_2, table_2, table_3
 from convit_edu.training import train
 
@@ -245,11 +245,11 @@ def train_run(spec: RunSpec, output: str | Path, records: int = 20) -> dict | No
 
 
 # %% [markdown]
-# Before a grid starts, the command says how long it will take on this machine: the mean measured time of
-# the finished runs of each model on this kind of device (a GPU's runs say nothing of a CPU's time), otherwise a
-# training step of each model measured on the spot (`throughput.measure_model`) times the run's steps. The
-# measured step leaves out data loading and the per-epoch evaluation, so the second kind of estimate is a lower
-# bound, and says so. Each run then starts by printing its budget (`run_budget`): its images and learning-rate sum.
+# Before a grid starts, the command says how long it will take on this machine: the mean measured time of the finished
+# runs of each model on this kind of device (a GPU's runs say nothing of a CPU's time), otherwise a training step of
+# each model measured on the spot (`throughput.measure_model`) times the run's steps, which leaves out data loading
+# and evaluation: a lower bound, and it says so. A run stopped part-way counts for the epochs its `last.pt` has left.
+# Each run then starts by printing its budget (`run_budget`): its images and learning-rate sum.
 
 # %%
 #| export
@@ -266,23 +266,24 @@ def folder_class_sizes(cfg: TrainConfig) -> list[int]:
 
 
 def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]:
-    """Hours the unfinished ``runs`` should take here, and how that was estimated: the finished runs of each model
-    on this kind of device (their ``run.json`` says where they started), else a training step measured now."""
+    """Hours the unfinished ``runs`` should take here (one stopped part-way: the epochs its ``last.pt`` has left),
+    and how: the finished runs of each model on this device type (their ``run.json`` says), else a step measured now."""
     done = [(json.loads(p.read_text()), json.loads((p.parent / "run.json").read_text())["device"])
             for p in Path(output).glob("*/record.json") if (p.parent / "run.json").is_file()]
     hours, how = 0.0, set()
     for spec in runs:
-        cfg = run_config(spec, output)
+        cfg, last = run_config(spec, output), Path(output) / spec.name / "last.pt"
+        left = 1 - read_checkpoint(last)["epoch"] / cfg.epochs if last.is_file() else 1  # the share still to train
         device, same = resolve_device(cfg.device), spec.name.rsplit("_f", 1)[0] + "_f"  # the same model's runs
         past = [r["hours"] for r, on in done if r["name"].startswith(same) and torch.device(on).type == device.type]
         if past:
-            hours += sum(past) / len(past)
+            hours += left * sum(past) / len(past)
             how.add(f"finished runs on {device.type}")
             continue
         model = VisionTransformer(cfg.model_config(num_classes=cfg.classes or 10, distilled=False))
         speed = measure_model(model, cfg.images_per_step(), cfg.img_size, steps=2, num_classes=cfg.classes or 10,
                               device=device, precision=cfg.precision)["train_images_per_s"]
-        hours += run_budget(cfg, folder_class_sizes(cfg))[0] / speed / 3600
+        hours += left * run_budget(cfg, folder_class_sizes(cfg))[0] / speed / 3600
         how.add("a training step measured now (data loading and evaluation not included: at least this)")
     return hours, " and ".join(sorted(how)) or "nothing left to run"
 
@@ -464,9 +465,8 @@ import shutil
 import numpy as np
 from PIL import Image
 
-tiny_root, tiny_output = Path("runs/37_tiny_folder"), Path("runs/37_tiny_grid")  # nbs/runs/ is not committed
-shutil.rmtree(tiny_root, ignore_errors=True)
-shutil.rmtree(tiny_output, ignore_errors=True)
+tiny_root, tiny_output = Path("runs/37_tiny/folder"), Path("runs/37_tiny/grid")  # nbs/runs/ is not committed
+shutil.rmtree(tiny_root.parent, ignore_errors=True)
 pixels = np.random.default_rng(0)
 for split, count in (("train", 128), ("val", 8)):
     for c in range(3):

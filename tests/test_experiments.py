@@ -305,6 +305,23 @@ def test_expected_hours_uses_finished_runs_of_the_same_model_on_this_kind_of_dev
     assert 0 < hours < 1 and "measured now" in how
 
 
+def test_expected_hours_counts_only_the_epochs_a_part_trained_run_has_left(tmp_path):
+    from convit_edu.run_state import CHECKPOINT_FORMAT, CHECKPOINT_KEYS, save_checkpoint
+
+    runs = sample_efficiency_grid(tiny_scale(jpeg_folder(tmp_path / "data")), [0.5, 1.0])
+    (tmp_path / "out" / "deit_f1_s0").mkdir(parents=True)
+    (tmp_path / "out" / "deit_f1_s0" / "record.json").write_text(json.dumps({"name": "deit_f1_s0", "hours": 2.0}))
+    (tmp_path / "out" / "deit_f1_s0" / "run.json").write_text(json.dumps({"device": "cpu"}))
+    epochs = runs[0].config.epochs
+    assert runs[0].name == "deit_f0.5_s0" and epochs >= 2
+    whole, _ = expected_hours([runs[0]], tmp_path / "out")
+    (tmp_path / "out" / runs[0].name).mkdir()
+    save_checkpoint({**dict.fromkeys(CHECKPOINT_KEYS), "format": CHECKPOINT_FORMAT, "epoch": 1},
+                    tmp_path / "out" / runs[0].name / "last.pt")
+    hours, how = expected_hours([runs[0]], tmp_path / "out")
+    assert whole == 2.0 and hours == pytest.approx(2.0 * (epochs - 1) / epochs) and how == "finished runs on cpu"
+
+
 def test_run_budget_counts_whole_steps_of_the_kept_images_and_their_rates():
     from convit_edu.experiments import run_budget
     from convit_edu.optimisation import learning_rate_sum
