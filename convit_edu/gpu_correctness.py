@@ -290,9 +290,10 @@ def run_check(ctx: CheckContext, phases: dict[str, Callable[[CheckContext], Phas
     `summary.txt` after each (atomically); then print the summary."""
     results = []
     for name, phase in phases.items():
-        if ctx.seconds_left() <= 0:
-            result = PhaseResult("SKIP", f"deadline: the {ctx.budget_s:g} s budget was spent before it began",
-                                 name=name)
+        no_gpu = bool(results) and results[0].name == "env" and results[0].status == "FAIL"
+        if no_gpu or ctx.seconds_left() <= 0:
+            result = PhaseResult("SKIP", "no GPU to check: env failed (--smoke runs the phases on the CPU)" if no_gpu
+                                 else f"deadline: the {ctx.budget_s:g} s budget was spent before it began", name=name)
         else:
             result = run_phase(name, phase, ctx)
         results.append(result)

@@ -332,9 +332,10 @@ def check_gpsa(ctx: CheckContext) -> PhaseResult:
 # %% [markdown]
 # ## Running the phases under a deadline
 #
-# `run_check` runs phases in order under one budget. A phase that would begin after the budget is SKIP (deadline); a
-# phase that raises is FAIL with its error's first line (the traceback goes into `results.json`), and the check goes
-# on. After every phase it writes `results.json` and `summary.txt` again, atomically: a machine taken away mid-run
+# `run_check` runs phases in order under one budget. A phase that would begin after the budget is SKIP (deadline), and
+# so is every phase after a failed `env`: with no GPU in sight there is nothing to check (`--smoke` checks the phases
+# on the CPU). A phase that raises is FAIL with its error's first line (the traceback goes into `results.json`), and
+# the check goes on. After every phase it writes `results.json` and `summary.txt` again, atomically: a machine taken away mid-run
 # leaves the phases that ended.
 
 # %%
@@ -369,9 +370,10 @@ def run_check(ctx: CheckContext, phases: dict[str, Callable[[CheckContext], Phas
     `summary.txt` after each (atomically); then print the summary."""
     results = []
     for name, phase in phases.items():
-        if ctx.seconds_left() <= 0:
-            result = PhaseResult("SKIP", f"deadline: the {ctx.budget_s:g} s budget was spent before it began",
-                                 name=name)
+        no_gpu = bool(results) and results[0].name == "env" and results[0].status == "FAIL"
+        if no_gpu or ctx.seconds_left() <= 0:
+            result = PhaseResult("SKIP", "no GPU to check: env failed (--smoke runs the phases on the CPU)" if no_gpu
+                                 else f"deadline: the {ctx.budget_s:g} s budget was spent before it began", name=name)
         else:
             result = run_phase(name, phase, ctx)
         results.append(result)
@@ -410,8 +412,9 @@ assert step["convit_tiny", "fp32"]["loss_rel"] == 0 and 0 < step["convit_tiny", 
 print("on the CPU, fp32's step is the CPU's own and bf16's differs from it, within 2e-2; the fast GPSA agrees")
 
 # %% [markdown]
-# The deadline at work, and a phase that breaks: a budget spent before a phase begins skips it; a phase that raises
-# fails with its error's first line, and the phases after it still run.
+# The deadline at work, a machine without a GPU, and a phase that breaks: a budget spent before a phase begins skips
+# it; a failed `env` skips the rest (here an environment with its GPU taken out, at the full sizes, which are for a
+# GPU); a phase that raises fails with its error's first line, and the phases after it still run.
 
 # %%
 def broken(ctx: CheckContext) -> PhaseResult:
@@ -421,8 +424,12 @@ def broken(ctx: CheckContext) -> PhaseResult:
 late = CheckContext(CheckSizes.smoke(), work, ctx.environment, budget_s=1e-9)
 with contextlib.redirect_stdout(io.StringIO()):
     skipped = run_check(late, {"env": check_env, "gpsa": check_gpsa}, work / "late")
+    no_gpu = run_check(CheckContext(CheckSizes.full(), work, {**ctx.environment, "gpu": None}, budget_s=480),
+                       {"env": check_env, "gpsa": check_gpsa}, work / "no_gpu")
     failed = run_check(ctx, {"broken": broken, "after": lambda ctx: PhaseResult("PASS", "still checked")},
                        work / "broken")
 print([(r.name, r.status, r.summary) for r in skipped])
 print([(r.name, r.status, r.summary) for r in failed])
+print([(r.name, r.status) for r in no_gpu], no_gpu[1].summary)  # (env's line names this machine's torch)
 assert "Traceback" in failed[0].details["traceback"]
+assert [r.status for r in no_gpu] == ["FAIL", "SKIP"] and "sees no GPU" in no_gpu[0].summary

@@ -15,7 +15,7 @@ from torch._dynamo.utils import counters
 
 from convit_edu import gpu_check
 from convit_edu.gpu_check import PHASES, is_sync_warning, main
-from convit_edu.gpu_correctness import CheckContext, CheckSizes, PhaseResult
+from convit_edu.gpu_correctness import CheckContext, CheckSizes, PhaseResult, collect_environment
 
 try:
     import tomllib
@@ -171,3 +171,15 @@ def test_only_a_synchronising_call_counts_as_a_sync_not_the_modes_notice():
 def test_the_check_is_a_console_script_of_the_package():
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     assert pyproject["project"]["scripts"]["convit-edu-check-gpu"] == "convit_edu.gpu_check:main"
+
+
+def test_without_a_gpu_the_full_check_fails_env_and_skips_every_other_phase(monkeypatch, tmp_path):
+    """On a machine whose torch sees no GPU, `convit-edu-check-gpu` (not --smoke) says so once and runs nothing else."""
+    ran = []
+    monkeypatch.setattr(gpu_check, "collect_environment", lambda: {**collect_environment(), "gpu": None})
+    monkeypatch.setattr(gpu_check, "PHASES", {"env": PHASES["env"], "gpsa": lambda ctx: ran.append(ctx) or None})
+    status, printed, _ = check(["--output", str(tmp_path / "out")])
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert status == 1 and ran == [] and [(p["name"], p["status"]) for p in results["phases"]] == [
+        ("env", "FAIL"), ("gpsa", "SKIP")]
+    assert "sees no GPU" in results["phases"][0]["summary"] and "--smoke" in results["phases"][1]["summary"]
