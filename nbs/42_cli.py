@@ -137,6 +137,9 @@ def run_train(args: argparse.Namespace) -> int:
         if cfg.resume is None and (Path(cfg.output) / "last.pt").exists():
             raise FileExistsError(f"{cfg.output} already holds a run (its last.pt): --resume auto continues it; "
                                   "another --output starts a new one")
+        if main_process and cfg.warmup_epochs >= cfg.epochs:  # a short run at the default warm-up of 5 epochs
+            print(f"note: warmup_epochs {cfg.warmup_epochs:g} >= epochs {cfg.epochs}: the learning rate rises the "
+                  "whole run and never reaches its peak (--warmup-epochs shortens the warm-up)", flush=True)
         train(cfg)
     elif main_process:
         print(json.dumps(asdict(cfg), indent=2))
@@ -162,8 +165,7 @@ def run_eval(args: argparse.Namespace) -> int:
     with mask_at_test_time(model.to(device), mask_pos_embed=args.mask_pos_embed, gate=args.gate,
                            num_layers=args.gate_layers):
         metrics = evaluate(model, val_set, batch_size=args.batch_size, device=device,
-                           precision=resolve_precision(args.precision, device),
-                           num_workers=_workers(args))
+                           precision=resolve_precision(args.precision, device), num_workers=_workers(args))
     print(json.dumps({"checkpoint": str(args.checkpoint), "weights": "ema" if args.ema else "model",
                       "data": cfg.data, "images": len(val_set), "mask_pos_embed": args.mask_pos_embed,
                       "gate": args.gate, "gate_layers": args.gate_layers, **metrics}))
@@ -233,10 +235,8 @@ def run_experiment(args: argparse.Namespace) -> int:
                                      args.dev_per_class, args.first_class)
     convit_args = dict(parse_key_value(item, "--convit-arg") for item in args.convit_arg)
     scale = sample_efficiency_scale(data_root, args.classes, args.images_per_run, convit_args=convit_args, **common)
-    if args.grid == "sample-efficiency":
-        runs = sample_efficiency_grid(scale, args.fractions, args.seeds)
-    else:
-        runs = ablation_grid(scale, args.fraction, args.names, args.seeds)
+    runs = (sample_efficiency_grid(scale, args.fractions, args.seeds) if args.grid == "sample-efficiency" else
+            ablation_grid(scale, args.fraction, args.names, args.seeds))
     run_grid(runs, args.output)
     print((args.output / "table.txt").read_text() if (args.output / "table.txt").is_file() else "no run finished")
     return 0
@@ -423,7 +423,6 @@ for name, values in RECIPES.items():
 # back the validation numbers logged) and `eval` with every GPSA layer's positional attention off (`--gate 0`, Table 6).
 
 # %%
-RUNS = Path("runs")
 TINY = ["--model", "convit_tiny", "--img-size", "16", "--patch-size", "4", "--embed-dim", "48", "--depth", "2",
         "--local-up-to-layer", "1", "--data", "fake", "--data-arg", "num_train=256", "--data-arg", "num_val=64",
         "--data-arg", "image_size=16", "--batch-size", "32", "--warmup-epochs", "0", "--lr", "2e-3",
