@@ -34,7 +34,7 @@ __all__ = ['run_train', 'run_eval', 'run_bench', 'run_experiment', 'run_data', '
 
 
 # %% nbs/42_cli.py 8
-def _train_parser(sub) -> argparse.ArgumentParser:
+def _train_parser(sub) -> None:
     p = sub.add_parser(
         "train", help="train a model", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a ConViT or DeiT (one process, or one per GPU under torchrun). Precedence: "
@@ -44,7 +44,6 @@ def _train_parser(sub) -> argparse.ArgumentParser:
                "--data-root /data/imagenet --output runs/convit_small --resume auto")
     p.add_argument("--print-config", action="store_true", help="print the complete config as JSON and exit")
     add_config_flags(p)
-    return p
 
 
 # %% nbs/42_cli.py 10
@@ -274,7 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The `convit-edu` console script; returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would print the top level's usage: name the command whose flags they are not
+        parser.exit(2, f"convit-edu {args.command}: error: unrecognized arguments: {' '.join(unknown)} (convit-edu "
+                       f"{args.command} --help lists its flags)\n")
     command = {"train": run_train, "eval": run_eval, "bench": run_bench, "experiment": run_experiment,
                "data": run_data}[args.command]
     try:

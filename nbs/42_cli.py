@@ -99,7 +99,7 @@ from convit_edu.zoo import mask_at_test_time
 
 # %%
 #| exporti
-def _train_parser(sub) -> argparse.ArgumentParser:
+def _train_parser(sub) -> None:
     p = sub.add_parser(
         "train", help="train a model", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a ConViT or DeiT (one process, or one per GPU under torchrun). Precedence: "
@@ -109,17 +109,16 @@ def _train_parser(sub) -> argparse.ArgumentParser:
                "--data-root /data/imagenet --output runs/convit_small --resume auto")
     p.add_argument("--print-config", action="store_true", help="print the complete config as JSON and exit")
     add_config_flags(p)
-    return p
 
 
 # %% [markdown]
 # ## The five commands
 #
-# `main(argv)` returns 0 when the work is done — including a run that a SIGTERM or SIGINT stopped *with a
-# checkpoint written* (resume it with `--resume auto`) — and 1 with a one-line message, no traceback, for a bad
-# input or a non-finite loss. Any other failure is one line too, with its type and a pointer to `--debug`
-# (before or after the command), which shows the traceback; Ctrl-C (twice in a run) is 130 and one line. Under
-# `torchrun` only rank 0 prints. `train` refuses an `--output` holding a run unless `--resume` is given.
+# `main(argv)` returns 0 when the work is done — including a run that a SIGTERM or SIGINT stopped *with a checkpoint
+# written* (resume it with `--resume auto`) — and 1 with a one-line message, no traceback, for a bad input or a
+# non-finite loss. Any other failure is one line too, with its type and a pointer to `--debug` (before or after the
+# command), which shows the traceback; Ctrl-C (twice in a run) is 130 and one line; an unknown flag is 2, named with its
+# command. Under `torchrun` only rank 0 prints. `train` refuses an `--output` holding a run unless `--resume` is given.
 
 # %%
 #| export
@@ -351,7 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The `convit-edu` console script; returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would print the top level's usage: name the command whose flags they are not
+        parser.exit(2, f"convit-edu {args.command}: error: unrecognized arguments: {' '.join(unknown)} (convit-edu "
+                       f"{args.command} --help lists its flags)\n")
     command = {"train": run_train, "eval": run_eval, "bench": run_bench, "experiment": run_experiment,
                "data": run_data}[args.command]
     try:
@@ -494,6 +496,5 @@ print(text)
 # %%
 # NBVAL_IGNORE_OUTPUT
 status, text, err = captured(["bench", "--suite", "fast", "--threads", "1"])
-assert status == 0, err
-assert "gpsa_layer:" in text and "throughput:" in text
+assert status == 0 and "gpsa_layer:" in text and "throughput:" in text, err
 print(text)

@@ -425,3 +425,13 @@ def test_every_torchrun_option_of_the_sbatch_script_and_the_readme_is_one_torch_
     assert len(commands) == 3 and all(options[-1] == "-m" for options in commands), commands
     assert {option for options in commands for option in options} <= TORCHRUN_2_4_OPTIONS
     assert "\nexport TORCH_ELASTIC_SHUTDOWN_TIMEOUT=240\n" in script  # the grace period, as a variable
+
+
+@pytest.mark.parametrize("argv", [["train", "--epochs", "1", "--no-such-flag"], ["eval", "x.pt", "stray"]])
+def test_an_unknown_flag_is_named_with_its_command_not_under_the_top_level_usage(capsys, argv):
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and "usage: convit-edu [-h]" not in err
+    assert err.strip() == (f"convit-edu {argv[0]}: error: unrecognized arguments: {argv[-1]} (convit-edu {argv[0]} "
+                           "--help lists its flags)")
