@@ -335,8 +335,8 @@ def check_gpsa(ctx: CheckContext) -> PhaseResult:
 # `run_check` runs phases in order under one budget. A phase that would begin after the budget is SKIP (deadline), and
 # so is every phase after a failed `env`: with no GPU in sight there is nothing to check (`--smoke` checks the phases
 # on the CPU). A phase that raises is FAIL with its error's first line (the traceback goes into `results.json`), and
-# the check goes on. After every phase it writes `results.json` and `summary.txt` again, atomically: a machine taken away mid-run
-# leaves the phases that ended.
+# the check goes on. After every phase it writes `results.json` and `summary.txt` again, atomically: a machine taken
+# away mid-run leaves the phases that ended.
 
 # %%
 #| export
