@@ -309,6 +309,9 @@ class Trainer:
             if s.pending is not None:  # resumed from a checkpoint written before its epoch was evaluated
                 self.checkpoint()  # this run's own last.pt, which evaluate_epoch may keep as best.pt
                 self.evaluate_epoch()
+            if self.progress.mode == "lines" and s.epoch < cfg.epochs:  # when a log reader may expect lines
+                print(f"epochs {s.epoch + 1}-{cfg.epochs} of {self.data.steps_per_epoch} steps: a line every "
+                      f"{cfg.log_every} steps and after each evaluated epoch", flush=True)
             for _ in self.progress.epochs_of(range(s.epoch, cfg.epochs)):  # each epoch_end moves s.epoch on
                 stopped, images, seconds = self.train_epoch()
                 if stopped and s.step < self.data.steps_per_epoch:

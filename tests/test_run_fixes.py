@@ -89,8 +89,11 @@ def test_every_epoch_row_records_how_long_the_steps_waited_for_data(tmp_path, ca
     assert math.isclose(row["data_wait_share"], row["data_wait_s"] / row["epoch_time_s"])
     header = (tmp_path / "log.csv").read_text().splitlines()[0].split(",")
     assert {"data_wait_s", "data_wait_share"} <= set(header)
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch 1/1 step")]
+    out = capsys.readouterr().out.splitlines()
+    lines = [line for line in out if line.startswith("epoch 1/1 step")]
     assert len(lines) == 3 and all("data wait" in line for line in lines), lines
+    assert "epochs 1-1 of 6 steps: a line every 2 steps and after each evaluated epoch" in out  # said first
+    assert out.index("epochs 1-1 of 6 steps: a line every 2 steps and after each evaluated epoch") < out.index(lines[0])
 
 
 def test_a_failed_checkpoint_write_is_raised_with_its_own_error(tmp_path, monkeypatch):
