@@ -378,7 +378,8 @@ def number(name: str, value: object, low: float = -math.inf, high: float = math.
         hint = " (write the number without quotes)" if isinstance(value, str) else ""
         raise TypeError(f"{name} must be a number, got {value!r}{hint}")
     value = float(value)
-    interval = f"{'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+    interval = (f"{'(' if open_low or low == -math.inf else '['}{low:g}, "  # an infinite end is never in it
+                f"{high:g}{')' if open_high or high == math.inf else ']'}")
     inside = (low < value if open_low else low <= value) and (value < high if open_high else value <= high)
     if not (math.isfinite(value) and inside):
         raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")

@@ -37,7 +37,7 @@ def files(tmp: Path) -> dict[str, Path]:
 API = [
     (lambda t: TrainConfig(lr="1e-3"), TypeError, "lr must be a number, got '1e-3'"),
     (lambda t: TrainConfig(lr=float("inf")), ValueError, "lr must be a finite number"),
-    (lambda t: TrainConfig(lr=-1.0), ValueError, "lr must be a finite number in \\(0, inf\\], got -1.0"),
+    (lambda t: TrainConfig(lr=-1.0), ValueError, "lr must be a finite number in \\(0, inf\\), got -1.0"),
     (lambda t: TrainConfig(epochs=2.5), TypeError, "epochs must be an integer, got 2.5"),
     (lambda t: TrainConfig(epochs=0), ValueError, "epochs must be at least 1, got 0"),
     (lambda t: TrainConfig(seed=-1), ValueError, "seed must be at least 0, got -1"),
@@ -56,7 +56,7 @@ API = [
     (lambda t: TrainConfig(model_args={"locality_strength": -1.0}), ValueError,
      "locality_strength \\(α\\) must be > 0, got -1.0"),
     (lambda t: TrainConfig(ema_decay=1.0), ValueError, "ema_decay must be a finite number in \\(0, 1\\)"),
-    (lambda t: TrainConfig(clip_grad=0.0), ValueError, "clip_grad must be a finite number in \\(0, inf\\]"),
+    (lambda t: TrainConfig(clip_grad=0.0), ValueError, "clip_grad must be a finite number in \\(0, inf\\)"),
     (lambda t: TrainConfig(drop_path_rate=1.0), ValueError, "drop_path_rate must be a finite number in \\[0, 1\\)"),
     (lambda t: TrainConfig(teacher_checkpoint="t.pt"), ValueError, "given without distill_teacher"),
     (lambda t: TrainConfig.from_dict({"learning_rate": 1e-3}), ValueError,

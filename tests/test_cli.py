@@ -232,7 +232,7 @@ def test_data_with_the_wrong_md5_or_timeout_is_one_line_naming_the_values(tmp_pa
     with pytest.raises(ValueError, match=wrong):
         main([*argv, "--md5", wrong, "--debug"])
     assert main([*argv, "--timeout", "0"]) == 1
-    assert "--timeout must be a finite number in (0, inf], got 0.0" in capsys.readouterr().err
+    assert "--timeout must be a finite number in (0, inf), got 0.0" in capsys.readouterr().err
 
 
 def test_cifar100_that_cannot_be_downloaded_is_one_line_naming_the_url(tmp_path, capsys, monkeypatch, refused_port):
