@@ -152,14 +152,15 @@ def run_experiment(args: argparse.Namespace) -> int:
     for flag, words, key in (("--model-arg", args.model_arg, "model_args"), ("--aug-arg", args.aug_arg, "aug_args")):
         if words:
             common[key] = dict(parse_key_value(item, flag) for item in words)
-    data_root = args.data_root
-    if args.test_per_class or args.first_class:  # a first class needs the split (test_per_class 0 is refused there)
-        data_root = fixed_test_split(args.data_root, args.output / "data", args.classes, args.test_per_class,
-                                     args.dev_per_class, args.first_class)
     convit_args = dict(parse_key_value(item, "--convit-arg") for item in args.convit_arg)
-    scale = sample_efficiency_scale(data_root, args.classes, args.images_per_run, convit_args=convit_args, **common)
-    runs = (sample_efficiency_grid(scale, args.fractions, args.seeds) if args.grid == "sample-efficiency" else
-            ablation_grid(scale, args.fraction, args.names, args.seeds))
+    def grid(data_root: Path) -> list:  # building the runs' configs checks every setting
+        scale = sample_efficiency_scale(data_root, args.classes, args.images_per_run, convit_args=convit_args, **common)
+        return (sample_efficiency_grid(scale, args.fractions, args.seeds) if args.grid == "sample-efficiency" else
+                ablation_grid(scale, args.fraction, args.names, args.seeds))
+    runs = grid(args.data_root)  # on the source: a mistyped setting leaves no split behind in OUTPUT
+    if args.test_per_class or args.first_class:  # a first class needs the split (test_per_class 0 is refused there)
+        runs = grid(fixed_test_split(args.data_root, args.output / "data", args.classes, args.test_per_class,
+                                     args.dev_per_class, args.first_class))
     run_grid(runs, args.output)
     print((args.output / "table.txt").read_text() if (args.output / "table.txt").is_file() else "no run finished")
     return 0

@@ -16,7 +16,8 @@
 # %% [markdown]
 # # The command line: `convit-edu train / eval / bench / experiment / data`
 #
-# Chapters 12-28 wrote one training loop, `train(TrainConfig)`. This chapter puts a command in front of it:
+# Chapters 12-28 wrote one training loop, `train(TrainConfig)`. This chapter puts a command in front of it (chapter
+# 43 launches it on one GPU, a node, many nodes and SLURM):
 #
 # * `convit-edu train` — every field of `TrainConfig`, `ModelConfig` and `AugConfig` is a flag of the same
 #   name; **presets** fill in the paper's recipes and print what they expand to;
@@ -24,8 +25,6 @@
 # * `convit-edu bench` — training and inference images/s and peak memory of a model here, and the loader's;
 # * `convit-edu experiment` — chapter 37's grids (Tables 2 and 3 at CPU scale), built from its functions;
 # * `convit-edu data tiny-imagenet` — the course's photographs (chapter 14): downloaded, checked, extracted once.
-#
-# Chapter 43 launches the same command on one GPU, a node, many nodes and SLURM.
 
 # %% tags=["parameters"]
 import os
@@ -228,14 +227,15 @@ def run_experiment(args: argparse.Namespace) -> int:
     for flag, words, key in (("--model-arg", args.model_arg, "model_args"), ("--aug-arg", args.aug_arg, "aug_args")):
         if words:
             common[key] = dict(parse_key_value(item, flag) for item in words)
-    data_root = args.data_root
-    if args.test_per_class or args.first_class:  # a first class needs the split (test_per_class 0 is refused there)
-        data_root = fixed_test_split(args.data_root, args.output / "data", args.classes, args.test_per_class,
-                                     args.dev_per_class, args.first_class)
     convit_args = dict(parse_key_value(item, "--convit-arg") for item in args.convit_arg)
-    scale = sample_efficiency_scale(data_root, args.classes, args.images_per_run, convit_args=convit_args, **common)
-    runs = (sample_efficiency_grid(scale, args.fractions, args.seeds) if args.grid == "sample-efficiency" else
-            ablation_grid(scale, args.fraction, args.names, args.seeds))
+    def grid(data_root: Path) -> list:  # building the runs' configs checks every setting
+        scale = sample_efficiency_scale(data_root, args.classes, args.images_per_run, convit_args=convit_args, **common)
+        return (sample_efficiency_grid(scale, args.fractions, args.seeds) if args.grid == "sample-efficiency" else
+                ablation_grid(scale, args.fraction, args.names, args.seeds))
+    runs = grid(args.data_root)  # on the source: a mistyped setting leaves no split behind in OUTPUT
+    if args.test_per_class or args.first_class:  # a first class needs the split (test_per_class 0 is refused there)
+        runs = grid(fixed_test_split(args.data_root, args.output / "data", args.classes, args.test_per_class,
+                                     args.dev_per_class, args.first_class))
     run_grid(runs, args.output)
     print((args.output / "table.txt").read_text() if (args.output / "table.txt").is_file() else "no run finished")
     return 0

@@ -361,3 +361,15 @@ def test_the_experiment_command_runs_a_grid_and_prints_its_table(tmp_path, capsy
     code = main(["experiment", "sample-efficiency", "--data-root", str(tmp_path / "nowhere"), "--output",
                  str(tmp_path / "o")])
     assert code == 1 and "no folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("setting", [["--set", "lr=-1"], ["--model-arg", "depthh=3"]])
+def test_a_mistyped_setting_is_refused_before_the_split_is_made(tmp_path, capsys, setting):
+    from convit_edu.cli import main
+
+    root = jpeg_folder(tmp_path / "data", train=12)
+    argv = ["experiment", "sample-efficiency", "--data-root", str(root), "--classes", "3", "--test-per-class", "4",
+            "--dev-per-class", "2", "--output", str(tmp_path / "grid"), *setting]
+    assert main(argv) == 1
+    assert ("lr must be" if "lr=-1" in setting else "depthh") in capsys.readouterr().err
+    assert not (tmp_path / "grid").exists()  # no split in OUTPUT/data to refuse the corrected command
