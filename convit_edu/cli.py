@@ -18,7 +18,7 @@ from convit_edu.benchmarks import benchmark_loader
 from convit_edu.checkpoints import read_state_dict
 from convit_edu.checks import number, positive_int
 from convit_edu.config import TrainConfig, recipe
-from convit_edu.config_words import DefaultsHelp, add_config_flags, config_from_args, parse_key_value
+from convit_edu.config_words import DefaultsHelp, add_config_flags, as_flags, config_from_args, parse_key_value
 from convit_edu.datasets import ARCHIVE_VARIABLE, TINY_IMAGENET_URL, build_datasets, tiny_imagenet
 from convit_edu.devices import PRECISIONS, resolve_device, resolve_precision
 from convit_edu.evaluation import evaluate
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         if isinstance(e, (ValueError, TypeError, OSError, FloatingPointError)):  # ours: they name value and fix
-            message = str(e)
+            message = as_flags(str(e)) if args.command == "train" else str(e)  # train's settings are its flags
         else:  # a failure we did not foresee: its first line, and how to see more
             message = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]} (--debug shows the traceback)"
         print(f"convit-edu {args.command}: error: {message}", file=sys.stderr)

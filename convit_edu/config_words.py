@@ -6,6 +6,7 @@ into, and the words that give back a config."""
 
 import argparse
 import ast
+import re
 import typing
 import warnings
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from convit_edu.augment import AugConfig
 from convit_edu.config import DICT_FIELDS, RECIPES, RUN_OWNED, TrainConfig, resolve_config
 from convit_edu.models import ModelConfig
 
-__all__ = ['parse_key_value', 'add_config_flags', 'DefaultsHelp', 'config_from_args', 'config_from_words', 'config_to_words']
+__all__ = ['parse_key_value', 'add_config_flags', 'DefaultsHelp', 'config_from_args', 'config_from_words', 'config_to_words', 'as_flags']
 
 
 # %% nbs/22_config_words.py 6
@@ -179,3 +180,25 @@ def config_to_words(cfg: TrainConfig, preset: str | None = None) -> list[str]:
         elif value != given:
             words += _field_words(f, value)
     return words
+
+
+# %% nbs/22_config_words.py 8
+def _setting_names() -> list[str]:
+    """The names `train`'s flags set: TrainConfig's fields, then its dict fields' (those the run does not own)."""
+    names = {f.name for f in fields(TrainConfig) if f.name not in DICT_FIELDS}
+    names |= {g.name for cls, _, _ in _OVERRIDES.values() for g in fields(cls) if g.name not in RUN_OWNED}
+    return sorted(names, key=len, reverse=True)  # the longest first: `min_lr` is not `lr`
+
+
+def as_flags(message: str) -> str:
+    """`message` with each setting it names written as the flag that sets it (`global_batch 100` -> `--global-batch
+    100`): a name with an underscore always, a one-word name before its value or "must", or in a list of names."""
+    name = "(?:" + "|".join(map(re.escape, _setting_names())) + ")"
+    before, after = r"(?<![\w./'-])", r"(?![\w-])"  # a whole word, not in a path, a quote or a flag
+    message = re.sub(rf"{before}{name}(?:, {name})+{after}",  # a list of names: all of them flags
+                     lambda m: ", ".join(map(_flag, m[0].split(", "))), message)
+
+    def one(m: re.Match) -> str:
+        standing = "_" in m[0] or re.match(r" (?:must\b|-?\d|['(\[]|None\b|True\b|False\b)", m.string[m.end():])
+        return _flag(m[0]) if standing else m[0]
+    return re.sub(f"{before}{name}{after}", one, message)

@@ -74,6 +74,7 @@ def resolve_config(preset: str | None, values: dict[str, Any]) -> tuple[TrainCon
 #| export
 import argparse
 import ast
+import re
 import typing
 import warnings
 from collections.abc import Sequence
@@ -244,6 +245,46 @@ def config_to_words(cfg: TrainConfig, preset: str | None = None) -> list[str]:
             words += _field_words(f, value)
     return words
 
+
+# %% [markdown]
+# A setting's name is its field's in Python (`global_batch`) and its flag's on the command line (`--global-batch`).
+# The config's errors name fields; `as_flags` rewrites a message in flags for the `train` command (chapter 42):
+# every name with an underscore, and a one-word name (`lr`, `epochs`) where it stands as a setting — before its
+# value, before "must", or in a list of settings — so that "the 100 classes" stays prose.
+
+# %%
+#| export
+def _setting_names() -> list[str]:
+    """The names `train`'s flags set: TrainConfig's fields, then its dict fields' (those the run does not own)."""
+    names = {f.name for f in fields(TrainConfig) if f.name not in DICT_FIELDS}
+    names |= {g.name for cls, _, _ in _OVERRIDES.values() for g in fields(cls) if g.name not in RUN_OWNED}
+    return sorted(names, key=len, reverse=True)  # the longest first: `min_lr` is not `lr`
+
+
+def as_flags(message: str) -> str:
+    """`message` with each setting it names written as the flag that sets it (`global_batch 100` -> `--global-batch
+    100`): a name with an underscore always, a one-word name before its value or "must", or in a list of names."""
+    name = "(?:" + "|".join(map(re.escape, _setting_names())) + ")"
+    before, after = r"(?<![\w./'-])", r"(?![\w-])"  # a whole word, not in a path, a quote or a flag
+    message = re.sub(rf"{before}{name}(?:, {name})+{after}",  # a list of names: all of them flags
+                     lambda m: ", ".join(map(_flag, m[0].split(", "))), message)
+
+    def one(m: re.Match) -> str:
+        standing = "_" in m[0] or re.match(r" (?:must\b|-?\d|['(\[]|None\b|True\b|False\b)", m.string[m.end():])
+        return _flag(m[0]) if standing else m[0]
+    return re.sub(f"{before}{name}{after}", one, message)
+
+
+# %%
+for field_words, flag_words in [
+        ("global_batch 100 is not divisible by accum_steps 3",
+         "--global-batch 100 is not divisible by --accum-steps 3"),
+        ("lr must be a finite number in (0, inf), got -1.0", "--lr must be a finite number in (0, inf), got -1.0"),
+        ("a resume may change lr, min_lr, epochs", "a resume may change --lr, --min-lr, --epochs"),
+        ("data_root 'x' is set but data is 'fake'", "--data-root 'x' is set but data is 'fake'"),
+        ("classes 200: the dataset has 100 classes", "--classes 200: the dataset has 100 classes")]:
+    print(f"{field_words:<55} -> {as_flags(field_words)}")
+    assert as_flags(field_words) == flag_words
 
 # %% [markdown]
 # A run of chapter 35's grid (recipe, data folder, four changes) as words and back, with the preset or without (then a

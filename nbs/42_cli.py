@@ -74,7 +74,7 @@ from convit_edu.benchmarks import benchmark_loader
 from convit_edu.checkpoints import read_state_dict
 from convit_edu.checks import number, positive_int
 from convit_edu.config import TrainConfig, recipe
-from convit_edu.config_words import DefaultsHelp, add_config_flags, config_from_args, parse_key_value
+from convit_edu.config_words import DefaultsHelp, add_config_flags, as_flags, config_from_args, parse_key_value
 from convit_edu.datasets import ARCHIVE_VARIABLE, TINY_IMAGENET_URL, build_datasets, tiny_imagenet
 from convit_edu.devices import PRECISIONS, resolve_device, resolve_precision
 from convit_edu.evaluation import evaluate
@@ -114,10 +114,10 @@ def _train_parser(sub) -> None:
 # ## The five commands
 #
 # `main(argv)` returns 0 when the work is done — including a run that a SIGTERM or SIGINT stopped *with a checkpoint
-# written* (resume it with `--resume auto`) — and 1 with a one-line message, no traceback, for a bad input or a
-# non-finite loss. Any other failure is one line too, with its type and a pointer to `--debug` (before or after the
-# command), which shows the traceback; Ctrl-C (twice in a run) is 130 and one line; an unknown flag is 2, named with its
-# command. Under `torchrun` only rank 0 prints. `train` refuses an `--output` holding a run unless `--resume` is given.
+# written* (resume it with `--resume auto`) — and 1 with a one-line message, no traceback, for a bad input (`train`'s
+# names settings as flags: `as_flags`, chapter 22) or a non-finite loss. Any other failure is one line too, with its
+# type and a pointer to `--debug` (anywhere on the line); Ctrl-C (twice in a run) is 130; an unknown flag is 2, named
+# with its command. Under `torchrun` only rank 0 prints. `train` refuses an `--output` holding a run without `--resume`.
 
 # %%
 #| export
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         if isinstance(e, (ValueError, TypeError, OSError, FloatingPointError)):  # ours: they name value and fix
-            message = str(e)
+            message = as_flags(str(e)) if args.command == "train" else str(e)  # train's settings are its flags
         else:  # a failure we did not foresee: its first line, and how to see more
             message = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]} (--debug shows the traceback)"
         print(f"convit-edu {args.command}: error: {message}", file=sys.stderr)

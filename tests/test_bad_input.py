@@ -134,7 +134,7 @@ CLI = [
     (["train", *RUN, "--aug", "imagenet"], "augmentation 'imagenet' is now called 'deit'"),
     (["train", *RUN, "--print-config", "--lr", "-1", "--epochs", "0"], "epochs must be at least 1, got 0"),
     (["train", *RUN, "--data-arg", "num_train"], "--data-arg 'num_train' is not KEY=VALUE"),
-    (["train", *RUN, "--teacher-checkpoint", "t.pt"], "given without distill_teacher"),
+    (["train", *RUN, "--teacher-checkpoint", "t.pt"], "--teacher-checkpoint t.pt given without --distill-teacher"),
     (["bench", "--threads", "0"], "--threads must be at least 1, got 0"),
     (["bench", "--batch-size", "0"], "--batch-size must be at least 1, got 0"),
     (["eval", "missing.pt"], "no checkpoint file at missing.pt"),

@@ -101,7 +101,7 @@ def test_a_command_printed_by_a_grid_trains_that_run_by_hand(capsys):
 def test_unknown_model_or_preset_is_refused_listing_the_valid_ones(tmp_path, capsys):
     assert main(["train", "--model", "convit_huge", "--output", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert "unknown model 'convit_huge'" in err and all(name in err for name in list_models())
+    assert "unknown --model 'convit_huge'" in err and all(name in err for name in list_models())
     with pytest.raises(SystemExit) as e:
         main(["train", "--preset", "jft"])
     assert e.value.code == 2
@@ -247,11 +247,12 @@ def test_cifar100_that_cannot_be_downloaded_is_one_line_naming_the_url(tmp_path,
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--global-batch", "100", "--accum-steps", "3"], "global_batch 100 is not divisible by accum_steps 3"),
+    (["--global-batch", "100", "--accum-steps", "3"], "--global-batch 100 is not divisible by --accum-steps 3"),
+    (["--lr", "-1"], "convit-edu train: error: --lr must be a finite number in (0, inf), got -1.0"),  # the flag
     (["--batch-size", "128"], "fewer than one optimiser step of batch 128"),
     (["--data-arg", "num_train"], "--data-arg 'num_train' is not KEY=VALUE"),
-    (["--precision", "fp8"], "unknown precision 'fp8': choose one of"),
-], ids=["global-batch", "batch-too-large", "data-arg", "precision"])
+    (["--precision", "fp8"], "unknown --precision 'fp8': choose one of"),
+], ids=["global-batch", "lr", "batch-too-large", "data-arg", "precision"])
 def test_bad_input_gives_a_one_line_error_naming_the_value(tmp_path, capsys, args, message):
     assert main(["train", *TINY, "--output", str(tmp_path), *args]) == 1
     err = capsys.readouterr().err
@@ -307,7 +308,7 @@ def test_help_gives_each_default_once(capsys, command, shown):
 def test_a_data_root_for_random_images_is_refused_naming_the_dataset_flag(tmp_path, capsys):
     assert main(["train", "--data-root", str(tmp_path), "--output", str(tmp_path / "run")]) == 1
     err = capsys.readouterr().err
-    assert f"data_root {str(tmp_path)!r} is set but data is 'fake'" in err and "--data imagefolder" in err
+    assert f"--data-root {str(tmp_path)!r} is set but data is 'fake'" in err and "--data imagefolder" in err
 
 
 def test_a_preset_marks_the_values_explicit_flags_replace(capsys):

@@ -8,7 +8,7 @@ import pytest
 
 from convit_edu import config as config_module
 from convit_edu.config import RECIPES, TrainConfig, recipe, resolve_config
-from convit_edu.config_words import config_from_words, config_to_words
+from convit_edu.config_words import as_flags, config_from_words, config_to_words
 
 CONFIGS = {  # name: (preset, values on top of it)
     "defaults": (None, {}),
@@ -79,6 +79,21 @@ def test_bad_words_are_a_value_error_naming_them():
         config_from_words(["--preset", "jft"])
     with pytest.raises(ValueError, match="--data-arg 'num_train' is not KEY=VALUE"):
         config_from_words(["--data-arg", "num_train"])
+
+
+@pytest.mark.parametrize("message, expected", [
+    ("global_batch 100 is not divisible by accum_steps 3", "--global-batch 100 is not divisible by --accum-steps 3"),
+    ("lr must be a finite number", "--lr must be a finite number"),
+    ("repeats 3 needs loader 'torchvision'", "--repeats 3 needs --loader 'torchvision'"),
+    ("(a resume may change lr, min_lr, precision)", "(a resume may change --lr, --min-lr, --precision)"),
+    ("embed_dim 190 (e.g. embed_dim=192)", "--embed-dim 190 (e.g. --embed-dim=192)"),  # a model flag
+    ("data_root 'x' is set but data is 'fake'", "--data-root 'x' is set but data is 'fake'"),  # prose stays
+    ("classes 200 of the 100 classes at epoch 1", "--classes 200 of the 100 classes at epoch 1"),
+    ("num_classes 10, head_dim 48", "num_classes 10, head_dim 48"),  # the run owns one; the other is no setting
+    ("/data/global_batch and 'min_lr' and --lr", "/data/global_batch and 'min_lr' and --lr"),  # path, quote, flag
+])
+def test_as_flags_writes_the_settings_a_message_names_as_their_flags(message, expected):
+    assert as_flags(message) == expected
 
 
 def test_the_dali_loader_drops_a_presets_repeats_with_a_warning(monkeypatch):

@@ -371,5 +371,5 @@ def test_a_mistyped_setting_is_refused_before_the_split_is_made(tmp_path, capsys
     argv = ["experiment", "sample-efficiency", "--data-root", str(root), "--classes", "3", "--test-per-class", "4",
             "--dev-per-class", "2", "--output", str(tmp_path / "grid"), *setting]
     assert main(argv) == 1
-    assert ("lr must be" if "lr=-1" in setting else "depthh") in capsys.readouterr().err
+    assert ("error: lr must be" if "lr=-1" in setting else "depthh") in capsys.readouterr().err  # --set's words
     assert not (tmp_path / "grid").exists()  # no split in OUTPUT/data to refuse the corrected command

@@ -118,7 +118,7 @@ def test_the_imagenet_preset_with_the_dali_loader_drops_repeats_with_a_note(monk
     assert "note: loader dali has no repeated augmentation: the preset's repeats 3 becomes 1" in out
     assert json.loads(out[out.index("{"):])["repeats"] == 1
     assert cli.main(["train", "--preset", "imagenet", "--loader", "dali", "--repeats", "3", "--print-config"]) == 1
-    assert "loader 'dali' has no repeated augmentation: repeats 3" in capsys.readouterr().err
+    assert "--loader 'dali' has no repeated augmentation: --repeats 3" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
