@@ -62,8 +62,8 @@ def run_train(args: argparse.Namespace) -> int:
             raise FileExistsError(f"{cfg.output} already holds a run (its last.pt): --resume auto continues it; "
                                   "another --output starts a new one")
         if main_process and cfg.warmup_epochs >= cfg.epochs:  # a short run at the default warm-up of 5 epochs
-            print(f"note: warmup_epochs {cfg.warmup_epochs:g} >= epochs {cfg.epochs}: the learning rate rises the "
-                  "whole run and never reaches its peak (--warmup-epochs shortens the warm-up)", flush=True)
+            print(f"note: --warmup-epochs {cfg.warmup_epochs:g} >= --epochs {cfg.epochs}: the learning rate rises "
+                  "the whole run and never reaches its peak (a smaller --warmup-epochs lets it)", flush=True)
         train(cfg)
     elif main_process:
         print(json.dumps(asdict(cfg), indent=2))
