@@ -49,14 +49,21 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
 
 
 def resolve_device(device: str) -> torch.device:
-    """"auto" -> CUDA if there is a GPU, else Apple's MPS, else the CPU; other names are checked."""
+    """"auto" -> CUDA if there is a GPU, else Apple's MPS, else the CPU; other names are checked, and refused with
+    a ValueError when this machine lacks them (not torch's error at the first tensor moved there)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else
                             "mps" if torch.backends.mps.is_available() else "cpu")
     check_device(device)
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+    asked, gpus = torch.device(device), torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if asked.type == "cuda" and not gpus:
         raise ValueError(f"device {device!r} asked for but CUDA is not available: use --device cpu")
-    return torch.device(device)
+    if asked.type == "cuda" and asked.index is not None and asked.index >= gpus:
+        raise ValueError(f"device {device!r} asked for but this machine has {gpus} GPU(s): cuda:0 to cuda:{gpus - 1}")
+    if asked.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r} asked for but Apple's MPS is not available here (a Mac with macOS 12.3 "
+                         "or later): use --device cpu")
+    return asked
 
 
 def resolve_precision(precision: str, device: torch.device | str) -> str:

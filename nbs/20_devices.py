@@ -99,14 +99,21 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
 
 
 def resolve_device(device: str) -> torch.device:
-    """"auto" -> CUDA if there is a GPU, else Apple's MPS, else the CPU; other names are checked."""
+    """"auto" -> CUDA if there is a GPU, else Apple's MPS, else the CPU; other names are checked, and refused with
+    a ValueError when this machine lacks them (not torch's error at the first tensor moved there)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else
                             "mps" if torch.backends.mps.is_available() else "cpu")
     check_device(device)
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+    asked, gpus = torch.device(device), torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if asked.type == "cuda" and not gpus:
         raise ValueError(f"device {device!r} asked for but CUDA is not available: use --device cpu")
-    return torch.device(device)
+    if asked.type == "cuda" and asked.index is not None and asked.index >= gpus:
+        raise ValueError(f"device {device!r} asked for but this machine has {gpus} GPU(s): cuda:0 to cuda:{gpus - 1}")
+    if asked.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r} asked for but Apple's MPS is not available here (a Mac with macOS 12.3 "
+                         "or later): use --device cpu")
+    return asked
 
 
 def resolve_precision(precision: str, device: torch.device | str) -> str:
@@ -209,10 +216,10 @@ if not FAST:
               f"(bf16 {fp32 / bf16:.2f}x as fast)")
 
 # %% [markdown]
-# On the 2-core Intel Xeon with AMX these outputs come from, SDPA took 1.9 and 5.8 times as long in bf16 as in
-# fp32 (1.8-3.1 and 4.8-6.7 over several runs), and with attention in fp32 a bf16 step ran 1.16 and 1.15 times as
-# fast as an fp32 one for the grid's models (1.13-1.38 over runs) and 2.12 times for DeiT-Ti (1.99-2.12): `auto`'s
-# bf16 is the right pick there.
+# On the 2-core Intel Xeon with AMX these outputs come from, SDPA took 1.6 and 5.7 times as long in bf16 as in
+# fp32 (1.6-3.1 and 4.8-6.7 over several runs), and with attention in fp32 a bf16 step ran 1.13 and 1.17 times as
+# fast as an fp32 one for the grid's models (1.13-1.38 over runs, once 0.88 for the DeiT) and 1.76 times for DeiT-Ti
+# (1.73-2.12): `auto`'s bf16 is the right pick there.
 # (With SDPA in bf16, the grid's models had trained about 3 times slower in bf16 than in fp32 on that CPU, measured
 # on 2026-11-28.) GPUs keep SDPA's bf16 kernels, their fast ones.
 

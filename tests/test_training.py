@@ -904,6 +904,13 @@ def test_auto_device_is_cuda_then_mps_then_cpu(monkeypatch):
         assert devices.resolve_device("auto").type == expected
     with pytest.raises(ValueError, match="CUDA is not available"):
         devices.resolve_device("cuda")
+    with pytest.raises(ValueError, match="'mps' asked for but Apple's MPS is not available here"):
+        devices.resolve_device("mps")  # MPS is off since the loop's last round
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert devices.resolve_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(ValueError, match=r"'cuda:2' asked for but this machine has 2 GPU\(s\): cuda:0 to cuda:1"):
+        devices.resolve_device("cuda:2")
 
 
 def test_adamw_is_fused_on_a_gpu_and_the_model_and_its_ema_are_scored_in_one_pass(tmp_path, monkeypatch):
