@@ -37,8 +37,8 @@ def autocast(device: torch.device, precision: str):
 # %% nbs/20_devices.py 9
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX: Linux's /proc/cpuinfo flags), where bf16
-    autocast beat fp32 on a training step (an Intel Xeon with AMX: about 2x for DeiT-Ti at 224 px, 1.1-1.4x for
-    chapter 37's models at 48 px, attention in fp32); elsewhere bf16 is emulated and far slower."""
+    autocast beat fp32 on a training step (an Intel Xeon with AMX, attention in fp32: by most for DeiT-Ti at 224 px,
+    by little for chapter 37's models at 48 px; this chapter measures it); elsewhere bf16 is emulated, far slower."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -59,7 +59,8 @@ def resolve_device(device: str) -> torch.device:
     if asked.type == "cuda" and not gpus:
         raise ValueError(f"device {device!r} asked for but CUDA is not available: use --device cpu")
     if asked.type == "cuda" and asked.index is not None and asked.index >= gpus:
-        raise ValueError(f"device {device!r} asked for but this machine has {gpus} GPU(s): cuda:0 to cuda:{gpus - 1}")
+        raise ValueError(f"device {device!r} asked for but this machine shows {gpus} GPU(s) (cuda:0 to "
+                         f"cuda:{gpus - 1}): choose one of them")
     if asked.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {device!r} asked for but Apple's MPS is not available here (a Mac with macOS 12.3 "
                          "or later): use --device cpu")

@@ -82,17 +82,13 @@ def init_world(device: str) -> World:
 def _process_gpu(dev: torch.device, local_rank: int, world_size: int) -> torch.device:
     """The GPU of this process: the one `dev` names (`cuda:3`) for a single process; with several processes one
     each, the local rank's (modulo the visible GPUs: with one GPU per task, as SLURM's --gpus-per-task gives,
-    every local rank gets cuda:0)."""
-    count = torch.cuda.device_count()
+    every local rank gets cuda:0). That a named GPU exists, `resolve_device` (chapter 20) has checked."""
     if dev.index is None:
-        return torch.device(f"cuda:{local_rank % count}")
+        return torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
     if world_size > 1:
         raise ValueError(f"device {str(dev)!r} names one GPU for {world_size} processes, which need one each: use "
                          "--device cuda (each process takes its local rank's GPU), and CUDA_VISIBLE_DEVICES to "
                          "choose which GPUs")
-    if dev.index >= count:
-        raise ValueError(f"device {str(dev)!r} asked for but this machine shows {count} GPU(s) (cuda:0 to "
-                         f"cuda:{count - 1}): choose one of them")
     return dev
 
 

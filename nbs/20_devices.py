@@ -87,8 +87,8 @@ def autocast(device: torch.device, precision: str):
 #| export
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX: Linux's /proc/cpuinfo flags), where bf16
-    autocast beat fp32 on a training step (an Intel Xeon with AMX: about 2x for DeiT-Ti at 224 px, 1.1-1.4x for
-    chapter 37's models at 48 px, attention in fp32); elsewhere bf16 is emulated and far slower."""
+    autocast beat fp32 on a training step (an Intel Xeon with AMX, attention in fp32: by most for DeiT-Ti at 224 px,
+    by little for chapter 37's models at 48 px; this chapter measures it); elsewhere bf16 is emulated, far slower."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -109,7 +109,8 @@ def resolve_device(device: str) -> torch.device:
     if asked.type == "cuda" and not gpus:
         raise ValueError(f"device {device!r} asked for but CUDA is not available: use --device cpu")
     if asked.type == "cuda" and asked.index is not None and asked.index >= gpus:
-        raise ValueError(f"device {device!r} asked for but this machine has {gpus} GPU(s): cuda:0 to cuda:{gpus - 1}")
+        raise ValueError(f"device {device!r} asked for but this machine shows {gpus} GPU(s) (cuda:0 to "
+                         f"cuda:{gpus - 1}): choose one of them")
     if asked.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {device!r} asked for but Apple's MPS is not available here (a Mac with macOS 12.3 "
                          "or later): use --device cpu")
@@ -216,10 +217,11 @@ if not FAST:
               f"(bf16 {fp32 / bf16:.2f}x as fast)")
 
 # %% [markdown]
-# On the 2-core Intel Xeon with AMX these outputs come from, SDPA took 1.6 and 5.7 times as long in bf16 as in
-# fp32 (1.6-3.1 and 4.8-6.7 over several runs), and with attention in fp32 a bf16 step ran 1.13 and 1.17 times as
-# fast as an fp32 one for the grid's models (1.13-1.38 over runs, once 0.88 for the DeiT) and 1.76 times for DeiT-Ti
-# (1.73-2.12): `auto`'s bf16 is the right pick there.
+# On the 2-core Intel Xeon with AMX these outputs come from, SDPA took 1.7 and 5.5 times as long in bf16 as in
+# fp32 (1.6-3.1 and 4.8-6.7 over several runs), and with attention in fp32 a bf16 step ran 0.97 and 1.21 times as
+# fast as an fp32 one for the grid's models (0.88-1.38 over runs: on this shared 2-core machine the small models'
+# gain is near its noise) and 1.51 times for DeiT-Ti (1.31-2.12): `auto`'s bf16 is the right pick there, by a wide
+# margin only for the larger model.
 # (With SDPA in bf16, the grid's models had trained about 3 times slower in bf16 than in fp32 on that CPU, measured
 # on 2026-11-28.) GPUs keep SDPA's bf16 kernels, their fast ones.
 

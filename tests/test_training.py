@@ -909,7 +909,7 @@ def test_auto_device_is_cuda_then_mps_then_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert devices.resolve_device("cuda:1") == torch.device("cuda:1")
-    with pytest.raises(ValueError, match=r"'cuda:2' asked for but this machine has 2 GPU\(s\): cuda:0 to cuda:1"):
+    with pytest.raises(ValueError, match=r"'cuda:2' asked for but this machine shows 2 GPU\(s\) \(cuda:0 to cuda:1\)"):
         devices.resolve_device("cuda:2")
 
 
