@@ -265,7 +265,7 @@ def as_flags(message: str) -> str:
     """`message` with each setting it names written as the flag that sets it (`global_batch 100` -> `--global-batch
     100`): a name with an underscore always, a one-word name before its value or "must", or in a list of names."""
     name = "(?:" + "|".join(map(re.escape, _setting_names())) + ")"
-    before, after = r"(?<![\w./'-])", r"(?![\w-])"  # a whole word, not in a path, a quote or a flag
+    before, after = r"(?<![\w./'-])", r"(?![\w/-]|\.\w)"  # a whole word: not in a path, file name, quote or flag
     message = re.sub(rf"{before}{name}(?:, {name})+{after}",  # a list of names: all of them flags
                      lambda m: ", ".join(map(_flag, m[0].split(", "))), message)
 

@@ -91,6 +91,8 @@ def test_bad_words_are_a_value_error_naming_them():
     ("classes 200 of the 100 classes at epoch 1", "--classes 200 of the 100 classes at epoch 1"),
     ("num_classes 10, head_dim 48", "num_classes 10, head_dim 48"),  # the run owns one; the other is no setting
     ("/data/global_batch and 'min_lr' and --lr", "/data/global_batch and 'min_lr' and --lr"),  # path, quote, flag
+    ("data_root/last.pt, min_lr.txt; seed.", "data_root/last.pt, min_lr.txt; seed."),  # a relative path, a file
+    ("it needs data_root.", "it needs --data-root."),  # at a sentence's end
 ])
 def test_as_flags_writes_the_settings_a_message_names_as_their_flags(message, expected):
     assert as_flags(message) == expected
