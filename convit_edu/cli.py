@@ -17,8 +17,15 @@ from convit_edu.benchmark_suite import BenchSizes, bench_model, pipeline_bench, 
 from convit_edu.benchmarks import benchmark_loader
 from convit_edu.checkpoints import read_state_dict
 from convit_edu.checks import number, positive_int
-from convit_edu.config import TrainConfig, recipe
-from convit_edu.config_words import DefaultsHelp, add_config_flags, as_flags, config_from_args, parse_key_value
+from convit_edu.config import TrainConfig
+from convit_edu.config_words import (
+    DefaultsHelp,
+    add_config_flags,
+    as_flags,
+    config_from_args,
+    parse_key_value,
+    preset_flags,
+)
 from convit_edu.datasets import ARCHIVE_VARIABLE, TINY_IMAGENET_URL, build_datasets, tiny_imagenet
 from convit_edu.devices import PRECISIONS, resolve_device, resolve_precision
 from convit_edu.evaluation import evaluate
@@ -51,10 +58,7 @@ def run_train(args: argparse.Namespace) -> int:
     cfg, notes = config_from_args(args)
     main_process = os.environ.get("RANK", "0") == "0"
     if main_process and args.preset:
-        print(f"preset {args.preset} expands to:")
-        for key, value in recipe(args.preset).items():
-            now = getattr(cfg, key)  # a flag given after the preset wins; compared as JSON (tuples are lists)
-            print(f"  {key} = {value!r}" + ("" if json.dumps(now) == json.dumps(value) else f" (flag: {now!r})"))
+        print(f"preset {args.preset} expands to:", *preset_flags(args.preset, cfg), sep="\n  ")
         for note in notes:
             print(f"note: {note}")
     if not args.print_config:

@@ -7,6 +7,7 @@ into, and the words that give back a config."""
 import argparse
 import ast
 import re
+import shlex
 import typing
 import warnings
 from collections.abc import Sequence
@@ -14,10 +15,10 @@ from dataclasses import MISSING, Field, fields
 from typing import Any
 
 from convit_edu.augment import AugConfig
-from convit_edu.config import DICT_FIELDS, RECIPES, RUN_OWNED, TrainConfig, resolve_config
+from convit_edu.config import DICT_FIELDS, RECIPES, RUN_OWNED, TrainConfig, recipe, resolve_config
 from convit_edu.models import ModelConfig
 
-__all__ = ['parse_key_value', 'add_config_flags', 'DefaultsHelp', 'config_from_args', 'config_from_words', 'config_to_words', 'as_flags']
+__all__ = ['parse_key_value', 'add_config_flags', 'DefaultsHelp', 'config_from_args', 'config_from_words', 'config_to_words', 'preset_flags', 'as_flags']
 
 
 # %% nbs/22_config_words.py 6
@@ -158,6 +159,17 @@ def config_from_words(words: Sequence[str]) -> TrainConfig:
     return cfg
 
 
+def _flags_of(name: str, value: Any) -> dict[str, list[str]]:
+    """The flags that set TrainConfig field `name` to `value`, each with its words (`{"--epochs": ["--epochs",
+    "3"]}`): one flag, or for a dict field one per key (`--patch-size 4`, `--data-arg num_train=512`)."""
+    if name == "data_args":
+        return {f"--data-arg {k}": ["--data-arg", f"{k}={_value_word(v)}"] for k, v in value.items()}
+    if name in _OVERRIDES:
+        by_name = {g.name: g for g in fields(_OVERRIDES[name][0])}
+        return {_flag(k): _field_words(by_name[k], v) for k, v in value.items()}
+    return {_flag(name): _field_words(next(f for f in fields(TrainConfig) if f.name == name), value)}
+
+
 def config_to_words(cfg: TrainConfig, preset: str | None = None) -> list[str]:
     """`convit-edu train` words that give back `cfg`: `--preset NAME` when given, then the flag of every setting
     that differs from what the preset (or the defaults) gives, in field order; `config_from_words` reads them
@@ -172,14 +184,21 @@ def config_to_words(cfg: TrainConfig, preset: str | None = None) -> list[str]:
                 raise ValueError(f"{f.name} {value} lacks {missing[0]!r}, which preset {preset} sets: flags cannot "
                                  "remove it; pass another preset, or none")
             changed = {k: v for k, v in value.items() if k not in given or given[k] != v}
-            if f.name == "data_args":
-                words += [w for k, v in changed.items() for w in ("--data-arg", f"{k}={_value_word(v)}")]
-            else:
-                by_name = {g.name: g for g in fields(_OVERRIDES[f.name][0])}
-                words += [w for k, v in changed.items() for w in _field_words(by_name[k], v)]
+            words += [w for flag in _flags_of(f.name, changed).values() for w in flag]
         elif value != given:
-            words += _field_words(f, value)
+            words += _flags_of(f.name, value)[_flag(f.name)]
     return words
+
+
+def preset_flags(preset: str, cfg: TrainConfig) -> list[str]:
+    """The flags `--preset NAME` stands for, one line each (`--global-batch 128`), and where `cfg` sets that
+    setting otherwise, the flag that overrode it: `--epochs 300 (overridden: --epochs 3)`."""
+    lines = []
+    for name, value in recipe(preset).items():
+        now = _flags_of(name, getattr(cfg, name))
+        for flag, words in _flags_of(name, value).items():
+            lines.append(shlex.join(words) + ("" if now[flag] == words else f" (overridden: {shlex.join(now[flag])})"))
+    return lines
 
 
 # %% nbs/22_config_words.py 8

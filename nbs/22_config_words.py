@@ -75,6 +75,7 @@ def resolve_config(preset: str | None, values: dict[str, Any]) -> tuple[TrainCon
 import argparse
 import ast
 import re
+import shlex
 import typing
 import warnings
 from collections.abc import Sequence
@@ -82,7 +83,7 @@ from dataclasses import MISSING, Field, fields
 from typing import Any
 
 from convit_edu.augment import AugConfig
-from convit_edu.config import DICT_FIELDS, RECIPES, RUN_OWNED, TrainConfig, resolve_config
+from convit_edu.config import DICT_FIELDS, RECIPES, RUN_OWNED, TrainConfig, recipe, resolve_config
 from convit_edu.models import ModelConfig
 
 _OVERRIDES = {  # TrainConfig field: (the dataclass it overrides, the prefix of its flags' dests, the group's title)
@@ -222,6 +223,17 @@ def config_from_words(words: Sequence[str]) -> TrainConfig:
     return cfg
 
 
+def _flags_of(name: str, value: Any) -> dict[str, list[str]]:
+    """The flags that set TrainConfig field `name` to `value`, each with its words (`{"--epochs": ["--epochs",
+    "3"]}`): one flag, or for a dict field one per key (`--patch-size 4`, `--data-arg num_train=512`)."""
+    if name == "data_args":
+        return {f"--data-arg {k}": ["--data-arg", f"{k}={_value_word(v)}"] for k, v in value.items()}
+    if name in _OVERRIDES:
+        by_name = {g.name: g for g in fields(_OVERRIDES[name][0])}
+        return {_flag(k): _field_words(by_name[k], v) for k, v in value.items()}
+    return {_flag(name): _field_words(next(f for f in fields(TrainConfig) if f.name == name), value)}
+
+
 def config_to_words(cfg: TrainConfig, preset: str | None = None) -> list[str]:
     """`convit-edu train` words that give back `cfg`: `--preset NAME` when given, then the flag of every setting
     that differs from what the preset (or the defaults) gives, in field order; `config_from_words` reads them
@@ -236,14 +248,21 @@ def config_to_words(cfg: TrainConfig, preset: str | None = None) -> list[str]:
                 raise ValueError(f"{f.name} {value} lacks {missing[0]!r}, which preset {preset} sets: flags cannot "
                                  "remove it; pass another preset, or none")
             changed = {k: v for k, v in value.items() if k not in given or given[k] != v}
-            if f.name == "data_args":
-                words += [w for k, v in changed.items() for w in ("--data-arg", f"{k}={_value_word(v)}")]
-            else:
-                by_name = {g.name: g for g in fields(_OVERRIDES[f.name][0])}
-                words += [w for k, v in changed.items() for w in _field_words(by_name[k], v)]
+            words += [w for flag in _flags_of(f.name, changed).values() for w in flag]
         elif value != given:
-            words += _field_words(f, value)
+            words += _flags_of(f.name, value)[_flag(f.name)]
     return words
+
+
+def preset_flags(preset: str, cfg: TrainConfig) -> list[str]:
+    """The flags `--preset NAME` stands for, one line each (`--global-batch 128`), and where `cfg` sets that
+    setting otherwise, the flag that overrode it: `--epochs 300 (overridden: --epochs 3)`."""
+    lines = []
+    for name, value in recipe(preset).items():
+        now = _flags_of(name, getattr(cfg, name))
+        for flag, words in _flags_of(name, value).items():
+            lines.append(shlex.join(words) + ("" if now[flag] == words else f" (overridden: {shlex.join(now[flag])})"))
+    return lines
 
 
 # %% [markdown]
@@ -303,3 +322,14 @@ for words in (config_to_words(run, "sample-efficiency"), config_to_words(run)):
 assert run.model_args["patch_size"] == 8  # the preset's, kept
 assert TrainConfig.from_dict(json.loads(json.dumps(asdict(run)))) == run
 print(expect_error(lambda: config_from_words(["--epochs", "ten"])))
+
+# %% [markdown]
+# `train --preset NAME` prints what the preset stands for (chapter 42) as flags, `preset_flags`, each with the flag
+# that overrode it: typed by hand without `--preset`, its lines give the preset's config.
+
+# %%
+lines = preset_flags("sample-efficiency", run)
+print("\n".join(lines))
+typed = [word for line in lines for word in shlex.split(line.split(" (overridden")[0])]
+assert config_from_words(typed) == resolve_config("sample-efficiency", {})[0]  # the listing is the preset
+assert lines[0] == "--model deit_tiny (overridden: --model convit_tiny)" and "--patch-size 8" in lines

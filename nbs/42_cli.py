@@ -53,9 +53,9 @@ from convit_edu.config import RECIPES
 # one GPU or a CPU: 32 px images in 4 × 4 patches, pad-crop-flip without mixing, global batch 128.
 # `sample-efficiency` is chapter 35's grid recipe: the command its script prints for any run runs here by hand.
 #
-# Explicit flags override the preset (the listing shows them); a preset's global batch holds on any number of
-# GPUs. DALI (chapter 18) has no repeated augmentation: `--preset imagenet --loader dali` trains with `repeats` 1
-# and says so in a note (an explicit `--repeats 3` with `--loader dali` is refused, naming the value).
+# Explicit flags override the preset (its listing, in flags, names each one that did); a preset's global batch holds
+# on any number of GPUs. DALI (chapter 18) has no repeated augmentation: `--preset imagenet --loader dali` trains
+# with `repeats` 1 and says so in a note (an explicit `--repeats 3` with `--loader dali` is refused, naming the value).
 
 # %%
 #| export
@@ -73,8 +73,9 @@ from convit_edu.benchmark_suite import BenchSizes, bench_model, pipeline_bench, 
 from convit_edu.benchmarks import benchmark_loader
 from convit_edu.checkpoints import read_state_dict
 from convit_edu.checks import number, positive_int
-from convit_edu.config import TrainConfig, recipe
-from convit_edu.config_words import DefaultsHelp, add_config_flags, as_flags, config_from_args, parse_key_value
+from convit_edu.config import TrainConfig
+from convit_edu.config_words import (DefaultsHelp, add_config_flags, as_flags, config_from_args, parse_key_value,
+                                     preset_flags)
 from convit_edu.datasets import ARCHIVE_VARIABLE, TINY_IMAGENET_URL, build_datasets, tiny_imagenet
 from convit_edu.devices import PRECISIONS, resolve_device, resolve_precision
 from convit_edu.evaluation import evaluate
@@ -125,10 +126,7 @@ def run_train(args: argparse.Namespace) -> int:
     cfg, notes = config_from_args(args)
     main_process = os.environ.get("RANK", "0") == "0"
     if main_process and args.preset:
-        print(f"preset {args.preset} expands to:")
-        for key, value in recipe(args.preset).items():
-            now = getattr(cfg, key)  # a flag given after the preset wins; compared as JSON (tuples are lists)
-            print(f"  {key} = {value!r}" + ("" if json.dumps(now) == json.dumps(value) else f" (flag: {now!r})"))
+        print(f"preset {args.preset} expands to:", *preset_flags(args.preset, cfg), sep="\n  ")
         for note in notes:
             print(f"note: {note}")
     if not args.print_config:
@@ -409,7 +407,7 @@ print(text)
 
 # %%
 status, text, _ = captured(["train", "--preset", "cifar100-32", "--epochs", "100", "--print-config"])
-assert status == 0 and "epochs = 300 (flag: 100)" in text
+assert status == 0 and "  --epochs 300 (overridden: --epochs 100)\n  --global-batch 128" in text
 print(text)
 resolved = json.loads(text[text.index("{\n"):])
 assert resolved["epochs"] == 100 and resolved["img_size"] == 32 and resolved["model_args"] == {"patch_size": 4}

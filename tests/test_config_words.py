@@ -2,13 +2,14 @@
 `convit-edu train` words, read back equal for every kind of setting, with and without a preset."""
 
 import json
+import shlex
 from dataclasses import asdict
 
 import pytest
 
 from convit_edu import config as config_module
 from convit_edu.config import RECIPES, TrainConfig, recipe, resolve_config
-from convit_edu.config_words import as_flags, config_from_words, config_to_words
+from convit_edu.config_words import as_flags, config_from_words, config_to_words, preset_flags
 
 CONFIGS = {  # name: (preset, values on top of it)
     "defaults": (None, {}),
@@ -58,6 +59,20 @@ def test_the_words_are_the_preset_and_only_what_differs_from_it():
         "--epochs", "250", "--seed", "1"]
     assert config_to_words(TrainConfig(aug_args={"scale": (0.3, 1.0)}, compile=True)) == [
         "--scale", "0.3", "1.0", "--compile"]
+
+
+@pytest.mark.parametrize("name", [name for name, (preset, _) in CONFIGS.items() if preset is not None])
+def test_a_presets_listing_is_its_flags_and_names_each_one_a_flag_overrode(name):
+    preset, values = CONFIGS[name]
+    cfg, _ = resolve_config(preset, values)
+    lines = preset_flags(preset, cfg)
+    typed = [word for line in lines for word in shlex.split(line.split(" (overridden: ")[0])]
+    assert config_from_words(typed) == resolve_config(preset, {})[0]  # typed by hand, the listing is the preset
+    overrides = [line.split(" (overridden: ")[1].removesuffix(")") for line in lines if "(overridden: " in line]
+    changed = [(key, k) for key, value in recipe(preset).items()
+               for k in (value if isinstance(value, dict) else [None])
+               if (getattr(cfg, key)[k] != value[k] if k is not None else getattr(cfg, key) != value)]
+    assert len(overrides) == len(changed) and all(o in shlex.join(config_to_words(cfg, preset)) for o in overrides)
 
 
 def test_flags_add_to_a_presets_dicts_and_override_its_values():
