@@ -15,7 +15,8 @@
 #   >$OUT/log.txt 2>&1; bash nbs/results/gpu/real-width/run.sh collect $OUT
 # The first attempt (2026-11-27-h200-first-attempt/, its README) found each one-step epoch waiting on one loader
 # worker; chapters 16-17 now share such a batch among the workers. The H100 rerun (README.md) finished three runs
-# and found a checkpoint written at every epoch's end; chapter 28 now writes them at evaluated epochs.
+# (a CPU the fourth) and found a checkpoint written at every epoch's end; chapter 28 now writes them at evaluated
+# epochs.
 set -euo pipefail
 source=data/tiny-imagenet-100 first10=data/tiny-imagenet-100-first10 out=nbs/results/gpu/real-width
 if [ "${1:-}" = collect ]; then
