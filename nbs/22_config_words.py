@@ -250,7 +250,7 @@ def config_to_words(cfg: TrainConfig, preset: str | None = None) -> list[str]:
             changed = {k: v for k, v in value.items() if k not in given or given[k] != v}
             words += [w for flag in _flags_of(f.name, changed).values() for w in flag]
         elif value != given:
-            words += _flags_of(f.name, value)[_flag(f.name)]
+            words += _field_words(f, value)
     return words
 
 

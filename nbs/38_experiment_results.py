@@ -393,7 +393,7 @@ assert list(devices.values()) == ["cuda:0"] * 3 + ["cpu"] and verdict(d[1.0]) ==
 
 # %% [markdown]
 # At the paper's widths, on one seed, the ConViT-Ti is within noise of the DeiT-Ti at both fractions (the paper: +11.6
-# and +1.5 points), and the DeiT-Ti of f = 0.1 scores about as the CPU grid's DeiTs. At a learning-rate sum of 0.93,
+# and +1.5 points), and the DeiT-Ti of f = 0.1 scores about as the CPU grid's DeiTs. At a learning-rate sum under 1,
 # with one seed and the f = 1 pair on two machines, this asks about the budget more than it answers. Shared batches cut
 # the wait; the DeiT's run then took almost 3 times its logged time, writing `last.pt` at all 923 epoch ends (chapter
 # 28 now writes it at evaluated epochs).
