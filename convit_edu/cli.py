@@ -158,7 +158,9 @@ def run_experiment(args: argparse.Namespace) -> int:
             common[key] = dict(parse_key_value(item, flag) for item in words)
     convit_args = dict(parse_key_value(item, "--convit-arg") for item in args.convit_arg)
     def grid(data_root: Path) -> list:  # building the runs' configs checks every setting
-        scale = sample_efficiency_scale(data_root, args.classes, args.images_per_run, convit_args=convit_args, **common)
+        scale = sample_efficiency_scale(data_root, args.classes, args.images_per_run,
+                                        positive_int("--warmup-images", args.warmup_images, 0),
+                                        convit_args=convit_args, **common)
         return (sample_efficiency_grid(scale, args.fractions, args.seeds) if args.grid == "sample-efficiency" else
                 ablation_grid(scale, args.fraction, args.names, args.seeds))
     runs = grid(args.data_root)  # on the source: a mistyped setting leaves no split behind in OUTPUT
@@ -192,6 +194,8 @@ def _experiment_parser(sub) -> None:
         g.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="one run per seed and cell")
         g.add_argument("--images-per-run", type=int, default=120_000,
                        help="optimiser steps of this many images in every run, whatever the fraction")
+        g.add_argument("--warmup-images", type=int, default=10_000,
+                       help="the learning rate's warm-up, in images at f = 1 (scaled with the steps like the epochs)")
         g.add_argument("--num-workers", type=int, default=1, help="data loader processes per run")
         g.add_argument("--device", default="auto")
         g.add_argument("--progress", default="auto", help="auto, bar, lines or none (each run's progress)")

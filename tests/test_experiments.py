@@ -363,7 +363,7 @@ def test_the_experiment_command_runs_a_grid_and_prints_its_table(tmp_path, capsy
     assert code == 1 and "no folder" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("setting", [["--set", "lr=-1"], ["--model-arg", "depthh=3"]])
+@pytest.mark.parametrize("setting", [["--set", "lr=-1"], ["--model-arg", "depthh=3"], ["--warmup-images", "-1"]])
 def test_a_mistyped_setting_is_refused_before_the_split_is_made(tmp_path, capsys, setting):
     from convit_edu.cli import main
 
@@ -371,5 +371,20 @@ def test_a_mistyped_setting_is_refused_before_the_split_is_made(tmp_path, capsys
     argv = ["experiment", "sample-efficiency", "--data-root", str(root), "--classes", "3", "--test-per-class", "4",
             "--dev-per-class", "2", "--output", str(tmp_path / "grid"), *setting]
     assert main(argv) == 1
-    assert ("error: lr must be" if "lr=-1" in setting else "depthh") in capsys.readouterr().err  # --set's words
+    expected = {"--set": "error: lr must be", "--model-arg": "depthh", "--warmup-images": "--warmup-images must be"}
+    assert expected[setting[0]] in capsys.readouterr().err  # the words of the flag that was wrong
     assert not (tmp_path / "grid").exists()  # no split in OUTPUT/data to refuse the corrected command
+
+
+def test_warmup_images_sets_the_warm_up_of_every_run_in_steps(tmp_path, capsys):
+    from convit_edu.cli import main
+
+    root = jpeg_folder(tmp_path / "data", classes=2, train=64, val=4)
+    argv = ["experiment", "ablations", "--data-root", str(root), "--classes", "2", "--seeds", "0", "--fraction", "1",
+            "--names", "convit", "--images-per-run", "64", "--num-workers", "0", "--progress", "none",
+            "--test-per-class", "0", "--set", "global_batch=16"]
+    for images, folder in (("0", "none"), ("32", "half")):
+        assert main(argv + ["--warmup-images", images, "--output", str(tmp_path / folder)]) == 0
+    warmups = [json.loads((tmp_path / f / "convit_f1_s0" / "run.json").read_text())["config"]["warmup_epochs"]
+               for f in ("none", "half")]
+    assert warmups == [0, 0.25]  # 32 of the 128 training images: a quarter of an epoch
