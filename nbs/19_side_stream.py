@@ -16,10 +16,10 @@
 # %% [markdown]
 # # `gpu-decode` beside the training step: a stream of its own, events, one batch ahead
 #
-# Chapter 19 decodes and augments a batch on the training device in a few dozen launches (`decode_batch`). This
-# chapter runs that beside the training step instead of before it, and builds the loader that `TrainConfig(
-# loader="gpu-decode")` (`--loader gpu-decode`) selects: `build_gpu_decode_loaders`, with the same `epoch`, `state` and
-# `restore` as chapter 17's `DataLoaders`.
+# Chapter 19 (`19_gpu_decode`) decodes and augments a batch on the training device in launches whose number does not
+# grow with the batch (`decode_batch`). This chapter runs that beside the training step instead of before it, and
+# builds the loader that `TrainConfig(loader="gpu-decode")` (`--loader gpu-decode`) selects:
+# `build_gpu_decode_loaders`, with the same `epoch`, `state` and `restore` as chapter 17's `DataLoaders`.
 
 # %% tags=["parameters"]
 import os
@@ -39,7 +39,8 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # decoder could overwrite a tensor that a queued kernel of the training step had not read yet, which the GPU check of
 # 2026-11-27 (H200, `nbs/results/gpu/`) saw as a NaN loss at step 3. The first fix drained the training stream before
 # each decode: correct, but the host then waited for the whole previous step on the GPU before it could decode, crop
-# and augment the next batch, while the GPU idled: about 31–40 ms of each 97 ms step, a data wait of 56 %.
+# and augment the next batch, while the GPU idled: about 31–40 ms of each 97 ms step, a data wait of 56 % (H200, eager
+# ConViT-S; `gpu-results-reading.md` §4a).
 #
 # **A stream of its own.** A CUDA stream is a queue of GPU work; the work of two streams may run at once. The decode
 # runs with a side stream current, so nvJPEG's outputs come from that stream's own blocks, which only the decoder's
@@ -69,7 +70,8 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 #
 # The streams come from a small backend: `CudaStreams` on a GPU, `HostStreams` on a CPU (whose ops are finished when
 # they return: nothing to drain, wait for or record), `RecordingStreams` in this chapter and the tests (it writes down
-# what is asked of it, in which thread, so the order can be checked on a CPU).
+# what is asked of it, in which thread, so the order can be checked on a CPU). The order is what a CPU can check; the
+# time it saves is a GPU's measurement: the data wait of chapter 45's `jpeg_gpu_decode` phase.
 
 # %%
 #| export
