@@ -25,7 +25,7 @@ from convit_edu.datasets import ImageFolderDataset
 from convit_edu.loaders import DataLoaders, build_loader
 from convit_edu.samplers import KeyedSampler, RepeatAugSampler, SeededSamples, val_shard
 
-__all__ = ['RANDAUGMENT_SPACE', 'OP_CODES', 'UNREADABLE', 'resize_weights', 'resized_crops', 'DeviceRecipe', 'JpegFiles', 'JpegBatches', 'decode_batch', 'CudaStreams', 'HostStreams', 'RecordingStreams', 'DecodedBatches', 'GpuDecodeLoaders', 'build_gpu_decode_loaders']
+__all__ = ['RANDAUGMENT_SPACE', 'OP_CODES', 'UNREADABLE', 'resize_weights', 'CROP_FLOATS', 'resized_crops', 'DeviceRecipe', 'JpegFiles', 'JpegBatches', 'decode_batch', 'CudaStreams', 'HostStreams', 'RecordingStreams', 'DecodedBatches', 'GpuDecodeLoaders', 'build_gpu_decode_loaders']
 
 
 # %% nbs/19_gpu_decode.py 4
@@ -59,10 +59,9 @@ def resize_weights(lengths: torch.Tensor, size: int, span: int, mode: str) -> to
     return w / w.sum(-1, keepdim=True)
 
 
-def resized_crops(images: list[torch.Tensor], boxes: torch.Tensor, size: int, mode: str) -> torch.Tensor:
-    """uint8 (N, 3, size, size): each image's box (top, left, height, width; CPU) resized as torchvision resizes floats,
-    the batch at once: every crop row gathered into a stack padded to the largest crop, then ``resize_weights``
-    applied to the rows and to the columns (two batched products), one rounding."""
+def _padded_crops(images: list[torch.Tensor], boxes: torch.Tensor, size: int, mode: str) -> torch.Tensor:
+    """``resized_crops`` of one group: every crop row gathered into a stack padded to the largest crop, then
+    ``resize_weights`` applied to the rows and to the columns (two batched products), one rounding."""
     device, (top, left, h, w), n = images[0].device, boxes.T, len(images)
     span_h, span_w = int(h.max()), int(w.max())
     heights, widths = torch.tensor([image.shape[-2:] for image in images]).T
@@ -77,6 +76,28 @@ def resized_crops(images: list[torch.Tensor], boxes: torch.Tensor, size: int, mo
     x = x.view(n, 3 * size, span_w) @ weights[n:, :, :span_w].mT  # then columns: (N, size · 3, size)
     x = x.view(n, size, 3, size).permute(0, 2, 1, 3).round_().clamp_(0, 255)
     return x.to(torch.uint8, memory_format=torch.contiguous_format)
+
+
+CROP_FLOATS = 2**28  # a padded stack of crops holds at most this many floats (1 GiB), but for a single huge crop
+
+
+def resized_crops(images: list[torch.Tensor], boxes: torch.Tensor, size: int, mode: str) -> torch.Tensor:
+    """uint8 (N, 3, size, size): each image's box (top, left, height, width; CPU) resized as torchvision resizes floats,
+    in one padded product per group of crops of similar size whose stack holds at most ``CROP_FLOATS`` floats: one
+    group for photographs of ordinary sizes, more when a huge one would make every crop pay for its size."""
+    hw, groups, h_max, w_max = boxes[:, 2:].tolist(), [[]], 0, 0
+    for i in sorted(range(len(images)), key=lambda i: hw[i][0] * hw[i][1]):  # the smallest crops first
+        h_max, w_max = max(h_max, hw[i][0]), max(w_max, hw[i][1])
+        if groups[-1] and (len(groups[-1]) + 1) * 3 * h_max * w_max > CROP_FLOATS:
+            groups, (h_max, w_max) = groups + [[]], hw[i]
+        groups[-1].append(i)
+    if len(groups) == 1:
+        return _padded_crops(images, boxes, size, mode)
+    crops = images[0].new_empty(len(images), 3, size, size)
+    for group in groups:
+        crops[torch.tensor(group, device=crops.device)] = _padded_crops([images[i] for i in group], boxes[group], size,
+                                                                        mode)
+    return crops
 
 
 # %% nbs/19_gpu_decode.py 7

@@ -84,10 +84,11 @@ UNREADABLE = "replace or remove the file, or use loader 'torchvision' (which ski
 # apart (the sums run in another order), and nearest is exact (checked below). Under TF32, which chapter 24's
 # `init_world` allows on CUDA, the products keep 10 bits of each factor: emulated below, some percent of the pixels move
 # by one level, none by more. `roi_align`, the other one-call crop, samples bilinearly instead of bicubically. The price
-# is the padding: a batch costs N × 3 × h_max × w_max floats and N·3·S·w_max·(h_max + S) multiply-adds, mostly with zero
-# weights (at batch 256 with crops up to 500 × 375 px: 0.58 GB and 52 G multiply-adds, about 1.5 ms of an H200's 67 fp32
-# TFLOP/s, an estimate). One huge photograph makes the whole batch pay for its size: give such a dataset a shorter side
-# of at most about 512 px once, on disk (as FFCV does), or use chapter 18's DALI.
+# is the padding: a stack of N crops costs N × 3 × h_max × w_max floats and N·3·S·w_max·(h_max + S) multiply-adds,
+# mostly with zero weights (at batch 256 with crops up to 500 × 375 px: 0.58 GB and 52 G multiply-adds, about 1.5 ms of
+# an H200's 67 fp32 TFLOP/s, an estimate). So that one huge photograph does not make every crop of its batch pay for its
+# size, `resized_crops` cuts a batch, smallest crops first, into stacks of at most `CROP_FLOATS` floats (1 GiB): one
+# stack for photographs of ordinary sizes, a few when a huge one is among them (checked by the tests).
 
 # %%
 #| export
@@ -115,10 +116,9 @@ def resize_weights(lengths: torch.Tensor, size: int, span: int, mode: str) -> to
     return w / w.sum(-1, keepdim=True)
 
 
-def resized_crops(images: list[torch.Tensor], boxes: torch.Tensor, size: int, mode: str) -> torch.Tensor:
-    """uint8 (N, 3, size, size): each image's box (top, left, height, width; CPU) resized as torchvision resizes floats,
-    the batch at once: every crop row gathered into a stack padded to the largest crop, then ``resize_weights``
-    applied to the rows and to the columns (two batched products), one rounding."""
+def _padded_crops(images: list[torch.Tensor], boxes: torch.Tensor, size: int, mode: str) -> torch.Tensor:
+    """``resized_crops`` of one group: every crop row gathered into a stack padded to the largest crop, then
+    ``resize_weights`` applied to the rows and to the columns (two batched products), one rounding."""
     device, (top, left, h, w), n = images[0].device, boxes.T, len(images)
     span_h, span_w = int(h.max()), int(w.max())
     heights, widths = torch.tensor([image.shape[-2:] for image in images]).T
@@ -133,6 +133,28 @@ def resized_crops(images: list[torch.Tensor], boxes: torch.Tensor, size: int, mo
     x = x.view(n, 3 * size, span_w) @ weights[n:, :, :span_w].mT  # then columns: (N, size · 3, size)
     x = x.view(n, size, 3, size).permute(0, 2, 1, 3).round_().clamp_(0, 255)
     return x.to(torch.uint8, memory_format=torch.contiguous_format)
+
+
+CROP_FLOATS = 2**28  # a padded stack of crops holds at most this many floats (1 GiB), but for a single huge crop
+
+
+def resized_crops(images: list[torch.Tensor], boxes: torch.Tensor, size: int, mode: str) -> torch.Tensor:
+    """uint8 (N, 3, size, size): each image's box (top, left, height, width; CPU) resized as torchvision resizes floats,
+    in one padded product per group of crops of similar size whose stack holds at most ``CROP_FLOATS`` floats: one
+    group for photographs of ordinary sizes, more when a huge one would make every crop pay for its size."""
+    hw, groups, h_max, w_max = boxes[:, 2:].tolist(), [[]], 0, 0
+    for i in sorted(range(len(images)), key=lambda i: hw[i][0] * hw[i][1]):  # the smallest crops first
+        h_max, w_max = max(h_max, hw[i][0]), max(w_max, hw[i][1])
+        if groups[-1] and (len(groups[-1]) + 1) * 3 * h_max * w_max > CROP_FLOATS:
+            groups, (h_max, w_max) = groups + [[]], hw[i]
+        groups[-1].append(i)
+    if len(groups) == 1:
+        return _padded_crops(images, boxes, size, mode)
+    crops = images[0].new_empty(len(images), 3, size, size)
+    for group in groups:
+        crops[torch.tensor(group, device=crops.device)] = _padded_crops([images[i] for i in group], boxes[group], size,
+                                                                        mode)
+    return crops
 
 
 # %%

@@ -136,6 +136,31 @@ def test_batched_crop_is_torchvisions_resize_of_each_crop_within_a_level(folder,
     assert (ours.float() - on_uint8).abs().mean() < 0.5
 
 
+def test_crops_of_very_different_sizes_are_resized_in_stacks_that_bound_the_padding(folder, monkeypatch):
+    """A stack holds at most CROP_FLOATS floats (a single crop larger than that alone), smallest crops first; the
+    crops come back in their order, the numbers those of one stack (within a level: the products have other shapes)."""
+    images = [decoded(str(p)) for p in sorted((folder / "train").glob("c*/*.jpg"))]
+    torch.manual_seed(0)
+    crop = v2.RandomResizedCrop(20, scale=(0.05, 1.0))
+    boxes = torch.tensor([[b["top"], b["left"], b["height"], b["width"]] for b in
+                          (crop.make_params([image]) for image in images)])
+    one_stack, stacks, padded_crops = resized_crops(images, boxes, 20, "bicubic"), [], gpu_decode._padded_crops
+
+    def counted(group, group_boxes, *args):
+        stacks.append((len(group), 3 * int(group_boxes[:, 2].max()) * int(group_boxes[:, 3].max()),
+                       (group_boxes[:, 2] * group_boxes[:, 3]).tolist()))
+        return padded_crops(group, group_boxes, *args)
+
+    monkeypatch.setattr(gpu_decode, "_padded_crops", counted)
+    monkeypatch.setattr(gpu_decode, "CROP_FLOATS", 3 * 20 * 20 * 4)
+    in_stacks = resized_crops(images, boxes, 20, "bicubic")
+    assert len(stacks) > 2 and sum(n for n, _, _ in stacks) == 24
+    assert all(n * floats <= 3 * 20 * 20 * 4 or n == 1 for n, floats, _ in stacks)
+    assert all(max(a) <= min(b) for (_, _, a), (_, _, b) in zip(stacks, stacks[1:]))  # by area, smallest first
+    assert (in_stacks.int() - one_stack.int()).abs().max() <= 1
+    assert ((in_stacks.int() - per_image_crops(images, boxes, 20, "bicubic").int()).abs() <= 1).all()
+
+
 def test_loader_batches_are_those_of_the_per_image_crop_within_a_level(folder, monkeypatch):
     """The whole loader, with the crop as it was before it was batched, differs only where that crop's rounding does."""
     aug = augmentation("deit", 16, randaugment_magnitude=None)  # RandAugment's ops would carry a level further
