@@ -286,6 +286,8 @@ def test_on_a_gpu_decoding_never_overwrites_what_queued_training_work_still_read
     training stream, a sleep and reductions of them queued there, the tensors freed (their blocks back in that
     stream's pool at once, their reads still queued), then a batch decoded: the reductions must still read what the
     tensors held. Decoding with the training stream current, without a drain, would hand nvJPEG those blocks."""
+    for name in ("2.jpg", "3.jpg"):  # the greyscale and the CMYK file: RGB ones, the files nvJPEG is sure to read
+        write_jpeg(folder / "train" / "c1" / name, seed=100 + int(name[0]))
     aug = augmentation("deit", 16, randaugment_magnitude=None)
     train_set, val_set, _ = build_datasets("imagefolder", folder)
     gpu = build_gpu_decode_loaders(train_set, val_set, aug, batch_size=24, num_workers=0, device=torch.device("cuda"))
