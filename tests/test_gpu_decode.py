@@ -259,8 +259,9 @@ def test_the_thread_ends_with_the_epoch_and_when_the_consumer_stops(folder):
     batches.close()  # what the training loop's return does to its iterator
     assert not thread.is_alive() and decode_thread() is None
     batches = gpu.epoch(1)
-    take(batches, 6)  # every batch, without asking for a seventh (as the training loop does)
-    thread = decode_thread()
+    take(batches, 1)
+    thread = decode_thread()  # alive: the loader's end is fetched with the last batch
+    take(batches, 5)  # every batch, without asking for a seventh (as the training loop does)
     thread.join(timeout=60)  # it ends by itself once the loader has no more
     assert not thread.is_alive()
     del batches
