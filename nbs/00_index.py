@@ -248,6 +248,7 @@ ENGINEERING = [
     ("17_loaders", "loaders: workers, uint8 batches finished on the device, which stage limits"),
     ("18_dali", "decoding on the GPU with NVIDIA DALI (optional)"),
     ("19_gpu_decode", "decoding on the training device with torchvision's nvJPEG (`gpu-decode`)"),
+    ("19_side_stream", "`gpu-decode` beside the training step: a stream of its own, events, one batch ahead"),
     ("20_devices", "the device, and bf16 only where it pays"),
     ("21_config", "a run is a config; the paper's recipes"),
     ("22_config_words", "a config as command-line words, and back"),
