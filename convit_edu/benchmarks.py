@@ -64,8 +64,8 @@ class OperationCounter(TorchDispatchMode):
         self._in_step += change
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # _unsafe_view: what reshape returns of a fresh copy, a view in all but its schema
-        if not (func.is_view or func is torch.ops.aten._unsafe_view.default):
+        # not aten's: the profiler's marks; _unsafe_view: what reshape returns of a fresh copy, a view but by its schema
+        if func.namespace == "aten" and not (func.is_view or func is torch.ops.aten._unsafe_view.default):
             in_backward = torch._C._current_graph_task_id() != -1  # autograd's engine is running a graph
             phase = "optimizer" if self._in_step else "backward" if in_backward else "forward"
             self.counts[phase, func.__name__] += 1

@@ -264,8 +264,8 @@ class OperationCounter(TorchDispatchMode):
         self._in_step += change
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # _unsafe_view: what reshape returns of a fresh copy, a view in all but its schema
-        if not (func.is_view or func is torch.ops.aten._unsafe_view.default):
+        # not aten's: the profiler's marks; _unsafe_view: what reshape returns of a fresh copy, a view but by its schema
+        if func.namespace == "aten" and not (func.is_view or func is torch.ops.aten._unsafe_view.default):
             in_backward = torch._C._current_graph_task_id() != -1  # autograd's engine is running a graph
             phase = "optimizer" if self._in_step else "backward" if in_backward else "forward"
             self.counts[phase, func.__name__] += 1
@@ -338,14 +338,14 @@ assert layer_operations(GPSA(192, 4), torch.randn(3, 64, 192)).counts == counted
 #   = \mathbf{P}^y_{ik}\,\mathbf{P}^x_{jl},$$
 #
 # for a query at row i, column j and a key at row k, column l: P (L × L) is the Kronecker product P^y ⊗ P^x of a
-# softmax over the rows (H × H) and one over the columns (W × W) — the positional attention of a one-column grid and
-# of a one-row grid. Applying it as two small products, along the columns with P^x, then along the rows with P^y,
-# takes L·(H + W) multiply-adds per channel instead of L²: for a 14 × 14 grid, 7 times fewer. But each factor has
-# its own scores, softmax, cast and gradients; the second product reads V in a layout the first one leaves
-# behind, a copy each way in the forward and in the backward; and a product over 14 terms keeps a GPU's matrix units
-# mostly idle. An earlier version of this layer did just that, and issued about four times MHSA's operations
-# (`../shared/docs/reviews/gpu-results-reading.md`). One product costs more arithmetic — at 224 px about 5 % of
-# ConViT-Ti's training FLOPs, 2.5 % of ConViT-S's, which chapter 31 counts — but the copies and most operations go.
+# softmax over the rows (H × H) and one over the columns (W × W) — the positional attention of a one-column grid and of
+# a one-row grid. Applying it as two small products, along the columns with P^x, then along the rows with P^y, takes
+# L·(H + W) multiply-adds per channel instead of L²: for a 14 × 14 grid, 7 times fewer. But each factor has its own
+# scores, softmax, cast and gradients; the second product reads V in a layout the first one leaves behind, a copy each
+# way in the forward and in the backward; and a product over 14 terms keeps a GPU's matrix units mostly idle. An
+# earlier version of this layer did just that, and issued about four times MHSA's operations. One product costs more
+# arithmetic — at 224 px about 5 % of ConViT-Ti's training FLOPs, 2.5 % of ConViT-S's, which chapter 31 counts — but
+# the copies and most operations go.
 #
 # **The gate by `lerp`, not folded into the weights.** SDPA is linear in V, so (1 − σ)·SDPA(Q, K, V) = SDPA(Q, K,
 # (1 − σ)·V): one could scale the rows of W_val by 1 − σ and P by σ/(1 − σ) = e^λ, and the two terms would mix by a
