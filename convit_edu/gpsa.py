@@ -9,81 +9,40 @@ from einops import rearrange
 from torch import Tensor
 
 from convit_edu.attention import fused_attention
-from convit_edu.gated_attention import GatedAttention, PositionalAttention, softmax_without_denormals
+from convit_edu.gated_attention import GatedAttention, PositionalAttention
 
 __all__ = ['GPSA', 'PSA']
 
 
 # %% nbs/07_gpsa.py 6
-def _computes_in_fp16(x: Tensor) -> bool:
-    """Whether a forward on ``x`` runs in fp16: fp16 inputs, or fp16 autocast on their device."""
-    device = x.device.type
-    return x.dtype == torch.float16 or (
-        torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
-    )
-
-
-def _positional_output(py: Tensor, px: Tensor, v: Tensor) -> Tensor:
-    """(Py ⊗ Px) @ V for the whole batch, (B, heads, L, d): along the columns with Px (heads, W, W), then along the
-    rows with Py (heads, H, H), each one (heads, n, n) @ (heads, n, B·…) product."""
-    batch, rows = v.shape[0], py.shape[-1]
-    by_cols = px.to(v.dtype) @ rearrange(v, "b h (y x) d -> h x (b y d)", y=rows)
-    by_rows = py.to(v.dtype) @ rearrange(by_cols, "h j (b y d) -> h y (b j d)", b=batch, y=rows)
-    return rearrange(by_rows, "h i (b j d) -> b h (i j) d", b=batch, j=px.shape[-1])
+def _positional_output(p: Tensor, v: Tensor) -> Tensor:
+    """P @ V for every image at once, (B, heads, L, d): one (heads, L, L) @ (heads, L, B·d) product, P shared by
+    the batch (never copied per image)."""
+    out = p.to(v.dtype) @ rearrange(v, "b h l d -> h l (b d)")
+    return rearrange(out, "h l (b d) -> b h l d", b=v.shape[0])
 
 
 class GPSA(GatedAttention):
-    """Gated positional self-attention, Eq. 6-7, fast: ``(1 − σ)·SDPA(Q, K, V) + σ·(P @ V)``, computed as
-    ``SDPA(Q, K, V') + e^λ·(Py ⊗ Px) @ V'`` with V' = (1 − σ)·V from the same matmul as Q and K.
+    """Gated positional self-attention, Eq. 6-7, fast: ``lerp(SDPA(Q, K, V), P @ V, σ)`` per head, the positional
+    attention P (heads, L, L) computed once per forward and applied to the whole batch in one product.
 
-    Same constructor, parameters, checkpoint keys and outputs as ``GPSAReference``. The positional attention P
-    is applied as its row and column factors (``positional_factors``), once per forward for the whole batch; no
-    (L, L) or (B, heads, L, L) tensor is built unless ``return_attention=True`` (or attention dropout is active
-    in training). In fp16, or with a ``gate_override``, the two outputs are mixed with ``torch.lerp`` (fp16 has
-    no room for e^λ and V').
+    Same constructor, parameters, checkpoint keys and outputs as ``GPSAReference``. No (B, heads, L, L) tensor is
+    built unless ``return_attention=True`` (or attention dropout is active in training), which computes the
+    reference form.
     """
-
-    forward_reads_rel_indices = False  # built only when P is asked for
-
-    def positional_factors(self, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
-        """Py (heads, rows, rows) and Px (heads, cols, cols) with P = Py ⊗ Px, P the positional attention
-        ``positional_softmax`` builds: each row a softmax of the scores along one axis, in at least fp32, without
-        denormals. ``pos_proj.bias`` cancels in the softmax; it is added to the row scores so that every
-        parameter is in the graph (DDP expects that), and its gradient is rounding noise, as in the reference."""
-        weight, bias = self.pos_proj.weight, self.pos_proj.bias
-        dtype = torch.promote_types(weight.dtype, torch.float32)
-        weight, bias = weight.to(dtype), bias.to(dtype)[:, None, None]
-
-        def along(size: int, w_offset: Tensor, shift: Tensor | float) -> Tensor:
-            offsets = torch.arange(size, device=weight.device, dtype=dtype)
-            delta = offsets[None, :] - offsets[:, None]  # [query, key] = key − query, as in rel_indices
-            scores = w_offset[:, None, None] * delta + weight[:, 2, None, None] * delta**2 + shift
-            return softmax_without_denormals(scores)
-
-        rows, cols = grid_size
-        return along(rows, weight[:, 1], bias), along(cols, weight[:, 0], 0.0)
 
     def forward(
         self, x: Tensor, grid_size: tuple[int, int] | None = None, return_attention: bool = False
     ) -> Tensor | tuple[Tensor, Tensor]:
         grid = self._check_input(x, grid_size)
+        q, k, v = self._projections(x)
         if return_attention or (self.training and self.attn_drop.p > 0):
-            q, k, v = self._projections(x)
             attn = self._mixed_attention(q, k, grid)
             y = self._output(self.attn_drop(attn) @ v)
             return (y, attn) if return_attention else y
-        py, px = self.positional_factors(grid)
-        if self.gate_override is not None or _computes_in_fp16(x):
-            q, k, v = self._projections(x)
-            sigma = self.gate().to(v.dtype).view(-1, 1, 1)
-            content = fused_attention(q, k, v)
-            return self._output(torch.lerp(content, _positional_output(py, px, v), sigma))
-        # at |λ| = 60 the weaker term weighs 1e-26 of the other (it changes no fp32 sum), and e^60 and σ(−60) are
-        # still normal fp32 numbers (e^89 is none)
-        lam = self.gating_param.clamp(-60.0, 60.0)
-        q, k, v = self._projections(x, value_scale=torch.sigmoid(-lam))  # V' = (1 − σ)·V
-        position = _positional_output(py * lam.exp().view(-1, 1, 1), px, v)  # e^λ·P V' = σ·P V
-        return self._output(fused_attention(q, k, v) + position)
+        position = _positional_output(self.positional_softmax(grid), v)
+        sigma = self.gate().to(v.dtype).view(-1, 1, 1)
+        return self._output(torch.lerp(fused_attention(q, k, v), position, sigma))
 
 
 # %% nbs/07_gpsa.py 8

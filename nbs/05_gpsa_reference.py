@@ -99,22 +99,24 @@ print("gated attention A:\n", A)
 #
 # Both GPSAs (this chapter's reference, chapter 07's fast one) and PSA have the same projections, the same positional
 # scores and the same grid handling. `qk` maps to queries and keys, `v` to the values (two layers, as in the official
-# checkpoints; the forward stacks their weights and computes all three in one matmul), `pos_proj` maps the 3
-# channels of r_δ = (δx, δy, ‖δ‖²) to one score per head (its weight rows are the v_pos of Eq. 5), and `proj` mixes the
-# heads. `rel_indices` is a buffer that is *not* saved in checkpoints. A layer told its grid at construction
-# (`grid_size=(rows, cols)`, as the ConViT of chapter 09 does) builds it there, so the first forward finds it ready: a
-# forward that assigns a new tensor to a buffer is one graph for `torch.compile` and the forwards after it another,
-# which costs a second compilation. A layer built without a grid builds it at its first forward (and chapter 07's fast
-# GPSA, whose forward does not read it, only when the attention matrix is asked for). Either way it is
-# rebuilt when a forward sees another grid, and whenever the device or dtype of the layer changes, so a model moved to
-# another device or dtype after a forward pass keeps working (the official code caches it for one device and size).
+# checkpoints; the forward stacks their weights and computes all three in one matmul), `pos_proj` maps the 3 channels
+# of r_δ = (δx, δy, ‖δ‖²) to one score per head (its weight rows are the v_pos of Eq. 5), and `proj` mixes the heads.
+# The positional scores of every head and every (query, key) pair come out of one product, v_pos·r_δ + b for all L²
+# pairs at once, laid out heads first, (heads, L, L), as the softmax and the products after it read them. `rel_indices`
+# is a buffer that is *not* saved in checkpoints. A layer told its grid at construction (`grid_size=(rows, cols)`, as
+# the ConViT of chapter 09 does) builds it there, so the first forward finds it ready: a forward that assigns a new
+# tensor to a buffer is one graph for `torch.compile` and the forwards after it another, which costs a second
+# compilation. A layer built without a grid builds it at its first forward. Either way it is rebuilt when a forward
+# sees another grid, and whenever the device or dtype of the layer changes, so a model moved to another device or dtype
+# after a forward pass keeps working (the official code caches it for one device and size).
 #
-# Initialisation has one home, `init_weights`, which the constructor calls: DeiT's normal(0, 0.02) for the
-# linear maps (what the whole model gives every other linear map, chapter 09), then Eq. 5 — chapter 03's
-# `local_init` — for `pos_proj` and `v`. A model built of these layers does not initialise them again.
-# These base classes, `PositionalAttention` and the gated `GatedAttention`, are the module `convit_edu.gated_attention`.
-# Their positional softmax sets P's denormal numbers (below about 10⁻³⁸ in fp32) to zero, which changes no sum but
-# spares a CPU its slow path for them: chapter 31 measures it.
+# Initialisation has one home, `init_weights`, which the constructor calls: DeiT's normal(0, 0.02) for the linear maps
+# (what the whole model gives every other linear map, chapter 09), then Eq. 5 — chapter 03's `local_init` — for
+# `pos_proj` and `v`. A model built of these layers does not initialise them again. These base classes,
+# `PositionalAttention` and the gated `GatedAttention`, are the module `convit_edu.gated_attention`. On a CPU their
+# positional softmax sets P's denormal numbers (below about 10⁻³⁸ in fp32) to zero, which changes no sum but spares the
+# CPU its slow path for them (chapter 31 measures it); a GPU computes with them at full speed, and there P is the plain
+# softmax.
 
 # %%
 #| export gated_attention
@@ -140,17 +142,22 @@ class _SoftmaxWithoutDenormals(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scores: Tensor) -> Tensor:
-        tiny = torch.finfo(scores.dtype).tiny
-        probs = scores.softmax(dim=-1)
-        probs = probs.masked_fill(probs < tiny, 0.0)
+        probs = _flush_denormals(scores.softmax(dim=-1))
         ctx.save_for_backward(probs)  # the flushed P: softmax's own backward would reuse the unflushed one
         return probs
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         (probs,) = ctx.saved_tensors
-        grad_scores = probs * (grad - (grad * probs).sum(dim=-1, keepdim=True))  # softmax's Jacobian, applied
-        return grad_scores.masked_fill(grad_scores.abs() < torch.finfo(grad_scores.dtype).tiny, 0.0)
+        # softmax's Jacobian applied, P ⊙ (g − ⟨g, P⟩), by the kernel that softmax's own backward calls
+        return _flush_denormals(torch._softmax_backward_data(grad, probs, -1, probs.dtype))
+
+
+def _flush_denormals(x: Tensor) -> Tensor:
+    """``x`` with every denormal entry set to 0, in one operation: ``hardshrink`` at the largest denormal number
+    (``tiny·(1 − eps)``) keeps exactly the entries whose magnitude is at least ``finfo.tiny``."""
+    info = torch.finfo(x.dtype)
+    return F.hardshrink(x, info.tiny * (1 - info.eps))
 
 
 def softmax_without_denormals(scores: Tensor) -> Tensor:
@@ -184,11 +191,8 @@ class PositionalAttention(nn.Module):
 
     The base of ``GPSAReference`` and of chapter 07's ``GPSA`` and ``PSA``: the maps ``qk``, ``v``, ``proj`` and
     ``pos_proj`` (v_pos of Eq. 5), the ``rel_indices`` buffer of the patch grid (built for ``grid_size`` at
-    construction when given and the forward reads it, else when first needed) and ``init_weights``; a subclass
-    writes ``forward``.
+    construction when given, else at the first forward) and ``init_weights``; a subclass writes ``forward``.
     """
-
-    forward_reads_rel_indices = True  # chapter 07's fast GPSA does not: it builds them only when P is asked for
 
     def __init__(
         self,
@@ -217,11 +221,9 @@ class PositionalAttention(nn.Module):
         self.pos_proj = nn.Linear(3, num_heads)
         self.register_buffer("rel_indices", None, persistent=False)
         self._grid_size: tuple[int, int] | None = None
-        if grid_size is not None:
+        if grid_size is not None:  # now: a forward that builds it is a graph that compile does not reuse
             rows, cols = grid_size
-            grid_size = positive_int("grid height", rows), positive_int("grid width", cols)
-            if self.forward_reads_rel_indices:  # now: a forward that builds it is a graph compile does not reuse
-                self._relative_positions(grid_size)
+            self._relative_positions((positive_int("grid height", rows), positive_int("grid width", cols)))
         self.init_weights()
 
     @torch.no_grad()
@@ -236,17 +238,15 @@ class PositionalAttention(nn.Module):
         if self.use_local_init:
             local_init(self.pos_proj, self.v, self.locality_strength)
 
-    def _projections(self, x: Tensor, value_scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def _projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values, each (B, heads, L, head_dim), from one product of ``x`` with ``qk`` and ``v``
-        stacked (one GEMM, not two); with ``value_scale`` (one factor per head) each head's values come out
-        multiplied by its factor, which scales the rows of ``v``'s weight, not the (B, heads, L, head_dim) values."""
-        weight, bias = self.v.weight, self.v.bias
-        if value_scale is not None:
-            rows = value_scale.to(weight.dtype).repeat_interleave(self.head_dim)
-            weight, bias = weight * rows[:, None], None if bias is None else bias * rows
-        bias = None if bias is None else torch.cat([self.qk.bias, bias])
-        qkv = F.linear(x, torch.cat([self.qk.weight, weight]), bias)
-        q, k, v = rearrange(qkv, "b l (three h d) -> three b h l d", three=3, h=self.num_heads)
+        stacked (one GEMM, not two)."""
+        bias = None if self.qk.bias is None else torch.cat([self.qk.bias, self.v.bias])
+        qkv = F.linear(x, torch.cat([self.qk.weight, self.v.weight]), bias)
+        qkv = rearrange(qkv, "b l (three h d) -> b l three h d", three=3, h=self.num_heads)
+        # split where `three` lies (unbind), not moved to the front first: the backward then stacks the three
+        # gradients straight into the product's layout, one copy where the moved split makes two
+        q, k, v = (rearrange(t, "b l h d -> b h l d") for t in qkv.unbind(2))
         return q, k, v
 
     def _relative_positions(self, grid_size: tuple[int, int]) -> Tensor:
@@ -259,17 +259,23 @@ class PositionalAttention(nn.Module):
         return rel
 
     def positional_scores(self, grid_size: tuple[int, int]) -> Tensor:
-        """v_pos^T r_δ for every head and (query, key) pair, (heads, L, L): once per forward, not per sample."""
+        """v_pos^T r_δ + b for every head and (query, key) pair, (heads, L, L): one product per forward, not per
+        sample, laid out heads first (``pos_proj`` applied to ``rel_indices`` as W_pos·rᵀ + b)."""
         rel = self._relative_positions(grid_size)
+        length = rel.shape[0]
         # outside autocast: in bf16, ‖δ‖² up to hundreds would lose whole units of score before the softmax
         with torch.autocast(rel.device.type, enabled=False):
-            return rearrange(self.pos_proj(rel), "q k h -> h q k")
+            scores = torch.addmm(self.pos_proj.bias[:, None], self.pos_proj.weight, rel.view(-1, 3).T)
+        return scores.view(self.num_heads, length, length)
 
     def positional_softmax(self, grid_size: tuple[int, int]) -> Tensor:
-        """P = softmax over keys of the positional scores, (heads, L, L), in at least fp32 (also under autocast),
-        without denormal numbers in P or in its gradient (`softmax_without_denormals`)."""
+        """P = softmax over keys of the positional scores, (heads, L, L), in at least fp32 (also under autocast);
+        on a CPU without denormal numbers in P or in its gradient (`softmax_without_denormals`)."""
         scores = self.positional_scores(grid_size)
-        return softmax_without_denormals(scores.to(torch.promote_types(scores.dtype, torch.float32)))
+        if torch.finfo(scores.dtype).bits < 32:  # pos_proj in bf16 or fp16 (a model cast whole): the softmax in fp32
+            scores = scores.float()
+        # a CPU multiplies denormal numbers in micro-code, a GPU at full speed: only a CPU needs the flush
+        return softmax_without_denormals(scores) if scores.device.type == "cpu" else scores.softmax(dim=-1)
 
     def _check_input(self, x: Tensor, grid_size: tuple[int, int] | None) -> tuple[int, int]:
         if x.ndim != 3 or x.shape[-1] != self.embed_dim:

@@ -19,11 +19,13 @@
 # Chapter 05 wrote gated positional self-attention (Eq. 6–7) down literally: `GPSAReference` builds both
 # softmaxes and their mix as batch × heads × L × L tensors and keeps them for the backward pass. That is the
 # form to read; the models of chapter 09 train with another. This chapter derives a **fast** `GPSA` that gives
-# the same numbers without ever building a batch × heads × L × L tensor, and PSA (Eq. 4) as a module for the
-# paper's App. A ablation. Both stand on chapter 05's parts: the projections, the positional scores, the grid
-# and Eq. 5's initialisation (`PositionalAttention`) and, for GPSA, the gate (`GatedAttention`); so they have the
-# reference's constructor, parameters and checkpoint keys, and its weights load into them. Both export to
-# `convit_edu/gpsa.py`.
+# the same numbers without ever building a batch × heads × L × L tensor, in few operations — on a GPU each
+# operation is a kernel launch, and launches, not arithmetic, set the pace of a small model's training step — and
+# PSA (Eq. 4) as a module for the paper's App. A ablation. Both stand on chapter 05's parts: the projections, the
+# positional scores, the grid and Eq. 5's initialisation (`PositionalAttention`) and, for GPSA, the gate
+# (`GatedAttention`); so they have the reference's constructor, parameters and checkpoint keys, and its weights
+# load into them. Both export to `convit_edu/gpsa.py`; the operation counter this chapter builds goes to
+# `convit_edu/benchmarks.py`, with the other measuring tools (chapters 30–31).
 
 # %% tags=["parameters"]
 import os
@@ -60,51 +62,13 @@ _ = torch.manual_seed(0)
 # * The first term is ordinary attention: SDPA (through chapter 01's `fused_attention`) computes it with a fused
 #   kernel (flash or memory-efficient attention on GPUs, flash on CPUs) that never stores the L × L matrix and saves
 #   only the output and one number per row for the backward pass.
-# * The second term's attention P does not depend on the image: it is computed **once per forward** and
-#   applied to all images at once by folding the batch into the columns of V. (Writing `P @ V` with
-#   broadcasting over the batch looks the same but makes torch expand P into one copy per image — and keep that
-#   copy for the backward pass.) And P need not be built at all, as the next section shows.
-# * The gate mixes the two *outputs* (B, heads, L, head_dim), never two (B, heads, L, L) matrices; the
-#   normalisation is dropped (it is the identity, chapter 05).
-#
-# ### P is a row attention times a column attention
-#
-# With Eq. 5's encoding r_δ = (δx, δy, δx² + δy²), a head's positional score is a sum of a part that depends
-# only on the column offset δx and a part that depends only on the row offset δy (the bias b shifts every
-# score of the head alike, and a softmax does not see it):
-#
-# $$\mathbf{v}_{pos}^\top \mathbf{r}_\delta = \underbrace{w_1\,\delta_x + w_3\,\delta_x^2}_{s_x(\delta_x)}
-#   + \underbrace{w_2\,\delta_y + w_3\,\delta_y^2}_{s_y(\delta_y)} + b
-#   \quad\Longrightarrow\quad
-#   \mathbf{P}_{(i,j),(k,l)} = \frac{e^{s_y(k-i)}\,e^{s_x(l-j)}}{\sum_{k'} e^{s_y(k'-i)} \sum_{l'} e^{s_x(l'-j)}}
-#   = \mathbf{P}^y_{ik}\,\mathbf{P}^x_{jl},$$
-#
-# for a query at row i, column j and a key at row k, column l: the exponential of a sum is a product, and the
-# sum over the keys of the grid is a sum over its rows times a sum over its columns. P (L × L) is the
-# Kronecker product P^y ⊗ P^x of a softmax over the rows (H × H) and one over the columns (W × W). Applying
-# it to V is then two small products — along the columns with P^x, then along the rows with P^y — of
-# L·(H + W) multiply-adds per channel instead of L²: for a 14 × 14 grid, 7 times fewer. `positional_factors`
-# builds the two factors (each row of each a softmax over one axis, without denormals), and the forward never
-# builds P.
-#
-# ### The gate, folded into the weights
-#
-# The mix itself can cost nothing. Each head's σ = sigmoid(λ) and 1 − σ = sigmoid(−λ), so
-# σ / (1 − σ) = e^λ and
-#
-# $$(1-\sigma)\,\operatorname{SDPA}(\mathbf{Q},\mathbf{K},\mathbf{V}) + \sigma\,\mathbf{P}\mathbf{V}
-#   = \operatorname{SDPA}(\mathbf{Q},\mathbf{K},\mathbf{V}') + e^{\lambda}\,\mathbf{P}\,\mathbf{V}',
-#   \qquad \mathbf{V}' = (1-\sigma)\,\mathbf{V} = \mathbf{X}\big((1-\sigma)\,\mathbf{W}_{val}\big)^\top .$$
-#
-# The factor 1 − σ goes into the *weights* of the value map (head_dim rows per head, D² numbers rather than the
-# batch's B·L·D values; the product is the same matmul that makes Q and K), and e^λ into the row factor P^y
-# (heads × H × H, once per forward). What
-# was an elementwise pass over the batch's outputs in the forward and several in the backward becomes a plain
-# sum, whose backward is free. It is exact in real numbers and needs a number format with room: when a gate
-# nears 1, V' gets small and e^λ large. fp32 and bf16 have 8 exponent bits: e^λ overflows past λ ≈ 88, so the
-# layer clamps λ to ±60 there, where the weaker term weighs 10⁻²⁶ of the other and changes no sum. fp16 has 5 (e^λ
-# overflows past λ ≈ 11, and V' loses digits sooner), so in fp16, and with a test-time `gate_override` (a σ of
-# exactly 0 or 1 has no λ), the layer mixes the two outputs with `torch.lerp` instead.
+# * The second term's attention P does not depend on the image: it is computed **once per forward**, (heads, L, L),
+#   and applied to all images in **one** matrix product per head, by folding the batch into the columns of V:
+#   (heads, L, L) @ (heads, L, B·d). (Writing `P @ V` with broadcasting over the batch looks the same but makes torch
+#   expand P into one copy per image — and keep that copy for the backward pass.)
+# * The gate mixes the two *outputs* (B, heads, L, head_dim), never two (B, heads, L, L) matrices: `torch.lerp(content,
+#   position, σ)` is (1 − σ)·content + σ·position in one operation. The normalisation is dropped (it is the
+#   identity, chapter 05).
 #
 # Attention dropout on A cannot be split this way (one mask on the mixed matrix is not two masks on its
 # parts), so in training with `attn_drop > 0` the fast class computes the reference form; the ConViT/DeiT
@@ -118,83 +82,40 @@ from einops import rearrange
 from torch import Tensor
 
 from convit_edu.attention import fused_attention
-from convit_edu.gated_attention import GatedAttention, PositionalAttention, softmax_without_denormals
+from convit_edu.gated_attention import GatedAttention, PositionalAttention
 
 
-def _computes_in_fp16(x: Tensor) -> bool:
-    """Whether a forward on ``x`` runs in fp16: fp16 inputs, or fp16 autocast on their device."""
-    device = x.device.type
-    return x.dtype == torch.float16 or (
-        torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
-    )
-
-
-def _positional_output(py: Tensor, px: Tensor, v: Tensor) -> Tensor:
-    """(Py ⊗ Px) @ V for the whole batch, (B, heads, L, d): along the columns with Px (heads, W, W), then along the
-    rows with Py (heads, H, H), each one (heads, n, n) @ (heads, n, B·…) product."""
-    batch, rows = v.shape[0], py.shape[-1]
-    by_cols = px.to(v.dtype) @ rearrange(v, "b h (y x) d -> h x (b y d)", y=rows)
-    by_rows = py.to(v.dtype) @ rearrange(by_cols, "h j (b y d) -> h y (b j d)", b=batch, y=rows)
-    return rearrange(by_rows, "h i (b j d) -> b h (i j) d", b=batch, j=px.shape[-1])
+def _positional_output(p: Tensor, v: Tensor) -> Tensor:
+    """P @ V for every image at once, (B, heads, L, d): one (heads, L, L) @ (heads, L, B·d) product, P shared by
+    the batch (never copied per image)."""
+    out = p.to(v.dtype) @ rearrange(v, "b h l d -> h l (b d)")
+    return rearrange(out, "h l (b d) -> b h l d", b=v.shape[0])
 
 
 class GPSA(GatedAttention):
-    """Gated positional self-attention, Eq. 6-7, fast: ``(1 − σ)·SDPA(Q, K, V) + σ·(P @ V)``, computed as
-    ``SDPA(Q, K, V') + e^λ·(Py ⊗ Px) @ V'`` with V' = (1 − σ)·V from the same matmul as Q and K.
+    """Gated positional self-attention, Eq. 6-7, fast: ``lerp(SDPA(Q, K, V), P @ V, σ)`` per head, the positional
+    attention P (heads, L, L) computed once per forward and applied to the whole batch in one product.
 
-    Same constructor, parameters, checkpoint keys and outputs as ``GPSAReference``. The positional attention P
-    is applied as its row and column factors (``positional_factors``), once per forward for the whole batch; no
-    (L, L) or (B, heads, L, L) tensor is built unless ``return_attention=True`` (or attention dropout is active
-    in training). In fp16, or with a ``gate_override``, the two outputs are mixed with ``torch.lerp`` (fp16 has
-    no room for e^λ and V').
+    Same constructor, parameters, checkpoint keys and outputs as ``GPSAReference``. No (B, heads, L, L) tensor is
+    built unless ``return_attention=True`` (or attention dropout is active in training), which computes the
+    reference form.
     """
-
-    forward_reads_rel_indices = False  # built only when P is asked for
-
-    def positional_factors(self, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
-        """Py (heads, rows, rows) and Px (heads, cols, cols) with P = Py ⊗ Px, P the positional attention
-        ``positional_softmax`` builds: each row a softmax of the scores along one axis, in at least fp32, without
-        denormals. ``pos_proj.bias`` cancels in the softmax; it is added to the row scores so that every
-        parameter is in the graph (DDP expects that), and its gradient is rounding noise, as in the reference."""
-        weight, bias = self.pos_proj.weight, self.pos_proj.bias
-        dtype = torch.promote_types(weight.dtype, torch.float32)
-        weight, bias = weight.to(dtype), bias.to(dtype)[:, None, None]
-
-        def along(size: int, w_offset: Tensor, shift: Tensor | float) -> Tensor:
-            offsets = torch.arange(size, device=weight.device, dtype=dtype)
-            delta = offsets[None, :] - offsets[:, None]  # [query, key] = key − query, as in rel_indices
-            scores = w_offset[:, None, None] * delta + weight[:, 2, None, None] * delta**2 + shift
-            return softmax_without_denormals(scores)
-
-        rows, cols = grid_size
-        return along(rows, weight[:, 1], bias), along(cols, weight[:, 0], 0.0)
 
     def forward(
         self, x: Tensor, grid_size: tuple[int, int] | None = None, return_attention: bool = False
     ) -> Tensor | tuple[Tensor, Tensor]:
         grid = self._check_input(x, grid_size)
+        q, k, v = self._projections(x)
         if return_attention or (self.training and self.attn_drop.p > 0):
-            q, k, v = self._projections(x)
             attn = self._mixed_attention(q, k, grid)
             y = self._output(self.attn_drop(attn) @ v)
             return (y, attn) if return_attention else y
-        py, px = self.positional_factors(grid)
-        if self.gate_override is not None or _computes_in_fp16(x):
-            q, k, v = self._projections(x)
-            sigma = self.gate().to(v.dtype).view(-1, 1, 1)
-            content = fused_attention(q, k, v)
-            return self._output(torch.lerp(content, _positional_output(py, px, v), sigma))
-        # at |λ| = 60 the weaker term weighs 1e-26 of the other (it changes no fp32 sum), and e^60 and σ(−60) are
-        # still normal fp32 numbers (e^89 is none)
-        lam = self.gating_param.clamp(-60.0, 60.0)
-        q, k, v = self._projections(x, value_scale=torch.sigmoid(-lam))  # V' = (1 − σ)·V
-        position = _positional_output(py * lam.exp().view(-1, 1, 1), px, v)  # e^λ·P V' = σ·P V
-        return self._output(fused_attention(q, k, v) + position)
+        position = _positional_output(self.positional_softmax(grid), v)
+        sigma = self.gate().to(v.dtype).view(-1, 1, 1)
+        return self._output(torch.lerp(fused_attention(q, k, v), position, sigma))
 
 
 # %% [markdown]
-# `torch.lerp(content, position, σ)` is (1 − σ)·content + σ·position in one fused operation.
-#
 # ## PSA as a module (App. A ablation)
 #
 # The paper's App. A compares GPSA with plain positional self-attention (Eq. 4, chapter 02): content and
@@ -281,44 +202,10 @@ print(f"perturbed, 7x12 grid: output and the gradients of x and of all {len(erro
       "agree to a relative 1e-5")
 
 # %% [markdown]
-# The factorisation, checked on its own: Py ⊗ Px (one (i, j, k, l) product per head) is the L × L matrix
-# `positional_softmax` builds from `rel_indices`, on the 7 × 12 grid with the perturbed v_pos; and the gate at
-# its extremes, λ = ±12 (σ within 10⁻⁵ of 0 or 1), where the folded form leans hardest on V' and e^λ: fp32
-# still agrees with the reference. In fp16, e^12 does not exist (the largest fp16 number is 65504), which is why
-# an fp16 forward takes the `lerp` form; under fp16 autocast the layer agrees with the fp32 reference to fp16's
-# precision.
-
-# %%
-py, px = fast.positional_factors((7, 12))
-print("Py:", tuple(py.shape), "Px:", tuple(px.shape))
-kron = torch.einsum("hik,hjl->hijkl", py, px).reshape(N_h, 84, 84)
-assert rel_err(kron, fast.positional_softmax((7, 12))) <= 1e-6
-rows, cols = 14, 14
-print(f"P·V per channel on a {rows}x{cols} grid: {(rows * cols) ** 2} multiply-adds as one matrix, "
-      f"{rows * cols * (rows + cols)} as two factors ({(rows * cols) ** 2 / (rows * cols * (rows + cols)):.0f}x fewer)")
-i, j = 3, 5  # a query on the 7 x 12 grid: its row of P is the outer product of two rows of the factors
-fig, axes = plt.subplots(1, 3, figsize=(9, 2.2), dpi=80, gridspec_kw={"width_ratios": [1, 12, 12]})
-for ax, image, title in zip(axes, (py[0, i][:, None], px[0, j][None], kron[0, i * 12 + j].reshape(7, 12)),
-                            (f"Py[{i}]", f"Px[{j}]", f"P's row for query ({i}, {j}) = Py[{i}] ⊗ Px[{j}]")):
-    ax.imshow(image.detach(), cmap="viridis"), ax.set_title(title, fontsize=9), ax.set_xticks([]), ax.set_yticks([])
-plt.show()
-
-with torch.no_grad():
-    ref.gating_param.copy_(torch.tensor([-12.0, -6.0, 6.0, 12.0]))
-    fast.load_state_dict(ref.state_dict())
-    want = ref(x, grid_size=(7, 12))
-    assert rel_err(fast(x, grid_size=(7, 12)), want) <= 1e-5
-    assert torch.isinf(torch.tensor(12.0).exp().half())
-    with torch.autocast("cpu", dtype=torch.float16):
-        y16 = fast(x, grid_size=(7, 12))
-    assert y16.dtype == torch.float16 and rel_err(y16.float(), want) <= 2e-3
-print("gates at ±12: fp32 equals the reference to 1e-5; fp16 autocast (the lerp form) to 2e-3")
-
-# %% [markdown]
-# The gate's two ends are the two pure forms: σ = 1 leaves only the positional attention P·V (a
-# convolution-like layer), σ = 0 only content attention. Forced to each end (`gate_override`), the fast layer —
-# P as two factors, content through SDPA — against the reference forced to the same end, which materialises both
-# softmaxes and mixes them.
+# The gate's two ends are the two pure forms: σ = 1 leaves only the positional attention P·V (a convolution-like
+# layer), σ = 0 only content attention. Forced to each end (`gate_override`), the fast layer — P as one product for
+# the batch, content through SDPA — against the reference forced to the same end, which materialises both softmaxes
+# and mixes them.
 
 # %%
 with torch.no_grad():
@@ -329,10 +216,167 @@ with torch.no_grad():
 print("sigma = 1: the reference's pure positional attention; sigma = 0: its pure content attention")
 
 # %% [markdown]
+# ## Counting operations: what a GPU launches
+#
+# On a GPU, torch runs each aten operation as a kernel (or a few) that the host launches, and each launch costs the
+# host its own microseconds whatever the tensor's size: a small model's training step takes about the number of its
+# operations times that cost (chapter 31 shows it in the first GPU figures). A layer is then fast when it issues few
+# operations, and a CPU can count them. `OperationCounter` is a `TorchDispatchMode`: it sees every aten operation
+# torch dispatches below autograd and autocast, forward and backward (autocast's casts included), and counts those
+# that are not views — a view (a reshape, a transpose, most `rearrange`s) moves no data and launches nothing.
+# `layer_operations` counts one forward and backward of a layer under bf16 autocast, the precision a GPU trains in.
+
+# %%
+#| export benchmarks
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import TorchDispatchMode
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+class OperationCounter(TorchDispatchMode):
+    """Counts the aten operations that run inside it and are not views, by phase and name: on a GPU each is a
+    kernel launch or a few, so the count is a CPU's proxy of a step's launches (DESIGN §9). An operation's phase:
+    ``backward`` when autograd's engine runs it, ``optimizer`` inside any optimiser's ``step``, else ``forward``
+    (the model and the loss). ``counts[phase, name]`` holds the calls (what an operation runs itself is not seen)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self._in_step = 0
+
+    def __enter__(self) -> "OperationCounter":
+        self._hooks = (register_optimizer_step_pre_hook(lambda *_: self._enter_step(1)),
+                       register_optimizer_step_post_hook(lambda *_: self._enter_step(-1)))
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        super().__exit__(*exc)
+
+    def _enter_step(self, change: int) -> None:
+        self._in_step += change
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # not aten's: the profiler's marks; _unsafe_view: what reshape returns of a fresh copy, a view but by its schema
+        if func.namespace == "aten" and not (func.is_view or func is torch.ops.aten._unsafe_view.default):
+            in_backward = torch._C._current_graph_task_id() != -1  # autograd's engine is running a graph
+            phase = "optimizer" if self._in_step else "backward" if in_backward else "forward"
+            self.counts[phase, func.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+    def total(self, *phases: str) -> int:
+        """The operations counted in ``phases`` (in every phase when none is named)."""
+        if unknown := set(phases) - set(PHASES):
+            raise ValueError(f"unknown phase {sorted(unknown)}: the phases are {PHASES}")
+        return sum(n for (phase, _), n in self.counts.items() if phase in (phases or PHASES))
+
+
+def count_operations(fn: Callable[[], object]) -> OperationCounter:
+    """The operations that ``fn()`` runs (``OperationCounter``)."""
+    with OperationCounter() as counter:
+        fn()
+    return counter
+
+
+def layer_operations(layer: nn.Module, x: Tensor) -> OperationCounter:
+    """The operations of a forward of ``layer`` on ``x`` under bf16 autocast (on x's device) and of its backward into
+    ``x`` and every parameter, for a gradient of ones made outside the count; after one forward not counted (at its
+    first, a layer may build what it keeps, such as ``rel_indices``)."""
+    x = x.detach().requires_grad_()
+    inputs = [x, *(p for p in layer.parameters() if p.requires_grad)]
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        layer(x)
+    # an autocast region of its own, as a training step's: autocast casts each weight once per region
+    with OperationCounter() as counter, torch.autocast(x.device.type, dtype=torch.bfloat16):
+        y = layer(x)
+    grad = torch.ones_like(y)
+    with counter:
+        torch.autograd.grad(y, inputs, grad)
+    return counter
+
+
+# %% [markdown]
+# A GPSA layer of ConViT-Ti (4 heads) against the MHSA layer of DeiT-Ti (3 heads, with a qkv bias) that it stands
+# in for, and against the reference, on a batch of two 14 × 14 grids. The counts do not depend on the batch, the
+# grid or the CPU; on a CPU they include a few operations a GPU does not run (the denormal flush of chapter 05,
+# and the fp32 round trip `fused_attention` makes for SDPA in bf16 on a CPU, MHSA's too).
+
+# %%
+from convit_edu.attention import MHSA
+from convit_edu.benchmarks import layer_operations
+x = torch.randn(2, 196, 192)
+counted = {"fast GPSA": layer_operations(GPSA(192, 4), x), "reference GPSA": layer_operations(GPSAReference(192, 4), x),
+           "MHSA (DeiT-Ti)": layer_operations(MHSA(192, 3, qkv_bias=True), x)}
+for name, ops in counted.items():
+    forward, backward = ops.total("forward"), ops.total("backward")
+    print(f"{name:<15} {forward:>3} forward + {backward:>3} backward = {forward + backward:>3} operations")
+ratio = counted["fast GPSA"].total() / counted["MHSA (DeiT-Ti)"].total()
+assert ratio <= 2, ratio
+print(f"fast GPSA / MHSA: {ratio:.2f} (target: at most 2)")
+assert layer_operations(GPSA(192, 4), torch.randn(3, 64, 192)).counts == counted["fast GPSA"].counts  # B 3, 8 x 8
+
+# %% [markdown]
+# Beyond MHSA's, the fast layer's operations are P (one product for the scores of every head and pair, the softmax,
+# on a CPU the flush; their gradients), a copy of V into the (heads, L, B·d) layout the product reads, the product,
+# the gate (`sigmoid`, and `lerp`, whose backward gives three gradients) and P's cast to bf16 and back. Two choices:
+#
+# **One product with P, not two with its factors.** With Eq. 5's encoding r_δ = (δx, δy, δx² + δy²), a head's
+# positional score is a part that depends only on the column offset δx plus a part that depends only on the row
+# offset δy (the bias b shifts every score of the head alike, and a softmax does not see it):
+#
+# $$\mathbf{v}_{pos}^\top \mathbf{r}_\delta = \underbrace{w_1\,\delta_x + w_3\,\delta_x^2}_{s_x(\delta_x)}
+#   + \underbrace{w_2\,\delta_y + w_3\,\delta_y^2}_{s_y(\delta_y)} + b
+#   \quad\Longrightarrow\quad
+#   \mathbf{P}_{(i,j),(k,l)} = \frac{e^{s_y(k-i)}\,e^{s_x(l-j)}}{\sum_{k'} e^{s_y(k'-i)} \sum_{l'} e^{s_x(l'-j)}}
+#   = \mathbf{P}^y_{ik}\,\mathbf{P}^x_{jl},$$
+#
+# for a query at row i, column j and a key at row k, column l: P (L × L) is the Kronecker product P^y ⊗ P^x of a
+# softmax over the rows (H × H) and one over the columns (W × W) — the positional attention of a one-column grid and of
+# a one-row grid. Applying it as two small products, along the columns with P^x, then along the rows with P^y, takes
+# L·(H + W) multiply-adds per channel instead of L²: for a 14 × 14 grid, 7 times fewer. But each factor has its own
+# scores, softmax, cast and gradients; the second product reads V in a layout the first one leaves behind, a copy each
+# way in the forward and in the backward; and a product over 14 terms keeps a GPU's matrix units mostly idle. An
+# earlier version of this layer did just that, and issued about four times MHSA's operations. One product costs more
+# arithmetic — at 224 px about 5 % of ConViT-Ti's training FLOPs, 2.5 % of ConViT-S's, which chapter 31 counts — but
+# the copies and most operations go.
+#
+# **The gate by `lerp`, not folded into the weights.** SDPA is linear in V, so (1 − σ)·SDPA(Q, K, V) = SDPA(Q, K,
+# (1 − σ)·V): one could scale the rows of W_val by 1 − σ and P by σ/(1 − σ) = e^λ, and the two terms would mix by a
+# plain sum, whose backward is free, where `lerp`'s backward makes four passes over the batch's outputs and a
+# reduction for σ's gradient. But e^λ overflows (past λ ≈ 88 in fp32, 11 in fp16: a clamp, and fp16 would need
+# `lerp` anyway), P·e^λ makes new denormal numbers of P's smallest entries whenever λ < 0, and the scalings, the
+# clamp and the exponential are operations of their own, forward and backward, where the mix is one — on a GPU the
+# launches weigh more than the passes. `lerp` is one form for every precision, any λ and `gate_override`.
+
+# %%
+grid, N_h = (7, 12), 4
+py, px = fast.positional_softmax((grid[0], 1)), fast.positional_softmax((1, grid[1]))  # one-column, one-row grids
+kron = torch.einsum("hik,hjl->hijkl", py, px).reshape(N_h, 84, 84)
+assert rel_err(kron, fast.positional_softmax(grid)) <= 1e-6
+print("P of the 7 x 12 grid = P of its one-column grid ⊗ P of its one-row grid, to 1e-6")
+rows, cols = 14, 14
+print(f"P·V per channel on a {rows}x{cols} grid: {(rows * cols) ** 2} multiply-adds as one matrix, "
+      f"{rows * cols * (rows + cols)} as two factors ({(rows * cols) ** 2 / (rows * cols * (rows + cols)):.0f}x fewer)")
+i, j = 3, 5  # a query on the 7 x 12 grid: its row of P is the outer product of two rows of the factors
+fig, axes = plt.subplots(1, 3, figsize=(9, 2.2), dpi=80, gridspec_kw={"width_ratios": [1, 12, 12]})
+for ax, image, title in zip(axes, (py[0, i][:, None], px[0, j][None], kron[0, i * 12 + j].reshape(7, 12)),
+                            (f"Py[{i}]", f"Px[{j}]", f"P's row for query ({i}, {j}) = Py[{i}] ⊗ Px[{j}]")):
+    ax.imshow(image.detach(), cmap="viridis"), ax.set_title(title, fontsize=9), ax.set_xticks([]), ax.set_yticks([])
+plt.show()
+assert torch.isinf(torch.tensor(89.0).exp()) and torch.isinf(torch.tensor(12.0).exp().half())  # e^λ's overflows
+
+# %% [markdown]
 # ## Speed and memory
 #
-# How much faster and leaner the fast layer is than the official form and the reference is measured in
-# chapter 30, "One GPSA layer: official form, reference and fast".
+# Chapter 30 measures how much faster and leaner the fast layer is than the official form and the reference ("One
+# GPSA layer: official form, reference and fast"); chapter 31 counts whole training steps, ConViT-Ti against DeiT-Ti.
 
 # %% [markdown]
 # ## Exercises
@@ -432,7 +476,7 @@ def check_apply_factors(fn) -> None:
     layer = GPSA(24, 4)
     with torch.no_grad():
         layer.pos_proj.weight.add_(torch.randn_like(layer.pos_proj.weight))  # a non-symmetric P
-    py, px = (f.detach() for f in layer.positional_factors((3, 5)))
+    py, px = (layer.positional_softmax(grid).detach() for grid in ((3, 1), (1, 5)))  # P of a column, of a row
     v = torch.randn(2, 4, 15, 6)
     want = layer.positional_softmax((3, 5)).detach() @ v
     got = fn(py, px, v)

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from gpsa_checks import grads, perturb, rel_err
 
+from convit_edu.benchmarks import count_operations
 from convit_edu.conv_init import head_centres
 from convit_edu.gpsa import GPSA, PSA
 from convit_edu.gpsa_reference import GPSAReference
@@ -50,6 +51,32 @@ def test_fast_gpsa_matches_reference_in_fp64_to_1e_10(grid):
     assert rel_err(y_fast, y_ref) <= 1e-10
     for name in g_ref:
         assert rel_err(g_fast[name], g_ref[name]) <= 1e-10, name
+
+
+@pytest.mark.parametrize("path", ["gate_override", "return_attention", "attention_dropout"])
+def test_the_other_paths_of_the_fast_gpsa_match_the_reference_in_fp64_to_1e_10(path):
+    ref, fast = pair(dtype=torch.float64, attn_drop=0.3 if path == "attention_dropout" else 0.0)
+    perturb(ref, scale=0.2, gates=[-2.0, 0.0, 1.0, 4.0])
+    fast.load_state_dict(ref.state_dict())
+    if path == "gate_override":
+        ref.gate_override = fast.gate_override = 0.3
+    if path != "attention_dropout":
+        ref.eval(), fast.eval()
+    x = torch.randn(2, 15, 48, dtype=torch.float64, requires_grad=True)
+    outputs = []
+    for layer in (ref, fast):
+        torch.manual_seed(1)  # the same dropout mask for both
+        y = layer(x, (3, 5), return_attention=path == "return_attention")
+        y, attn = y if isinstance(y, tuple) else (y, None)
+        outputs.append((y, attn, torch.autograd.grad(y.square().sum(), [x, *layer.parameters()], allow_unused=True)))
+    (y_ref, a_ref, g_ref), (y_fast, a_fast, g_fast) = outputs
+    assert rel_err(y_fast, y_ref) <= 1e-10
+    assert a_ref is None or rel_err(a_fast, a_ref) <= 1e-10
+    for name, got, want in zip(["x", *dict(ref.named_parameters())], g_fast, g_ref):
+        if name == "gating_param" and path == "gate_override":
+            assert got is None and want is None  # the override replaces the gates
+        elif name != "pos_proj.bias":  # zero in exact arithmetic (gpsa_checks.grads)
+            assert rel_err(got, want) <= 1e-10, name
 
 
 def test_fast_gpsa_matches_reference_under_bf16_autocast():
@@ -147,27 +174,21 @@ def test_rel_indices_is_not_saved_and_is_rebuilt_for_each_grid():
     assert set(fast.state_dict()) == {
         "qk.weight", "v.weight", "proj.weight", "proj.bias", "pos_proj.weight", "pos_proj.bias", "gating_param"
     }
-    ref(torch.randn(1, 84, 48), (7, 12))
-    a = ref.rel_indices.clone()
-    ref(torch.randn(1, 84, 48), (12, 7))
-    assert not torch.equal(a, ref.rel_indices)  # same L, other grid: rebuilt
-    torch.testing.assert_close(ref.rel_indices, rel_indices(12, 7))
-    fast(torch.randn(1, 84, 48), (7, 12))
-    assert fast.rel_indices is None  # the fast forward applies P as its factors, from pos_proj alone
-    fast(torch.randn(1, 84, 48), (12, 7), return_attention=True)  # asked for P: built
-    torch.testing.assert_close(fast.rel_indices, rel_indices(12, 7))
+    for layer in (ref, fast):
+        layer(torch.randn(1, 84, 48), (7, 12))
+        a = layer.rel_indices.clone()
+        layer(torch.randn(1, 84, 48), (12, 7))
+        assert not torch.equal(a, layer.rel_indices)  # same L, other grid: rebuilt
+        torch.testing.assert_close(layer.rel_indices, rel_indices(12, 7))
 
 
 @pytest.mark.parametrize("cls", [GPSA, GPSAReference, PSA])
-def test_a_layer_told_its_grid_builds_rel_indices_at_construction_when_its_forward_reads_them(cls):
+def test_a_layer_told_its_grid_builds_rel_indices_at_construction(cls):
     layer = cls(48, 4, grid_size=(3, 5))
-    if cls is GPSA:  # the fast forward applies P as two factors made from pos_proj alone
-        assert layer.rel_indices is None
-        layer(torch.randn(1, 15, 48), (3, 5), return_attention=True)  # asked for P: built
     torch.testing.assert_close(layer.rel_indices, rel_indices(3, 5), rtol=0, atol=0)
     assert "rel_indices" not in layer.state_dict()
     assert cls(48, 4).rel_indices is None  # no grid given: built at the first forward
-    layer(torch.randn(1, 15, 48), (5, 3), return_attention=True)  # another grid: rebuilt
+    layer(torch.randn(1, 15, 48), (5, 3))  # another grid: rebuilt
     torch.testing.assert_close(layer.rel_indices, rel_indices(5, 3), rtol=0, atol=0)
     layer.double()  # moves with the layer
     assert layer.rel_indices.dtype == torch.float64
@@ -214,52 +235,52 @@ def test_bad_input_is_refused_with_the_value_named(cls):
 
 
 def test_fast_gpsa_builds_no_batch_sized_attention_tensor():
-    """The positional attention is applied once per forward as its two factors: nothing of size heads x L x L
-    (let alone B x heads x L x L) is saved."""
+    """The positional attention P is computed once per forward, (heads, L, L), and applied to the whole batch:
+    nothing of size B x heads x L x L is saved, and P once."""
     _, fast = pair()
     x = torch.randn(8, 36, 48, requires_grad=True)
     shapes = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(t.shape) or t, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t):
         fast(x, (6, 6))
-    assert not any(tuple(s[-2:]) == (36, 36) for s in shapes), shapes
-    assert any(tuple(s) == (4, 6, 6) for s in shapes)  # Py and Px, once for the whole batch
+    assert not any(len(s) == 4 and s[-2:] == (36, 36) for s in shapes), shapes
+    assert (4, 36, 36) in shapes
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("grid", GRIDS + [(7, 12)])
-def test_positional_factors_multiply_to_the_positional_softmax(grid, dtype):
-    ref, fast = pair(dtype=dtype)
+def test_the_positional_softmax_is_the_kronecker_product_of_a_column_and_a_row(grid, dtype):
+    """Chapter 07's factorisation: P of an H x W grid is P of its one-column grid (H x 1) times P of its one-row
+    grid (1 x W), Kronecker-wise."""
+    ref, _ = pair(dtype=dtype)
     perturb(ref, scale=0.3)
-    fast.load_state_dict(ref.state_dict())
-    py, px = fast.positional_factors(grid)
+    py, px = ref.positional_softmax((grid[0], 1)), ref.positional_softmax((1, grid[1]))
     assert py.shape == (4, grid[0], grid[0]) and px.shape == (4, grid[1], grid[1]) and py.dtype == dtype
     kron = torch.einsum("hik,hjl->hijkl", py, px).reshape(4, grid[0] * grid[1], -1)
     assert rel_err(kron, ref.positional_softmax(grid)) <= (1e-6 if dtype == torch.float32 else 1e-13)
 
 
-class OpNames(torch.utils._python_dispatch.TorchDispatchMode):
-    """The names of the aten operations run inside it."""
-
-    def __init__(self):
-        super().__init__()
-        self.names: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.add(func.__name__.split(".")[0])
-        return func(*args, **(kwargs or {}))
-
-
-def test_the_gate_is_folded_into_the_weights_in_fp32_and_bf16_and_lerp_mixes_in_fp16_or_with_an_override():
+@pytest.mark.parametrize("precision, override", [(None, None), (torch.bfloat16, None), (torch.float16, None),
+                                                 (None, 0.3)])
+def test_fast_gpsa_is_one_sdpa_one_product_with_p_and_one_lerp_in_every_precision(precision, override):
     _, fast = pair()
-    x = torch.randn(2, 16, 48, requires_grad=True)
-    seen = {}
-    for case, precision, override in [("fp32", None, None), ("bf16", torch.bfloat16, None),
-                                      ("fp16", torch.float16, None), ("override", None, 0.3)]:
-        fast.gate_override = override
-        with OpNames() as ops, torch.autocast("cpu", dtype=precision or torch.bfloat16, enabled=precision is not None):
-            fast(x).sum().backward()
-        seen[case] = "lerp" in ops.names
-    assert seen == {"fp32": False, "bf16": False, "fp16": True, "override": True}
+    fast.gate_override = override
+    x = torch.randn(2, 16, 48)
+    with torch.autocast("cpu", dtype=precision or torch.bfloat16, enabled=precision is not None):
+        ops = count_operations(lambda: fast(x)).counts
+    sdpa = ops["forward", "_scaled_dot_product_flash_attention_for_cpu.default"]
+    assert ops["forward", "bmm.default"] == ops["forward", "lerp.Tensor"] == sdpa == 1
+
+
+def test_the_denormal_flush_runs_on_a_cpu_only(monkeypatch):
+    """A GPU computes with denormal numbers at full speed: for scores elsewhere than on a CPU (here on the meta device,
+    standing in for a GPU) P is the plain softmax, without the flush's hardshrink."""
+    layer = GPSAReference(48, 4)
+    names = {}
+    for device in ("cpu", "meta"):
+        scores = torch.randn(4, 15, 15, device=device)
+        monkeypatch.setattr(layer, "positional_scores", lambda grid_size: scores)
+        names[device] = {name for _, name in count_operations(lambda: layer.positional_softmax((3, 5))).counts}
+    assert names == {"cpu": {"_softmax.default", "hardshrink.default"}, "meta": {"_softmax.default"}}
 
 
 def test_every_parameter_of_the_fast_layer_gets_a_gradient():
@@ -335,6 +356,6 @@ def test_a_convit_training_step_multiplies_no_denormal_number_by_a_batch():
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
     # on a 14 x 14 grid far keys get probabilities below 1e-38: they may enter only the flush itself, elementwise
-    # on (heads, L, L) tensors (its comparisons, and the backward's product and sum before their flush)
+    # on (heads, L, L) tensors (after the softmax, and after its backward)
     assert seen.counts, "no denormal made at all: the check would see nothing"
-    assert set(seen.counts) <= {"lt.Scalar", "masked_fill.Scalar", "abs.default", "sum.dim_IntList"}, seen.counts
+    assert set(seen.counts) == {"hardshrink.default"}, seen.counts

@@ -343,15 +343,11 @@ def test_cifar_sized_inputs_work(name):
 
 
 @pytest.mark.parametrize("local_attention", ["gpsa_reference", "psa", "gpsa"])
-def test_a_convit_holds_rel_indices_for_its_grid_from_construction_when_its_layers_read_them_and_saves_none(
-        local_attention):
+def test_a_convit_holds_rel_indices_for_its_grid_from_construction_and_saves_none(local_attention):
     model = seeded("convit_tiny", img_size=(64, 96), patch_size=16, depth=3, local_up_to_layer=2,
                    local_attention=local_attention)
     for layer in model.local_layers:
-        if local_attention == "gpsa":  # the fast GPSA applies P as two factors made from pos_proj alone
-            assert layer.rel_indices is None
-        else:
-            assert layer.rel_indices.shape == (4 * 6, 4 * 6, 3)
+        assert layer.rel_indices.shape == (4 * 6, 4 * 6, 3)
     assert not any(key.endswith("rel_indices") for key in model.state_dict())
 
 
