@@ -39,6 +39,7 @@ import contextlib
 import os
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,11 +48,9 @@ from torch.utils.data import Dataset
 
 from convit_edu.augment import AUGMENTATIONS, AugConfig, build_transforms
 from convit_edu.config import TrainConfig
-from convit_edu.dali import DaliLoaders
 from convit_edu.datasets import build_datasets
 from convit_edu.distributed import World, run_on_main
-from convit_edu.gpu_decode import build_gpu_decode_loaders
-from convit_edu.loaders import DataLoaders, build_loaders
+from convit_edu.loader_registry import LOADERS
 from convit_edu.models import VisionTransformer
 from convit_edu.optimisation import build_teacher
 
@@ -78,9 +77,10 @@ tiny = TrainConfig(model="convit_tiny", img_size=16, model_args={"patch_size": 4
 # process's share of the node's CPUs allows), and the batch mixing of the augmentation. The config's own
 # datasets ship uint8 crops from the workers, and `finish_batch` normalises and erases each batch on the device
 # with chapter 17's `DeviceTransforms`; a caller's datasets that give float tensors pass through unchanged.
-# With `loader="dali"` chapter 18's `DaliLoaders` replaces `build_loaders`: the same uint8 batches, decoded on
-# the GPU; its exact resume is the pipelines' own state (`state()`), one per process, saved in the checkpoint
-# (chapter 26), so it resumes on as many processes as it ran.
+# A loader that reads the image files itself (chapter 21's table: `dali`, `gpu-decode`) gets the datasets' file
+# lists untransformed instead. With `loader="dali"` chapter 18's `DaliLoaders` replaces `build_loaders`: the same
+# uint8 batches, decoded on the GPU; its exact resume is the pipelines' own state (`state()`), one per process,
+# saved in the checkpoint (chapter 26), so it resumes on as many processes as it ran.
 #
 # **Rank 0 writes, and builds the datasets first.** Every write of rank 0 goes through chapter 24's
 # `run_on_main`, so that a full disk there stops every process at once; rank 0 also builds the config's datasets
@@ -91,12 +91,14 @@ tiny = TrainConfig(model="convit_tiny", img_size=16, model_args={"patch_size": 4
 #| export
 def config_datasets(cfg: TrainConfig, world: World, aug: AugConfig | None) -> tuple:
     """The config's datasets (train, val, class names), built by rank 0 first (an image folder's file list is
-    then cached, chapter 13) and by the other processes after it, from that cache. With `loader="torchvision"`
-    their samples are uint8 crops, for `DeviceTransforms` to finish on the device."""
+    then cached, chapter 13) and by the other processes after it, from that cache. For a loader that does not read
+    the files itself (`loader="torchvision"`) their samples are uint8 crops, for `DeviceTransforms` to finish on the
+    device."""
     if aug is None:
         raise ValueError("aug None (no augmentation) needs datasets passed to train(); the config's own "
                          f"datasets need an augmentation ({', '.join(AUGMENTATIONS)})")
-    train_tf, val_tf = build_transforms(aug, on_device=True) if cfg.loader == "torchvision" else (None, None)
+    reads_files = LOADERS[cfg.loader].reads_files
+    train_tf, val_tf = (None, None) if reads_files else build_transforms(aug, on_device=True)
     build = partial(build_datasets, cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
                     fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
     datasets = run_on_main(world, f"read the dataset in {cfg.data_root}", build)
@@ -118,24 +120,20 @@ assert "needs datasets passed to train()" in message
 print(message)
 
 # %% [markdown]
-# The loaders are of the config's kind (`loader`): chapter 17's workers, which decode and augment each image, the
-# GPU-decoding ones of chapter 19, whose workers only read file bytes, or DALI's pipelines (chapter 18). Each kind
-# gives the train batches of an epoch from a position (`epoch(e, start)`) and this process's evaluation batches
-# (`val`), whose workers, like the train loader's, are started once and kept.
+# The loaders are of the config's kind (`loader`), built by its entry in chapter 21's table: chapter 17's workers,
+# which decode and augment each image, the GPU-decoding ones of chapter 19, whose workers only read file bytes, or
+# DALI's pipelines (chapter 18). Each kind gives the train batches of an epoch from a position (`epoch(e, start)`)
+# and this process's evaluation batches (`val`), whose workers, like the train loader's, are started once and kept.
 
 # %%
 #| export
 def build_run_loaders(cfg: TrainConfig, world: World, aug: AugConfig | None, train_set: Dataset, val_set: Dataset,
-                      batch_size: int, num_workers: int) -> DataLoaders | DaliLoaders:
-    """This process's loaders of the kind `cfg.loader` names, `batch_size` images a step (val: twice that)."""
-    common = dict(batch_size=batch_size, num_replicas=world.world_size, rank=world.rank, seed=cfg.seed)
-    if cfg.loader == "dali":
-        return DaliLoaders(train_set, val_set, aug, num_threads=max(1, num_workers), **common,
-                           device_id=world.device.index if world.device.type == "cuda" else None)
-    if cfg.loader == "gpu-decode":
-        return build_gpu_decode_loaders(train_set, val_set, aug, num_workers=num_workers, repeats=cfg.repeats,
-                                        device=world.device, **common)
-    return build_loaders(train_set, val_set, num_workers=num_workers, repeats=cfg.repeats, **common)
+                      batch_size: int, num_workers: int) -> Any:
+    """This process's loaders of the kind `cfg.loader` names (its `LOADERS` entry builds them), `batch_size` images a
+    step (val: twice that)."""
+    return LOADERS[cfg.loader].build(train_set, val_set, aug, batch_size=batch_size, num_workers=num_workers,
+                                     repeats=cfg.repeats, num_replicas=world.world_size, rank=world.rank,
+                                     seed=cfg.seed, device=world.device)
 
 # %%
 run_loaders = build_run_loaders(tiny, world, tiny.aug_config(), train_set, val_set, batch_size=8, num_workers=0)
@@ -211,13 +209,13 @@ def wrap_model(model: nn.Module, world: World, compile: bool) -> tuple[nn.Module
 
 
 @contextlib.contextmanager
-def compile_cache(output: Path, compile: bool):
-    """For the duration of a compiled run: torch's compile cache in `output/compile-cache` (a requeued job finds
-    it there), unless `TORCHINDUCTOR_CACHE_DIR` is set; the variable is restored afterwards."""
+def compile_cache(cache: Path, compile: bool):
+    """For the duration of a compiled run: torch's compile cache in the folder `cache` (the run folder's, where a
+    requeued job finds it), unless `TORCHINDUCTOR_CACHE_DIR` is set; the variable is restored afterwards."""
     if not compile or "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         yield
         return
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str((output / "compile-cache").resolve())
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache.resolve())
     try:
         yield
     finally:
@@ -244,7 +242,7 @@ assert round(buffer_mb, 1) == 4.6
 assert not list(VisionTransformer(replace(psa_tiny, local_attention="gpsa")).buffers())  # the fast GPSA: none
 assert wrap_model(convit, world, compile=False) == (convit, convit)
 yours = os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # as on a machine that does not set it
-with compile_cache(tmp / "run", compile=True):
+with compile_cache(tmp / "run" / "compile-cache", compile=True):
     inside = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 assert inside == str((tmp / "run" / "compile-cache").resolve()) and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
 if yours is not None:
@@ -253,17 +251,21 @@ if yours is not None:
 # %% [markdown]
 # ## What a run writes
 #
-# `run.json` (the config, the world, the batch sizes, the learning rate, the versions, the command line) when it
-# starts, and a line in `invocations.jsonl` every time it is started or resumed (a run extended with more
-# epochs, or resumed on another number of GPUs, keeps the record of each start); chapter 26's checkpoints —
-# `last.pt` at every evaluated epoch, every `ckpt_every` steps and on a stop, `best.pt` when the top-1 improved
-# (a second name of that epoch's `last.pt`); the logs, `log.jsonl` and `log.csv`, rewritten from the history at
-# each evaluated epoch; the curves. Before any of it, the output folder must be writable.
+# A run's folder holds, by name: `run.json` (the config, the world, the batch sizes, the learning rate, the
+# versions, the command line) when it starts, and a line in `invocations.jsonl` every time it is started or resumed
+# (a run extended with more epochs, or resumed on another number of GPUs, keeps the record of each start); chapter
+# 26's checkpoints, `last.pt` and `best.pt` (a second name of one `last.pt`: the best-scoring one); the logs,
+# `log.jsonl` and `log.csv`, one row per evaluation; the curves; a compiled run's `compile-cache`. One object owns
+# those names and how each file is written and read, `RunFolder`: every file whole or not at all (chapter 12), and
+# every part of the package that reads a run — a resume, `convit-edu eval`, the experiments (chapter 37), the GPU
+# check (chapter 45) — reads it through the folder's readers. *When* each file is written, and by which process, is
+# the training loop's writer's (chapter 28). Before any of it, the output folder must be writable.
 
 # %%
 #| export run_records
-# A run's records: its output folder, run.json and invocations.jsonl, the progress rank 0 shows, the log files and
-# the curves.
+# A run's records: its folder — the name of every file a run writes, how each is written (whole or not at all) and
+# read back, and when (`RunWriter`: the checkpoint policy, rank 0 the writer, an error stopping every process) — and
+# the progress rank 0 shows.
 
 # %%
 #| export run_records
@@ -284,9 +286,85 @@ from matplotlib.figure import Figure
 import convit_edu
 from convit_edu.config import TrainConfig
 from convit_edu.distributed import World
-from convit_edu.files import atomic_write
-from convit_edu.optimisation import scaled_lr
-from convit_edu.run_state import TrainState
+from convit_edu.files import atomic_write, keep_as, write_text
+from convit_edu.run_state import TrainState, read_checkpoint, save_checkpoint
+from convit_edu.schedule import scaled_lr
+
+
+class RunFolder:
+    """The run folder `path`: the name of every file a run writes there, each written whole or not at all, and the
+    one reader of them. `RunWriter` (chapter 28) says when each is written."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.last = self.path / "last.pt"  # the checkpoint a run continues from (chapter 26)
+        self.best = self.path / "best.pt"  # the `last` its best-scoring evaluation began from, under a second name
+        self.info = self.path / "run.json"  # the run as it first started
+        self.invocations = self.path / "invocations.jsonl"  # a line per start: where it resumed from, what changed
+        self.log = self.path / "log.jsonl"  # a row per evaluation
+        self.table = self.path / "log.csv"  # the same rows for a spreadsheet, a column per gate
+        self.curves = self.path / "curves.png"  # the log's curves (`plot_history`)
+        self.compile_cache = self.path / "compile-cache"  # torch.compile's cache of a compiled run (a folder)
+
+    def holds_run(self) -> bool:
+        """Whether a run has checkpointed here."""
+        return self.last.is_file()
+
+    def checkpoint(self) -> dict:
+        """The checkpoint `last` (chapter 26's `read_checkpoint`)."""
+        return read_checkpoint(self.last)
+
+    def run_info(self) -> dict:
+        """What `run.json` holds."""
+        return json.loads(self._text(self.info))
+
+    def history(self) -> list[dict]:
+        """The log's rows, one per evaluation, in order."""
+        return [json.loads(line) for line in self._text(self.log).splitlines() if line.strip()]
+
+    def starts(self) -> list[dict]:
+        """The lines of `invocations.jsonl`, one per start, in order."""
+        return [json.loads(line) for line in self._text(self.invocations).splitlines() if line.strip()]
+
+    def _text(self, path: Path) -> str:
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist: no run has written it in {self.path} yet")
+        return path.read_text()
+
+    def write_start(self, info: dict, resumed_from: Path | None, changes: dict[str, list]) -> None:
+        """`run.json` when a run first starts (a resumed run keeps it), and for every start a line in
+        `invocations.jsonl`, with the checkpoint resumed from and the settings the resume changed ({setting: [old,
+        new]})."""
+        if resumed_from is None:
+            write_text(self.info, json.dumps(info, indent=2, default=str) + "\n")
+        line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from": resumed_from, "changed": changes, **info}
+        earlier = self.invocations.read_text() if self.invocations.is_file() else ""
+        write_text(self.invocations, earlier + json.dumps(line, default=str) + "\n")
+
+    def write_checkpoint(self, checkpoint: dict) -> None:
+        """`checkpoint` as `last` (chapter 26's `save_checkpoint`)."""
+        save_checkpoint(checkpoint, self.last)
+
+    def keep_best(self) -> None:
+        """`last` as `best` too: a second name of the same bytes (chapter 12's `keep_as`)."""
+        keep_as(self.last, self.best)
+
+    def write_logs(self, history: list[dict]) -> None:
+        """`log.jsonl` (a JSON line per row) and `log.csv`, from the whole `history`."""
+        write_text(self.log, "".join(json.dumps(row) + "\n" for row in history))
+        flat = [{**{k: v for k, v in row.items() if k != "gates"},
+                 **{f"gate_{i}": g for i, g in enumerate(row.get("gates", []))}} for row in history]
+        table = io.StringIO(newline="")
+        if flat:
+            writer = csv.DictWriter(table, fieldnames=list(flat[-1]))
+            writer.writeheader()
+            writer.writerows(flat)
+        write_text(self.table, table.getvalue())
+
+    def write_curves(self, history: list[dict]) -> None:
+        """`curves.png`: `plot_history(history)`."""
+        figure = plot_history(history)
+        atomic_write(self.curves, lambda f: figure.savefig(f, format="png"))
 
 
 def check_output(output: Path) -> None:
@@ -309,21 +387,14 @@ def versions() -> dict[str, str]:
             "torchvision": torchvision.__version__, "convit_edu": convit_edu.__version__}
 
 
-def write_run_info(output: Path, cfg: TrainConfig, world: World, *, batch_size: int, global_batch: int,
-                   steps_per_epoch: int, num_workers: int, precision: str, resumed_from: Path | None = None,
-                   changes: dict[str, list] | None = None) -> None:
-    """`run.json` when the run starts (a resumed run keeps it), and one line per start in `invocations.jsonl`,
-    with the checkpoint resumed from and the settings the resume changed ({setting: [old, new]})."""
-    info = {"config": asdict(cfg), "world_size": world.world_size, "batch_size": batch_size,
+def run_info(cfg: TrainConfig, world: World, *, batch_size: int, global_batch: int, steps_per_epoch: int,
+             num_workers: int, precision: str) -> dict:
+    """What `run.json` records of a run: its config, its world, its batch sizes and learning rate, its versions
+    and its command line."""
+    return {"config": asdict(cfg), "world_size": world.world_size, "batch_size": batch_size,
             "global_batch": global_batch, "scaled_lr": scaled_lr(cfg.lr, global_batch),
             "steps_per_epoch": steps_per_epoch, "num_workers": num_workers, "device": str(world.device),
             "precision": precision, "seed": cfg.seed, "versions": versions(), "command": sys.argv}
-    if resumed_from is None:
-        (output / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
-    line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from": resumed_from, "changed": changes or {},
-            **info}
-    with open(output / "invocations.jsonl", "a") as f:
-        f.write(json.dumps(line, default=str) + "\n")
 
 
 # %% [markdown]
@@ -333,7 +404,7 @@ def write_run_info(output: Path, cfg: TrainConfig, world: World, *, batch_size: 
 # %%
 output = Path(tiny.output)
 check_output(output)
-(output / "last.pt.tmp").write_bytes(b"half a checkpoint")
+(output / ".last.pt.tmp").write_bytes(b"half a checkpoint")
 check_output(output)
 assert output.is_dir() and list(output.iterdir()) == []
 (tmp / "a-file").write_text("not a folder")
@@ -342,26 +413,30 @@ assert "is not writable" in message
 print(message)
 
 # %% [markdown]
-# The run's records: a first start writes `run.json` and a line of `invocations.jsonl`; a resume that mends the
-# learning rate leaves `run.json` as it was and adds a line that says from where it resumed and what changed.
+# The run's records, written and read back through the folder: a first start writes `run.json` and a line of
+# `invocations.jsonl`; a resume that mends the learning rate leaves `run.json` as it was and adds a line that says
+# from where it resumed and what changed. A file a run has not written yet is an error that names it.
 
 # %%
+folder = RunFolder(output)
 sizes = dict(batch_size=8, global_batch=8, steps_per_epoch=8, num_workers=0, precision="fp32")
-write_run_info(output, tiny, world, **sizes)
-first_record = (output / "run.json").read_text()
-write_run_info(output, replace(tiny, lr=1e-3), world, **sizes, resumed_from=output / "last.pt",
-               changes={"lr": [tiny.lr, 1e-3]})
-run = json.loads((output / "run.json").read_text())
-starts = [json.loads(line) for line in (output / "invocations.jsonl").read_text().splitlines()]
-assert (output / "run.json").read_text() == first_record and run["config"] == asdict(tiny)
+folder.write_start(run_info(tiny, world, **sizes), resumed_from=None, changes={})
+first_record = folder.info.read_text()
+folder.write_start(run_info(replace(tiny, lr=1e-3), world, **sizes), resumed_from=folder.last,
+                   changes={"lr": [tiny.lr, 1e-3]})
+run, starts = folder.run_info(), folder.starts()
+assert folder.info.read_text() == first_record and run["config"] == asdict(tiny)
 assert {"world_size", "batch_size", "global_batch", "scaled_lr", "versions", "command"} <= run.keys()
 assert run["scaled_lr"] == scaled_lr(tiny.lr, 8) and set(run["versions"]) == {"python", "torch", "torchvision",
                                                                               "convit_edu"}
-assert [s["resumed_from"] for s in starts] == [None, str(output / "last.pt")]
+assert [s["resumed_from"] for s in starts] == [None, str(folder.last)]
 assert starts[1]["changed"] == {"lr": [tiny.lr, 1e-3]} and starts[1]["config"]["lr"] == 1e-3
 print("run.json:", ", ".join(run))
 print("invocations.jsonl, (resumed?, changed) of each start:", [(s["resumed_from"] is not None, s["changed"])
                                                                 for s in starts])
+message = expect_error(folder.history, FileNotFoundError)
+assert "log.jsonl does not exist" in message
+print(message.replace(str(tmp), "TMP"))
 
 # %% [markdown]
 # Progress is shown by rank 0 only: fastprogress bars with live curves (train and val loss, val top-1
@@ -428,19 +503,6 @@ class Progress:
         self.master.update_graph(curves)
 
 
-def write_logs(history: list[dict], output: Path) -> None:
-    """log.jsonl (one JSON line per epoch) and log.csv, rewritten from the checkpointed history."""
-    lines = "".join(json.dumps(row) + "\n" for row in history)
-    atomic_write(output / "log.jsonl", lambda f: f.write(lines.encode()))
-    flat = [{**{k: v for k, v in row.items() if k != "gates"},
-             **{f"gate_{i}": g for i, g in enumerate(row.get("gates", []))}} for row in history]
-    table = io.StringIO(newline="")
-    if flat:
-        writer = csv.DictWriter(table, fieldnames=list(flat[-1]))
-        writer.writeheader()
-        writer.writerows(flat)
-    atomic_write(output / "log.csv", lambda f: f.write(table.getvalue().encode()))
-
 
 # %%
 #| export run_records
@@ -480,12 +542,13 @@ def plot_history(history: list[dict]):
 history = [{"epoch": e, "step": 10 * e, "train_loss": 2.0 / e, "lr": 1e-3 / e, "images_per_s": 100.0,
             "epoch_time_s": 5.0, "data_wait_s": 0.5, "data_wait_share": 0.1, "val_loss": 1.5 / e,
             "val_top1": 30.0 * e, "val_top5": 60.0 + e, "gates": [0.73, 0.72 - 0.01 * e]} for e in (1, 2)]
-with tempfile.TemporaryDirectory() as folder:
-    write_logs(history, Path(folder))
-    rows = [json.loads(line) for line in (Path(folder) / "log.jsonl").read_text().splitlines()]
-    table = list(csv.DictReader(io.StringIO((Path(folder) / "log.csv").read_text())))
-    left = sorted(p.name for p in Path(folder).iterdir())
-assert rows == history and left == ["log.csv", "log.jsonl"]  # no temporary file left behind
+with tempfile.TemporaryDirectory() as path:
+    logged = RunFolder(path)
+    logged.write_logs(history)
+    logged.write_curves(history)
+    rows, table = logged.history(), list(csv.DictReader(io.StringIO(logged.table.read_text())))
+    left = sorted(p.name for p in Path(path).iterdir())
+assert rows == history and left == ["curves.png", "log.csv", "log.jsonl"]  # no temporary file left behind
 assert table[1]["gate_1"] == "0.7" and "gates" not in table[0]
 assert len(plot_history(history).axes) == 4  # loss (with the rate on a twin axis), accuracy, gates
 
