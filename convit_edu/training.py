@@ -105,7 +105,7 @@ def new_train_state(cfg: TrainConfig, world: World, model: nn.Module, data: RunD
                       ema)
 
 
-# %% nbs/28_training.py 12
+# %% nbs/28_training.py 10
 def epoch_scores(state: TrainState, data: RunData, device: torch.device, precision: str) -> dict:
     """Validation loss, top-1 and top-5 of the model (and of its EMA), and the mean gate σ(λ) of each layer."""
     models = {"val": state.model, **({"ema": state.ema.module} if state.ema is not None else {})}
@@ -319,7 +319,7 @@ class Trainer:
                            stopped)
 
 
-# %% nbs/28_training.py 14
+# %% nbs/28_training.py 12
 def train(cfg: TrainConfig, *, model: nn.Module | None = None, datasets: tuple | None = None,
           teacher: nn.Module | None = None, callbacks: Sequence[Callback] = ()) -> TrainResult:
     """Train as `cfg` says, on one process or under `torchrun`; the single entry point of notebook and CLI.

@@ -135,7 +135,7 @@ import importlib.util
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from convit_edu.augment import AUGMENTATION_RENAMES, AugConfig, augmentation
+from convit_edu.augment import AUGMENTATION_RENAMES, AUGMENTATIONS, AugConfig, augmentation
 from convit_edu.checks import number, one_of, positive_int
 from convit_edu.loader_registry import LOADERS
 from convit_edu.datasets import DATASETS, check_fraction
@@ -310,7 +310,8 @@ def _check_loader(cfg: TrainConfig, aug: AugConfig | None) -> None:
         raise ValueError(f"{name} reads image files: it needs data 'imagefolder', not {cfg.data!r} (use loader "
                          f"{instead})")
     if kind.crop is not None and (aug is None or aug.crop != kind.crop):
-        raise ValueError(f"{name} implements the recipe with crop {kind.crop!r} only (aug 'deit'), not aug {cfg.aug!r} "
+        fits = " or ".join(repr(n) for n, a in AUGMENTATIONS.items() if a.crop == kind.crop)
+        raise ValueError(f"{name} implements the recipe with crop {kind.crop!r} only (aug {fits}), not aug {cfg.aug!r} "
                          f"(use loader {instead})")
     if not kind.repeats and cfg.repeats != 1:
         raise ValueError(f"{name} has no repeated augmentation: repeats {cfg.repeats} needs loader {instead}")

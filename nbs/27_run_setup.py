@@ -20,8 +20,9 @@
 # checked when it was made; then the output folder (writable?), the data (more processes than samples? a batch
 # larger than a process's share?), the model and the resume checkpoint (chapter 26: the same model? the same
 # global batch?), the optimisation — and only then trained. `Trainer.__init__` (chapter 28) is that order; the
-# functions here build its pieces (`run_setup`) and keep its records (`run_records`: the output folder, `run.json`,
-# the progress shown, the logs and the curves), each checked below on a small config.
+# functions here build its pieces (`run_setup`) and keep its records (`run_records`: the run's folder — the name of
+# every file a run writes, how each is written and read back, and when — and the progress shown), each checked
+# below on a small config.
 
 # %% tags=["parameters"]
 import os
@@ -259,7 +260,7 @@ if yours is not None:
 # those names and how each file is written and read, `RunFolder`: every file whole or not at all (chapter 12), and
 # every part of the package that reads a run — a resume, `convit-edu eval`, the experiments (chapter 37), the GPU
 # check (chapter 45) — reads it through the folder's readers. *When* each file is written, and by which process, is
-# the training loop's writer's (chapter 28). Before any of it, the output folder must be writable.
+# the run's writer's (below). Before any of it, the output folder must be writable.
 
 # %%
 #| export run_records
@@ -277,6 +278,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torchvision
@@ -285,7 +287,7 @@ from matplotlib.figure import Figure
 
 import convit_edu
 from convit_edu.config import TrainConfig
-from convit_edu.distributed import World
+from convit_edu.distributed import World, run_on_main
 from convit_edu.files import atomic_write, keep_as, write_text
 from convit_edu.run_state import TrainState, read_checkpoint, save_checkpoint
 from convit_edu.schedule import scaled_lr
@@ -293,7 +295,7 @@ from convit_edu.schedule import scaled_lr
 
 class RunFolder:
     """The run folder `path`: the name of every file a run writes there, each written whole or not at all, and the
-    one reader of them. `RunWriter` (chapter 28) says when each is written."""
+    one reader of them. `RunWriter` says when each is written."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -560,3 +562,118 @@ with contextlib.redirect_stdout(printed):
 line = printed.getvalue().strip()
 assert line == "epoch 1/3 step 10/20 loss 1.2500 lr 1.000e-03 250 img/s data wait 0.30 s (15 %)", line
 print(line)
+
+# %% [markdown]
+# ## What a run writes, and when
+#
+# `RunFolder` says what each file of a run is called and how it is written; *when* each is written is the run's
+# writer's, `RunWriter`: the training loop (chapter 28) reports what happened — a step done, an evaluation begun, an
+# evaluation scored, the run returning — and the writer decides what to write, on rank 0, through chapter 24's
+# `run_on_main`, so that a failed write (a full disk) stops every process at once with an error that names the file.
+# Nothing in it counts epochs: a loop that evaluated every N optimiser steps would report the same events. Its
+# policy:
+#
+# * **`last.pt` before each evaluation** (every `eval_every` epochs, and the last), so that a signal during a long
+#   evaluation (an ImageNet pass takes minutes) loses nothing: the checkpoint keeps the epoch's training numbers as
+#   `pending`, and a run resumed from it evaluates that epoch first. Other epochs end without a checkpoint: a run of
+#   one-step epochs (Table 2's f = 0.1 on a GPU, chapter 38) spent more time writing `last.pt` at every epoch's end
+#   than training. A crash loses at most `eval_every` epochs, or **`ckpt_every` optimiser steps** when that is set
+#   (`due`: the trainer reads the device back first, so that a checkpoint never holds a step whose loss was not
+#   checked).
+# * **`best.pt` when an evaluation scores best**: the `last.pt` written as that evaluation began, under a second
+#   name (chapter 12's `keep_as`), so an evaluated epoch writes its hundreds of megabytes once, not three times. The
+#   link is right because nothing is written between an evaluation's start and its score: a writer that saved in
+#   the background would chain the link after that write, here, and nowhere else.
+# * **the logs after each evaluation**, rewritten from the whole history.
+# * **when the run returns** (finished, or stopped anywhere: a signal, a hook's `state.stop`), `last.pt` once more if
+#   it does not hold the run's position and whole log yet, and the curves. The writer knows what `last.pt` holds:
+#   the position it last wrote (epoch, step, evaluations, an evaluation pending), or the one the run started from.
+#
+# The checkpoint itself is built by the trainer on every process (its weights checked finite, every process's
+# loader state gathered: chapter 26), when the writer asks for it; a step that one day keeps state of its own (a
+# captured CUDA graph's) adds it there, and nothing here changes.
+
+# %%
+#| export run_records
+def _position(state: TrainState) -> tuple:
+    return state.epoch, state.step, len(state.history), state.pending is not None
+
+
+class RunWriter:
+    """What a run writes in its `folder`, and when, told what happened by the trainer: `last.pt` every
+    `ckpt_every` optimiser steps (`due`), as each evaluation begins and when the run returns if it lags; `best.pt`
+    when an evaluation scores best; the logs after each; the curves at the end. Rank 0 writes, and a failed write
+    stops every process of `world`. `contents()` builds the checkpoint, on every process."""
+
+    def __init__(self, folder: RunFolder, world: World, ckpt_every: int, contents: Callable[[], dict]):
+        self.folder, self.world, self.ckpt_every, self.contents = folder, world, ckpt_every, contents
+        self.holds: tuple | None = None  # the position `last.pt` holds (`_position`)
+
+    def prepare(self) -> None:
+        """Before the run is built: its folder, writable, without a killed run's temporary files."""
+        self._on_main(f"write in the run folder {self.folder.path}", lambda: check_output(self.folder.path))
+
+    def start(self, state: TrainState, info: dict, resumed_from: Path | None, changes: dict[str, list]) -> None:
+        """The run starts at `state` (resumed from `resumed_from`, mended by `changes`): its records (`run_info`)."""
+        self._on_main(f"write the run's records in {self.folder.path}",
+                      lambda: self.folder.write_start(info, resumed_from, changes))
+        self.holds = _position(state)  # nothing that last.pt lacks yet
+
+    def due(self, state: TrainState) -> bool:
+        """Whether `last.pt` is written after this optimiser step: every `ckpt_every` steps."""
+        return bool(self.ckpt_every) and state.global_step % self.ckpt_every == 0
+
+    def save(self, state: TrainState) -> None:
+        """`last.pt` of the run as it stands."""
+        checkpoint = self.contents()
+        self._on_main(f"write the checkpoint {self.folder.last}", lambda: self.folder.write_checkpoint(checkpoint))
+        self.holds = _position(state)
+
+    def evaluating(self, state: TrainState) -> None:
+        """An evaluation begins (its epoch's training numbers are `state.pending`): `last.pt` first."""
+        self.save(state)
+
+    def scored(self, state: TrainState, improved: bool) -> None:
+        """The evaluation's row is in `state.history`: the logs, and `best.pt` when it `improved` the best score."""
+        if improved:  # last.pt is still the file written as this evaluation began
+            self._on_main(f"keep {self.folder.last} as {self.folder.best}", self.folder.keep_best)
+        self._on_main(f"write the logs {self.folder.log}", lambda: self.folder.write_logs(state.history))
+
+    def finished(self, state: TrainState) -> None:
+        """The run returns, done or stopped: `last.pt` when it does not hold `state` yet, and the curves."""
+        if _position(state) != self.holds:
+            self.save(state)
+        if state.history:
+            self._on_main(f"draw the curves {self.folder.curves}", lambda: self.folder.write_curves(state.history))
+
+    def last_good(self) -> str:
+        """Where the run can be resumed from, for an error's message."""
+        last = self.folder.last
+        return f"{last} is the last good checkpoint" if last.exists() else "no checkpoint was written yet"
+
+    def _on_main(self, what: str, write: Callable[[], object]) -> None:
+        run_on_main(self.world, what, write)
+
+# %% [markdown]
+# The policy, driven by hand: a writer told of two evaluations (the first the best so far) and of the run's end
+# writes `last.pt` as each evaluation begins and once more at the end, keeps the first one's as `best.pt`, and
+# rewrites the logs after each; every 4 steps it would checkpoint when `ckpt_every` is 4. (The checkpoint here is a
+# stand-in that says which step it holds.)
+
+# %%
+state = TrainState(cfg=tiny, model=torch.nn.Linear(1, 1), optimizer=None, rank=0, world_size=1, steps_per_epoch=8)
+writer = RunWriter(RunFolder(tmp / "written"), world, ckpt_every=0, contents=lambda: {"step": state.global_step})
+writer.prepare()
+writer.start(state, run_info(tiny, world, **sizes), resumed_from=None, changes={})
+for row, improved in zip(history, (True, False)):
+    state.epoch, state.global_step, state.pending = row["epoch"], row["epoch"] * 8, row
+    writer.evaluating(state)  # last.pt, holding the evaluation's step
+    state.history, state.pending = state.history + [row], None
+    writer.scored(state, improved)
+writer.finished(state)
+held = {p.name: torch.load(p, weights_only=True)["step"] for p in (writer.folder.last, writer.folder.best)}
+assert held == {"last.pt": 16, "best.pt": 8} and writer.folder.history() == history and writer.folder.curves.exists()
+every_4 = RunWriter(writer.folder, world, ckpt_every=4, contents=dict)
+assert [step for step in range(1, 9) if every_4.due(replace(state, global_step=step))] == [4, 8]
+print("held by last.pt and best.pt (steps):", held, "- written:", ", ".join(sorted(p.name for p in
+                                                                                  writer.folder.path.iterdir())))

@@ -40,8 +40,8 @@
 # * `backward`, `step` — through the fp16 loss scaler and the gradient clipping, then the EMA of the weights;
 # * `print(loss)` — the loss stays on the device and is read back once per `log_every` steps, with every
 #   process's stop signals in the same all-reduce;
-# * the end of an epoch — its evaluation, reported to the run's writer, which decides what to write: one checkpoint,
-#   before the evaluation, kept as `best.pt` when it scores best, the logs;
+# * the end of an epoch — its evaluation, reported to the run's writer (chapter 27), which decides what to write: one
+#   checkpoint, before the evaluation, kept as `best.pt` when it scores best, the logs;
 # * and around it all: an exact resume, a clean stop on SIGTERM, non-finite numbers named, rank 0 the only writer.
 #
 # A run is one object, `Trainer` (in the spirit of miniai's `Learner`): built from a `TrainConfig`, it holds the
@@ -163,109 +163,14 @@ def new_train_state(cfg: TrainConfig, world: World, model: nn.Module, data: RunD
                       ema)
 
 # %% [markdown]
-# ## What a run writes, and when
-#
-# Chapter 27's `RunFolder` says what each file of a run is called and how it is written; *when* each is written
-# is the run's writer's, `RunWriter`: the trainer reports what happened — a step done, an evaluation begun, an
-# evaluation scored, the run returning — and the writer decides what to write, on rank 0, through chapter 24's
-# `run_on_main`, so that a failed write (a full disk) stops every process at once with an error that names the file.
-# Its policy:
-#
-# * **`last.pt` before each evaluation** (every `eval_every` epochs, and the last), so that a signal during a long
-#   evaluation (an ImageNet pass takes minutes) loses nothing: the checkpoint keeps the epoch's training numbers as
-#   `pending`, and a run resumed from it evaluates that epoch first. Other epochs end without a checkpoint: a run of
-#   one-step epochs (Table 2's f = 0.1 on a GPU, chapter 38) spent more time writing `last.pt` at every epoch's end
-#   than training. A crash loses at most `eval_every` epochs, or **`ckpt_every` optimiser steps** when that is set
-#   (`due`: the trainer reads the device back first, so that a checkpoint never holds a step whose loss was not
-#   checked).
-# * **`best.pt` when an evaluation scores best**: the `last.pt` written as that evaluation began, under a second
-#   name (chapter 12's `keep_as`), so an evaluated epoch writes its hundreds of megabytes once, not three times. The
-#   link is right because nothing is written between an evaluation's start and its score: a writer that saved in
-#   the background would chain the link after that write, here, and nowhere else.
-# * **the logs after each evaluation**, rewritten from the whole history.
-# * **when the run returns** (finished, or stopped anywhere: a signal, a hook's `state.stop`), `last.pt` once more if
-#   it does not hold the run's position and whole log yet, and the curves. The writer knows what `last.pt` holds:
-#   the position it last wrote (epoch, step, evaluations, an evaluation pending), or the one the run started from.
-#
-# The checkpoint itself is built by the trainer on every process (its weights checked finite, every process's
-# loader state gathered: chapter 26), when the writer asks for it; a step that one day keeps state of its own (a
-# captured CUDA graph's) adds it there, and nothing here changes.
-
-# %%
-#| export run_records
-from typing import Callable
-
-from convit_edu.distributed import run_on_main
-
-
-def _position(state: TrainState) -> tuple:
-    return state.epoch, state.step, len(state.history), state.pending is not None
-
-
-class RunWriter:
-    """What a run writes in its `folder`, and when, told what happened by the trainer: `last.pt` every
-    `ckpt_every` optimiser steps (`due`), as each evaluation begins and when the run returns if it lags; `best.pt`
-    when an evaluation scores best; the logs after each; the curves at the end. Rank 0 writes, and a failed write
-    stops every process of `world`. `contents()` builds the checkpoint, on every process."""
-
-    def __init__(self, folder: RunFolder, world: World, ckpt_every: int, contents: Callable[[], dict]):
-        self.folder, self.world, self.ckpt_every, self.contents = folder, world, ckpt_every, contents
-        self.holds: tuple | None = None  # the position `last.pt` holds (`_position`)
-
-    def prepare(self) -> None:
-        """Before the run is built: its folder, writable, without a killed run's temporary files."""
-        self._on_main(f"write in the run folder {self.folder.path}", lambda: check_output(self.folder.path))
-
-    def start(self, state: TrainState, info: dict, resumed_from: Path | None, changes: dict[str, list]) -> None:
-        """The run starts at `state` (resumed from `resumed_from`, mended by `changes`): its records (`run_info`)."""
-        self._on_main(f"write the run's records in {self.folder.path}",
-                      lambda: self.folder.write_start(info, resumed_from, changes))
-        self.holds = _position(state)  # nothing that last.pt lacks yet
-
-    def due(self, state: TrainState) -> bool:
-        """Whether `last.pt` is written after this optimiser step: every `ckpt_every` steps."""
-        return bool(self.ckpt_every) and state.global_step % self.ckpt_every == 0
-
-    def save(self, state: TrainState) -> None:
-        """`last.pt` of the run as it stands."""
-        checkpoint = self.contents()
-        self._on_main(f"write the checkpoint {self.folder.last}", lambda: self.folder.write_checkpoint(checkpoint))
-        self.holds = _position(state)
-
-    def evaluating(self, state: TrainState) -> None:
-        """An evaluation begins (its epoch's training numbers are `state.pending`): `last.pt` first."""
-        self.save(state)
-
-    def scored(self, state: TrainState, improved: bool) -> None:
-        """The evaluation's row is in `state.history`: the logs, and `best.pt` when it `improved` the best score."""
-        if improved:  # last.pt is still the file written as this evaluation began
-            self._on_main(f"keep {self.folder.last} as {self.folder.best}", self.folder.keep_best)
-        self._on_main(f"write the logs {self.folder.log}", lambda: self.folder.write_logs(state.history))
-
-    def finished(self, state: TrainState) -> None:
-        """The run returns, done or stopped: `last.pt` when it does not hold `state` yet, and the curves."""
-        if _position(state) != self.holds:
-            self.save(state)
-        if state.history:
-            self._on_main(f"draw the curves {self.folder.curves}", lambda: self.folder.write_curves(state.history))
-
-    def last_good(self) -> str:
-        """Where the run can be resumed from, for an error's message."""
-        last = self.folder.last
-        return f"{last} is the last good checkpoint" if last.exists() else "no checkpoint was written yet"
-
-    def _on_main(self, what: str, write: Callable[[], object]) -> None:
-        run_on_main(self.world, what, write)
-
-# %% [markdown]
 # ## The trainer
 #
 # `Trainer(cfg, world)` builds a run in chapter 27's order — output folder, data, models, resume checkpoint,
 # optimisation — and restores a checkpoint with chapter 26's `resume_weights` and `restore_run`. Its state,
 # `trainer.state`, is the one its hooks see. Three objects share the loop: `trainer.step`, a `TrainStep`, knows *how*
 # a step runs and holds what only the step needs (the model wrapped for DDP and compiled, the teacher, the losses
-# not read back yet); `trainer.records`, the `RunWriter`, what is written; the `Trainer` decides *when* — to read
-# back, to evaluate, to stop — and reports it.
+# not read back yet); `trainer.records`, chapter 27's `RunWriter`, decides what is written in the run's folder,
+# told what happened; the `Trainer` decides *when* — to read back, to evaluate, to stop — and reports it.
 #
 # **`step(batches)`**, one optimiser step: `accum_steps` micro-batches, each finished on the device, mixed
 # (MixUp/CutMix) and run under autocast beside the teacher; DDP synchronises the gradients on the last one only.
