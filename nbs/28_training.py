@@ -22,11 +22,13 @@
 # for epoch in range(epochs):
 #     model.train()
 #     for images, labels in train_loader:
+#         for group in optimizer.param_groups:
+#             group["lr"] = deit_lr(step, *schedule)
 #         loss = F.cross_entropy(model(images), labels)
+#         optimizer.zero_grad()
 #         loss.backward()
 #         optimizer.step()
-#         optimizer.zero_grad()
-#         scheduler.step()
+#         step += 1
 #     print(epoch, evaluate(model, val_set))
 # ```
 #
@@ -35,6 +37,7 @@
 #
 # * `for images, labels in train_loader` — this process's share of a sampler that can start mid-epoch, uint8
 #   batches finished on the device, Mixup/CutMix, and a clock on how long the step waited for its data;
+# * `group["lr"] = …` — the same function of the step (chapter 23's `RunSchedule`, the gates' group at its own scale);
 # * `loss = …` — under autocast, with a teacher's answer for distillation, over `accum_steps` micro-batches
 #   whose gradients DDP synchronises once;
 # * `backward`, `step` — through the fp16 loss scaler and the gradient clipping, then the EMA of the weights;
