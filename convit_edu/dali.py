@@ -15,11 +15,10 @@ from convit_edu.augment import RANDAUGMENT_MAX_MAGNITUDE, AugConfig
 from convit_edu.datasets import ImageFolderDataset
 from convit_edu.samplers import seed_from, val_shard
 
-__all__ = ['LOADERS', 'DALI_INSTALL', 'dali_available', 'dali_train_pipeline', 'dali_eval_pipeline', 'DaliLoaders', 'DaliEvalBatches']
+__all__ = ['DALI_INSTALL', 'dali_available', 'dali_train_pipeline', 'dali_eval_pipeline', 'DaliLoaders', 'DaliEvalBatches', 'build_dali_loaders']
 
 
 # %% nbs/18_dali.py 8
-LOADERS = ("torchvision", "dali", "gpu-decode")
 DALI_INSTALL = 'pip install -e ".[dali]"'
 _DALI_INTERPOLATION = {"bicubic": "INTERP_CUBIC", "bilinear": "INTERP_LINEAR", "nearest": "INTERP_NN"}
 
@@ -173,3 +172,16 @@ class DaliEvalBatches:
 
     def __len__(self) -> int:
         return math.ceil(len(self.files) / self.batch_size)
+
+
+def build_dali_loaders(train_set: ImageFolderDataset, val_set: ImageFolderDataset, aug: AugConfig, *, batch_size: int,
+                       num_workers: int, repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0,
+                       device: torch.device) -> DaliLoaders:
+    """``DaliLoaders`` built as a run builds every kind of loader: ``num_workers`` DALI threads (at least one), the
+    JPEGs decoded on ``device`` when it is a GPU, else on the CPU. DALI has no repeated augmentation: ``repeats`` 1."""
+    if repeats != 1:
+        raise ValueError(f"loader 'dali' has no repeated augmentation: repeats {repeats} needs loader 'torchvision'")
+    device = torch.device(device)
+    return DaliLoaders(train_set, val_set, aug, batch_size=batch_size, num_threads=max(1, num_workers),
+                       num_replicas=num_replicas, rank=rank, seed=seed,
+                       device_id=(device.index or 0) if device.type == "cuda" else None)

@@ -23,12 +23,13 @@ from convit_edu.datasets import ImageFolderDataset, subsample_per_class
 from convit_edu.devices import autocast, resolve_device
 from convit_edu.evaluation import evaluate
 from convit_edu.experiment_design import ABLATIONS, RunSpec
-from convit_edu.files import write_json
+from convit_edu.files import write_json, write_text
 from convit_edu.loaders import build_loader
 from convit_edu.locality import LocalityRecorder, plot_gate_history, plot_nonlocality_history, read_locality
 from convit_edu.models import VisionTransformer
 from convit_edu.optimisation import learning_rate_sum
-from convit_edu.run_state import read_checkpoint, settings_changed
+from convit_edu.run_records import RunFolder
+from convit_edu.run_state import settings_changed
 from convit_edu.tables import format_table_2, format_table_3, plot_table_2, table_2, table_3
 from convit_edu.training import train
 
@@ -174,12 +175,13 @@ def folder_class_sizes(cfg: TrainConfig) -> list[int]:
 def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]:
     """Hours the unfinished ``runs`` should take here (one stopped part-way: the epochs its ``last.pt`` has left),
     and how: the finished runs of each model on this device type (their ``run.json`` says), else a step measured now."""
-    done = [(json.loads(p.read_text()), json.loads((p.parent / "run.json").read_text())["device"])
-            for p in Path(output).glob("*/record.json") if (p.parent / "run.json").is_file()]
+    finished = [RunFolder(p.parent) for p in Path(output).glob("*/record.json")]
+    done = [(json.loads((run.path / "record.json").read_text()), run.run_info()["device"])
+            for run in finished if run.info.is_file()]
     hours, how = 0.0, set()
     for spec in runs:
-        cfg, last = run_config(spec, output), Path(output) / spec.name / "last.pt"
-        left = 1 - read_checkpoint(last)["epoch"] / cfg.epochs if last.is_file() else 1  # the share still to train
+        cfg, run = run_config(spec, output), RunFolder(Path(output) / spec.name)
+        left = 1 - run.checkpoint()["epoch"] / cfg.epochs if run.holds_run() else 1  # the share still to train
         device, same = resolve_device(cfg.device), spec.name.rsplit("_f", 1)[0] + "_f"  # the same model's runs
         past = [r["hours"] for r, on in done if r["name"].startswith(same) and torch.device(on).type == device.type]
         if past:
@@ -197,8 +199,10 @@ def expected_hours(runs: list[RunSpec], output: str | Path) -> tuple[float, str]
 def refuse_other_settings(runs: list[RunSpec], output: Path) -> None:
     """ValueError naming each setting (``settings_changed``, the global batch; not ``data_root`` spelt otherwise) that
     differs between a run of ``runs`` now and the run its folder in ``output`` holds (``run.json``)."""
-    for folder, spec in ((output / s.name, s) for s in runs if (output / s.name / "run.json").is_file()):
-        info, now = json.loads((folder / "run.json").read_text()), run_config(spec, folder, resume="auto")
+    for run, spec in ((RunFolder(output / s.name), s) for s in runs):
+        if not run.info.is_file():
+            continue
+        folder, info, now = run.path, run.run_info(), run_config(spec, run.path, resume="auto")
         changed = settings_changed(info["config"], now)
         if Path(info["config"]["data_root"]).resolve() == Path(now.data_root).resolve():
             changed.pop("data_root", None)
@@ -259,16 +263,12 @@ class RunResult:
 def read_run(folder: str | Path, spec: RunSpec) -> RunResult:
     """The run ``spec`` from ``folder`` (its ``run.json`` and ``log.jsonl``); FileNotFoundError naming the
     missing file, ValueError when the folder holds another run."""
-    folder = Path(folder)
-    for name in ("run.json", "log.jsonl"):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"{folder / name} does not exist: run {spec.name!r} has not written it yet")
-    config = json.loads((folder / "run.json").read_text())["config"]
+    run = RunFolder(folder)
+    config = run.run_info()["config"]
     if (config["model"], config["fraction"]) != (spec.config.model, spec.config.fraction):
         raise ValueError(f"{folder} holds a {config['model']} on fraction {config['fraction']}, not run {spec.name!r} "
                          f"({spec.config.model} on fraction {spec.config.fraction})")
-    history = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines() if line.strip()]
-    return RunResult(spec, config, history)
+    return RunResult(spec, config, run.history())
 
 
 def collect(results: str | Path, runs: list[RunSpec]) -> dict[str, RunResult]:
@@ -310,7 +310,7 @@ def write_summary(output: str | Path, paper_gaps: dict[float, float] | None = No
     rows = table_2(records)
     text = [format_table_2(rows)] + [format_table_3(table_3(records, f)) for f in sorted({
         r["fraction"] for r in records if r["ablation"] is not None})]
-    (output / "table.txt").write_text("\n\n".join(text) + "\n")
+    write_text(output / "table.txt", "\n\n".join(text) + "\n")
     if rows:
         plot_table_2(records, paper_gaps).savefig(output / "sample_efficiency.png")
         histories = locality_histories(output, rows[-1]["fraction"], rows[-1]["paired_seeds"][0])

@@ -1,4 +1,4 @@
-"""Files written whole or not at all (atomic writes, JSON, a second name for a file), and torch files read safely. The
+"""Files written whole or not at all (atomic writes, text, JSON, a second name for a file), and torch files read safely. The
 package's ground floor: it imports nothing of the package, so the data wing (chapter 13 on) and a run's state
 (chapter 26) stand on it without standing on the models."""
 
@@ -15,7 +15,7 @@ from typing import IO, Any, Callable
 
 import torch
 
-__all__ = ['load_file', 'atomic_write', 'write_json', 'keep_as']
+__all__ = ['load_file', 'atomic_write', 'write_text', 'write_json', 'keep_as']
 
 
 # %% nbs/12_checkpoints.py 8
@@ -40,7 +40,8 @@ def load_file(path: str | Path) -> object:
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     """Write the file `path` atomically: `write(f)` fills a temporary file beside it (`.NAME.….tmp`), which is
     flushed to disk and renamed over `path`. Every file a run writes (checkpoints, logs, results, cached file
-    lists) goes through here, so a crash at any moment leaves the old file or the new one, never half of one."""
+    lists) goes through here, so a crash at any moment leaves the old file or the new one, never half of one; a
+    failed write's error names `path` (the error of a full disk names no file by itself)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -49,16 +50,25 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        if e.errno is None or e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
     finally:
         Path(tmp).unlink(missing_ok=True)
     return path
 
 
-def write_json(path: str | Path, value: Any) -> Path:
-    """`value` as JSON in `path`, atomically, its folders made: the one writer of a run's records and results
-    (a grid's records and summary, benchmark results)."""
+def write_text(path: str | Path, text: str) -> Path:
+    """`text` in `path`, atomically, its folders made: the one writer of a run's and a grid's text files (records,
+    logs, tables, results)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, lambda f: f.write((json.dumps(value, indent=1, default=str) + "\n").encode()))
+    return atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def write_json(path: str | Path, value: Any) -> Path:
+    """`value` as JSON in `path` (`write_text`): a grid's records and summary, benchmark results."""
+    return write_text(path, json.dumps(value, indent=1, default=str) + "\n")
 
 
 def keep_as(path: str | Path, kept: str | Path) -> Path:

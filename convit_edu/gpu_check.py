@@ -44,7 +44,7 @@ from convit_edu.gpu_correctness import (
     collect_environment,
     run_check,
 )
-from convit_edu.run_records import check_output
+from convit_edu.run_records import RunFolder, check_output
 from convit_edu.training import Trainer
 
 __all__ = ['check_graph_breaks', 'is_sync_warning', 'fit_watched', 'check_host_syncs', 'check_compiled_train', 'S_TARGETS', 'check_throughput_small', 'make_jpegs', 'run_cli', 'check_jpeg_runs', 'PHASES', 'main']
@@ -240,10 +240,10 @@ def check_jpeg_runs(ctx: CheckContext, loader: str) -> PhaseResult:
     lines = run_cli(["train", *config_to_words(cfg)], ctx)
     lines += run_cli(["train", *config_to_words(replace(cfg, epochs=2, resume="auto"))], ctx)
     workers = [] if s.workers is None else ["--num-workers", str(s.workers)]
-    scores = json.loads(run_cli(["eval", str(out / "last.pt"), "--device", str(ctx.device), "--batch-size",
+    run = RunFolder(out)
+    scores = json.loads(run_cli(["eval", str(run.last), "--device", str(ctx.device), "--batch-size",
                                  str(2 * s.batch), *workers], ctx)[-1])
-    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    resumed = json.loads((out / "invocations.jsonl").read_text().splitlines()[-1])["resumed_from"]
+    rows, resumed = run.history(), run.starts()[-1]["resumed_from"]
     details, problems = {**made, "log": rows, "eval": scores, "output_tail": lines[-12:]}, []
     if [r["epoch"] for r in rows] != [1, 2] or resumed is None:
         problems.append(f"the second run did not resume to epoch 2 (log.jsonl epochs {[r['epoch'] for r in rows]})")

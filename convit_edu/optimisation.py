@@ -15,56 +15,58 @@ from torch.optim.swa_utils import AveragedModel
 
 from convit_edu.checkpoints import load_weights, read_state_dict
 from convit_edu.config import TrainConfig
-from convit_edu.fit import deit_lr, param_groups
+from convit_edu.fit import param_groups
 from convit_edu.samplers import seed_from
+from convit_edu.schedule import RunSchedule, scaled_lr
 from convit_edu.zoo import create_model, list_models
 
-__all__ = ['scaled_lr', 'with_gate_group', 'build_optimizer', 'learning_rate_sum', 'train_loss', 'build_teacher', 'update_ema', 'seed_step']
+__all__ = ['with_gate_group', 'run_schedule', 'build_optimizer', 'learning_rate_sum', 'train_loss', 'build_teacher', 'update_ema', 'seed_step']
 
 
-# %% nbs/23_optimisation.py 7
-def scaled_lr(base_lr: float, global_batch: int) -> float:
-    """DeiT's linear scaling rule: the peak learning rate is base_lr × global_batch / 512."""
-    return base_lr * global_batch / 512
-
-
-def with_gate_group(groups: list[dict], model: nn.Module, scale: float) -> list[dict]:
-    """``groups`` with the GPSA gates λ (parameters named ``gating_param``) moved into a group of their own,
-    undecayed, whose learning rate is ``scale`` times every other group's (its base rate under the schedule)."""
+# %% nbs/23_optimisation.py 9
+def with_gate_group(groups: list[dict], model: nn.Module, scale: float) -> tuple[list[dict], tuple[float, ...]]:
+    """``groups`` with the GPSA gates λ (parameters named ``gating_param``) moved into a last group of their own,
+    undecayed, and the scale of each group's learning rate (``RunSchedule.scales``): 1, and ``scale`` for the gates."""
     gates = {id(p) for name, p in model.named_parameters() if name.endswith("gating_param") and p.requires_grad}
     if not gates:
         raise ValueError(f"gate_lr_scale {scale} needs GPSA gates that learn, but this {type(model).__name__} has "
                          "no trainable gating_param (a DeiT, frozen gates, or no GPSA layers): leave it at 1")
     rest = [{**g, "params": [p for p in g["params"] if id(p) not in gates]} for g in groups]
     mine = [p for g in groups for p in g["params"] if id(p) in gates]
-    return rest + [{"params": mine, "weight_decay": 0.0, "lr": scale}]
+    return rest + [{"params": mine, "weight_decay": 0.0}], (1.0,) * len(rest) + (scale,)
+
+
+def run_schedule(cfg: TrainConfig, steps_per_epoch: int, global_batch: int,
+                 scales: tuple[float, ...] = (1.0, 1.0)) -> RunSchedule:
+    """The schedule of the run `cfg` at `global_batch` images and `steps_per_epoch` optimiser steps per epoch:
+    the peak `scaled_lr(cfg.lr, global_batch)`, `cfg.warmup_epochs` of warm-up, the cosine over `cfg.epochs`."""
+    return RunSchedule(steps_per_epoch * cfg.epochs, round(cfg.warmup_epochs * steps_per_epoch),
+                       scaled_lr(cfg.lr, global_batch), cfg.min_lr, cfg.warmup_lr, scales)
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module, global_batch: int, steps_per_epoch: int,
-                    device: torch.device) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over `param_groups` (fused into one kernel on a GPU) and its schedule, stepped per optimiser step: a
-    `LambdaLR` over a base rate of 1, so that the lambda, `deit_lr` at `scaled_lr(cfg.lr, global_batch)`, *is*
-    the learning rate (times ``cfg.gate_lr_scale`` for the gates, `with_gate_group`)."""
+                    device: torch.device) -> tuple[torch.optim.AdamW, RunSchedule]:
+    """AdamW over `param_groups` (fused into one kernel on a GPU; the GPSA gates in a group of their own when
+    `cfg.gate_lr_scale` is not 1, `with_gate_group`) and the run's schedule, the rates of step 0 set."""
     groups = param_groups(model, cfg.weight_decay)
+    scales = (1.0,) * len(groups)
     if cfg.gate_lr_scale != 1:
-        groups = with_gate_group(groups, model, cfg.gate_lr_scale)
-    optimizer = torch.optim.AdamW(groups, lr=1.0, fused=device.type == "cuda")
-    peak, total = scaled_lr(cfg.lr, global_batch), steps_per_epoch * cfg.epochs
-    warmup = round(cfg.warmup_epochs * steps_per_epoch)
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda t: deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr))
+        groups, scales = with_gate_group(groups, model, cfg.gate_lr_scale)
+    optimizer = torch.optim.AdamW(groups, fused=device.type == "cuda")
+    schedule = run_schedule(cfg, steps_per_epoch, global_batch, scales)
+    schedule.set_lr(optimizer, 0)
+    return optimizer, schedule
 
 
 def learning_rate_sum(cfg: TrainConfig, steps_per_epoch: int, world_size: int = 1) -> float:
     """The sum of the learning rates of every optimiser step of the run ``cfg`` on ``world_size`` processes: about
     how far AdamW can move any one parameter over the run (it moves each by roughly the learning rate per
     step, about 3 times it at worst for its default betas). ``steps_per_epoch``: ``cfg.steps_per_epoch(train_images, world_size)``, or a run's own record of it."""
-    total, warmup = steps_per_epoch * cfg.epochs, round(cfg.warmup_epochs * steps_per_epoch)
-    peak = scaled_lr(cfg.lr, cfg.images_per_step(world_size))
-    return sum(deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr) for t in range(total))
+    schedule = run_schedule(cfg, steps_per_epoch, cfg.images_per_step(world_size))
+    return sum(schedule.lr(t) for t in range(schedule.total_steps))
 
 
-# %% nbs/23_optimisation.py 17
+# %% nbs/23_optimisation.py 19
 def train_loss(output: torch.Tensor | tuple[torch.Tensor, torch.Tensor], targets: torch.Tensor,
                teacher_logits: torch.Tensor | None = None, smoothing: float = 0.0) -> torch.Tensor:
     """Cross-entropy with hard labels (B,) or soft targets (B, C); with a teacher, DeiT's hard distillation:
@@ -84,7 +86,7 @@ def train_loss(output: torch.Tensor | tuple[torch.Tensor, torch.Tensor], targets
     )
 
 
-# %% nbs/23_optimisation.py 20
+# %% nbs/23_optimisation.py 22
 def build_teacher(name: str, checkpoint: str | None, num_classes: int, img_size: int) -> nn.Module:
     """A frozen teacher: a convit_edu model or a torchvision classifier, with weights from `checkpoint`."""
     if name in list_models():
@@ -101,7 +103,7 @@ def build_teacher(name: str, checkpoint: str | None, num_classes: int, img_size:
     return teacher.eval().requires_grad_(False)
 
 
-# %% nbs/23_optimisation.py 22
+# %% nbs/23_optimisation.py 24
 def update_ema(ema: AveragedModel, model: nn.Module, decay: float, first: bool) -> None:
     """What `AveragedModel.update_parameters` does with an EMA average (a copy of the model at the first update,
     then ema ← decay·ema + (1 − decay)·model for parameters and buffers), without its two host reads of
@@ -120,7 +122,7 @@ def update_ema(ema: AveragedModel, model: nn.Module, decay: float, first: bool) 
         ema.n_averaged += 1
 
 
-# %% nbs/23_optimisation.py 25
+# %% nbs/23_optimisation.py 27
 def seed_step(seed: int, rank: int, epoch: int, step: int) -> None:
     """Seed torch's, numpy's and python's generators from (seed, rank, epoch, step), at the start of every
     optimiser step: Mixup/CutMix and drop path then draw the same in a resumed run as in an uninterrupted one."""

@@ -8,6 +8,7 @@ import contextlib
 import os
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,11 +17,9 @@ from torch.utils.data import Dataset
 
 from convit_edu.augment import AUGMENTATIONS, AugConfig, build_transforms
 from convit_edu.config import TrainConfig
-from convit_edu.dali import DaliLoaders
 from convit_edu.datasets import build_datasets
 from convit_edu.distributed import World, run_on_main
-from convit_edu.gpu_decode import build_gpu_decode_loaders
-from convit_edu.loaders import DataLoaders, build_loaders
+from convit_edu.loader_registry import LOADERS
 from convit_edu.models import VisionTransformer
 from convit_edu.optimisation import build_teacher
 
@@ -30,12 +29,14 @@ __all__ = ['config_datasets', 'build_run_loaders', 'build_models', 'wrap_model',
 # %% nbs/27_run_setup.py 7
 def config_datasets(cfg: TrainConfig, world: World, aug: AugConfig | None) -> tuple:
     """The config's datasets (train, val, class names), built by rank 0 first (an image folder's file list is
-    then cached, chapter 13) and by the other processes after it, from that cache. With `loader="torchvision"`
-    their samples are uint8 crops, for `DeviceTransforms` to finish on the device."""
+    then cached, chapter 13) and by the other processes after it, from that cache. For a loader that does not read
+    the files itself (`loader="torchvision"`) their samples are uint8 crops, for `DeviceTransforms` to finish on the
+    device."""
     if aug is None:
         raise ValueError("aug None (no augmentation) needs datasets passed to train(); the config's own "
                          f"datasets need an augmentation ({', '.join(AUGMENTATIONS)})")
-    train_tf, val_tf = build_transforms(aug, on_device=True) if cfg.loader == "torchvision" else (None, None)
+    reads_files = LOADERS[cfg.loader].reads_files
+    train_tf, val_tf = (None, None) if reads_files else build_transforms(aug, on_device=True)
     build = partial(build_datasets, cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
                     fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
     datasets = run_on_main(world, f"read the dataset in {cfg.data_root}", build)
@@ -44,16 +45,12 @@ def config_datasets(cfg: TrainConfig, world: World, aug: AugConfig | None) -> tu
 
 # %% nbs/27_run_setup.py 11
 def build_run_loaders(cfg: TrainConfig, world: World, aug: AugConfig | None, train_set: Dataset, val_set: Dataset,
-                      batch_size: int, num_workers: int) -> DataLoaders | DaliLoaders:
-    """This process's loaders of the kind `cfg.loader` names, `batch_size` images a step (val: twice that)."""
-    common = dict(batch_size=batch_size, num_replicas=world.world_size, rank=world.rank, seed=cfg.seed)
-    if cfg.loader == "dali":
-        return DaliLoaders(train_set, val_set, aug, num_threads=max(1, num_workers), **common,
-                           device_id=world.device.index if world.device.type == "cuda" else None)
-    if cfg.loader == "gpu-decode":
-        return build_gpu_decode_loaders(train_set, val_set, aug, num_workers=num_workers, repeats=cfg.repeats,
-                                        device=world.device, **common)
-    return build_loaders(train_set, val_set, num_workers=num_workers, repeats=cfg.repeats, **common)
+                      batch_size: int, num_workers: int) -> Any:
+    """This process's loaders of the kind `cfg.loader` names (its `LOADERS` entry builds them), `batch_size` images a
+    step (val: twice that)."""
+    return LOADERS[cfg.loader].build(train_set, val_set, aug, batch_size=batch_size, num_workers=num_workers,
+                                     repeats=cfg.repeats, num_replicas=world.world_size, rank=world.rank,
+                                     seed=cfg.seed, device=world.device)
 
 
 # %% nbs/27_run_setup.py 14
@@ -83,13 +80,13 @@ def wrap_model(model: nn.Module, world: World, compile: bool) -> tuple[nn.Module
 
 
 @contextlib.contextmanager
-def compile_cache(output: Path, compile: bool):
-    """For the duration of a compiled run: torch's compile cache in `output/compile-cache` (a requeued job finds
-    it there), unless `TORCHINDUCTOR_CACHE_DIR` is set; the variable is restored afterwards."""
+def compile_cache(cache: Path, compile: bool):
+    """For the duration of a compiled run: torch's compile cache in the folder `cache` (the run folder's, where a
+    requeued job finds it), unless `TORCHINDUCTOR_CACHE_DIR` is set; the variable is restored afterwards."""
     if not compile or "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         yield
         return
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str((output / "compile-cache").resolve())
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache.resolve())
     try:
         yield
     finally:

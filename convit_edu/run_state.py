@@ -12,15 +12,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 from torch.optim.swa_utils import AveragedModel
 
 from convit_edu.config import TrainConfig
 from convit_edu.distributed import World, all_reduce
 from convit_edu.files import atomic_write, load_file
 from convit_edu.loaders import DataLoaders
+from convit_edu.schedule import RunSchedule
 
-__all__ = ['TrainState', 'Callback', 'rng_states', 'set_rng_states', 'CHECKPOINT_FORMAT', 'CHECKPOINT_KEYS', 'run_checkpoint', 'loader_states', 'nonfinite_remedy', 'checked_weights', 'save_checkpoint', 'read_checkpoint', 'resume_checkpoint', 'RESUME_MAY_CHANGE', 'RESUME_MAY_FIX', 'settings_changed', 'resume_weights', 'restore_run']
+__all__ = ['TrainState', 'Callback', 'rng_states', 'set_rng_states', 'CHECKPOINT_FORMAT', 'CHECKPOINT_KEYS', 'run_checkpoint', 'loader_states', 'nonfinite_remedy', 'checked_weights', 'save_checkpoint', 'EARLIER_FORMATS', 'read_checkpoint', 'resume_checkpoint', 'RESUME_MAY_CHANGE', 'RESUME_MAY_FIX', 'settings_changed', 'resume_weights', 'restore_run']
 
 
 # %% nbs/26_run_state.py 8
@@ -34,7 +34,7 @@ class TrainState:
     rank: int
     world_size: int
     steps_per_epoch: int
-    scheduler: LambdaLR | None = None
+    schedule: RunSchedule | None = None  # the learning rate at each step: a function of global_step, never saved
     scaler: torch.amp.GradScaler | None = None  # fp16's loss scaler (disabled in other precisions)
     ema: AveragedModel | None = None  # the EMA of the weights, when cfg.ema_decay is set
     epoch: int = 0  # the current epoch, 0-based
@@ -81,9 +81,9 @@ def set_rng_states(states: dict) -> None:
 
 
 # %% nbs/26_run_state.py 13
-CHECKPOINT_FORMAT = "convit-edu-train-2"
+CHECKPOINT_FORMAT = "convit-edu-train-3"
 CHECKPOINT_KEYS = (
-    "format", "config", "model", "optimizer", "scheduler", "scaler", "ema",  # what the run is and holds
+    "format", "config", "model", "optimizer", "scaler", "ema",  # what the run is and holds
     "epoch", "step", "global_step", "epoch_losses", "pending", "history", "best_top1", "seconds",  # where it stands
     "rng", "loader", "world_size", "global_batch", "num_classes")  # generators, loaders, the shape of the run
 
@@ -94,7 +94,7 @@ def run_checkpoint(state: TrainState, weights: dict, loader: list | None, num_cl
     s = state
     return {
         "format": CHECKPOINT_FORMAT, "config": asdict(s.cfg), "model": weights,
-        "optimizer": s.optimizer.state_dict(), "scheduler": s.scheduler.state_dict(), "scaler": s.scaler.state_dict(),
+        "optimizer": s.optimizer.state_dict(), "scaler": s.scaler.state_dict(),
         "ema": s.ema.state_dict() if s.ema is not None else None,
         "epoch": s.epoch, "step": s.step, "global_step": s.global_step, "epoch_losses": s.epoch_losses,
         "pending": s.pending, "history": s.history, "best_top1": s.best_top1, "seconds": s.seconds,
@@ -141,24 +141,28 @@ def save_checkpoint(checkpoint: dict, path: str | Path) -> Path:
 
 
 # %% nbs/26_run_state.py 15
-def _from_format_1(ckpt: dict) -> dict:
-    """A checkpoint of format "convit-edu-train-1" as format 2 holds it."""
-    ckpt = {**ckpt, "format": CHECKPOINT_FORMAT, "loader": ckpt.get("dali")}
-    for gone in ("dali", "sampler"):
-        ckpt.pop(gone, None)
-    return {"pending": None, "seconds": 0.0, **ckpt}
+EARLIER_FORMATS = ("convit-edu-train-1", "convit-edu-train-2")
+
+
+def _from_earlier_format(ckpt: dict) -> dict:
+    """A checkpoint of an `EARLIER_FORMATS` as the current format holds it."""
+    if ckpt["format"] == "convit-edu-train-1":
+        ckpt = {"pending": None, "seconds": 0.0, **ckpt, "loader": ckpt.get("dali")}
+    kept = {k: v for k, v in ckpt.items() if k not in ("dali", "sampler", "scheduler")}
+    return {**kept, "format": CHECKPOINT_FORMAT}
 
 
 def read_checkpoint(path: str | Path) -> dict:
-    """Load a training checkpoint on the CPU (format 1 files as format 2); ValueError naming the file when it is
-    truncated, not loadable safely, not a convit-edu training checkpoint, of a newer format, or incomplete."""
+    """Load a training checkpoint on the CPU (files of `EARLIER_FORMATS` as the current format); ValueError naming
+    the file when it is truncated, not loadable safely, not a convit-edu training checkpoint, of a newer format, or
+    incomplete."""
     ckpt = load_file(path)
     found = ckpt.get("format") if isinstance(ckpt, dict) else None
-    if found == "convit-edu-train-1":
-        ckpt = _from_format_1(ckpt)
+    if found in EARLIER_FORMATS:
+        ckpt = _from_earlier_format(ckpt)
     elif isinstance(found, str) and found.startswith("convit-edu-train-") and found != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is a training checkpoint of format {found!r}, written by another version of "
-                         f"convit-edu; this one reads 'convit-edu-train-1' and {CHECKPOINT_FORMAT!r}")
+                         f"convit-edu; this one reads {', '.join(map(repr, EARLIER_FORMATS))} and {CHECKPOINT_FORMAT!r}")
     elif found != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is not a convit-edu training checkpoint (format {CHECKPOINT_FORMAT!r} missing);"
                          " to start from pretrained weights use convit_edu.checkpoints.load_weights")
@@ -170,17 +174,17 @@ def read_checkpoint(path: str | Path) -> dict:
 
 
 # %% nbs/26_run_state.py 19
-def resume_checkpoint(cfg: TrainConfig, world: World) -> tuple[dict | None, Path | None]:
-    """(checkpoint, its path) that `cfg.resume` names — `auto`: `output/last.pt` when it exists — or (None,
-    None); every process decides together, and one that sees the file while another does not is refused."""
-    if cfg.resume is None:
+def resume_checkpoint(resume: str | None, last: Path, world: World) -> tuple[dict | None, Path | None]:
+    """(checkpoint, its path) that `resume` (a config's) names — `auto`: the run folder's `last` when it exists — or
+    (None, None); every process decides together, and one that sees the file while another does not is refused."""
+    if resume is None:
         return None, None
-    path = Path(cfg.output) / "last.pt" if cfg.resume == "auto" else Path(cfg.resume)
+    path = last if resume == "auto" else Path(resume)
     seen = int(all_reduce(torch.tensor(float(path.exists()), device=world.device)).item())
     if 0 < seen < world.world_size:  # every process must take the same decision, or the first collective hangs
         raise ValueError(f"{seen} of {world.world_size} processes see {path}: put --output (and the checkpoint) "
                          "on a file system that every node shares")
-    if cfg.resume == "auto" and not seen:
+    if resume == "auto" and not seen:
         if world.main:
             print(f"resume auto: no {path} yet, starting from scratch", flush=True)
         return None, None
@@ -232,13 +236,10 @@ def resume_weights(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, g
 def restore_run(ckpt: dict, path: Path, state: TrainState, loaders: DataLoaders, world: World,
                 changes: dict[str, list]) -> None:
     """Put the checkpoint `ckpt` (read from `path`, with the settings `changes` that the resume mends) back into
-    `state` — optimiser, schedule at this run's rates, scaler, EMA, position, log, best top-1 — and into the
-    generators and this process's `loaders` (`restore`)."""
+    `state` — optimiser, scaler, EMA, position, log, best top-1 — and into the generators and this process's
+    `loaders` (`restore`); the state's schedule sets the rates of the next step, at this run's settings."""
     s = state
     s.optimizer.load_state_dict(ckpt["optimizer"])
-    s.scheduler.load_state_dict(ckpt["scheduler"])
-    for group, base, lr_at in zip(s.optimizer.param_groups, s.scheduler.base_lrs, s.scheduler.lr_lambdas):
-        group["lr"] = base * lr_at(s.scheduler.last_epoch)  # this run's schedule (a resume may change lr)
     if ckpt["scaler"]:  # an fp16 run's scaler (empty when saved disabled: a resume may change the precision)
         s.scaler.load_state_dict(ckpt["scaler"])
     if s.ema is not None and ckpt["ema"] is not None:

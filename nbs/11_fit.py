@@ -33,8 +33,6 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| export
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -201,7 +199,15 @@ print(f"{len(groups[0]['params'])} tensors decayed, {len(groups[1]['params'])} n
 # batch B move the weights about as far as one step of a batch kB at k times the rate.
 
 # %%
-#| export
+#| export schedule
+import math
+
+
+def scaled_lr(base_lr: float, global_batch: int) -> float:
+    """DeiT's linear scaling rule: the peak learning rate is `base_lr` × `global_batch` / 512."""
+    return base_lr * global_batch / 512
+
+
 def deit_lr(step: int, total_steps: int, warmup_steps: int, peak_lr: float, min_lr: float, warmup_lr: float) -> float:
     """DeiT's schedule at optimiser step `step` (0-based; DeiT's code sets it once per epoch): linear warm-up from
     `warmup_lr` to `peak_lr` over `warmup_steps`, then half a cosine to `min_lr` at `total_steps` (and after)."""
@@ -279,6 +285,9 @@ print(f"untrained: validation loss within 0.1 of ln {CLASSES} = {math.log(CLASSE
 
 # %%
 #| export
+from convit_edu.schedule import deit_lr, scaled_lr  # the cells of section 3, exported to a module of their own
+
+
 def fit(model: VisionTransformer, train_loader: DataLoader, val_loader: DataLoader, epochs: int, *,
         lr: float = 5e-4, weight_decay: float = 0.05, warmup_epochs: float = 5, min_lr: float = 1e-5,
         warmup_lr: float = 1e-6) -> list[dict]:
@@ -292,7 +301,7 @@ def fit(model: VisionTransformer, train_loader: DataLoader, val_loader: DataLoad
         raise ValueError("train_loader yields no batch: give it more images than batch_size, or drop_last=False")
     device = next(model.parameters()).device
     total_steps, warmup_steps = epochs * steps_per_epoch, round(warmup_epochs * steps_per_epoch)
-    peak_lr = lr * train_loader.batch_size / 512  # DeiT's linear scaling rule
+    peak_lr = scaled_lr(lr, train_loader.batch_size)  # DeiT's linear scaling rule
     schedule = (total_steps, warmup_steps, peak_lr, min_lr, warmup_lr)
     optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=warmup_lr)
     step, history = 0, []
@@ -493,8 +502,8 @@ if reveal(my_epoch):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI
 # %% [markdown]
 # ## What we have, and what comes next
 #
-# `convit_edu.fit` exports `param_groups`, `deit_lr`, `loss_and_accuracy` and `fit`: DeiT's optimiser and schedule
-# and a loop of a few dozen lines that trains any zoo model. The production loop `convit_edu.training.train` is this
+# `convit_edu.fit` exports `param_groups`, `loss_and_accuracy` and `fit`, and `convit_edu.schedule` the schedule
+# (`scaled_lr`, `deit_lr`): DeiT's optimiser and schedule and a loop of a few dozen lines that trains any zoo model. The production loop `convit_edu.training.train` is this
 # loop hardened: one process per GPU on many nodes, mixed precision, checkpoints, an exact resume, DeiT's full
 # augmentation (RandAugment, erasing, Mixup/CutMix, label smoothing), EMA, distillation, logs. Later core chapters use
 # it as given; a core-path reader may skip how it is built.

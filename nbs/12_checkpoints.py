@@ -272,11 +272,12 @@ for name in ("deit_tiny", "convit_tiny"):
 # it is replaced as the run goes on. It is written **atomically**: to a temporary file in the same folder, flushed
 # to disk, then renamed over the old one. A rename within one file system is atomic, so a crash — a SIGKILL, a full
 # disk, a node failure — at any moment leaves either the old file or the new one, never half of one. The logs,
-# results and cached file lists are written the same way.
+# results and cached file lists are written the same way. A write that fails says which file it was writing: the
+# error of a full disk (`[Errno 28] No space left on device`) names no file by itself.
 
 # %%
 #| export files
-# Files written whole or not at all (atomic writes, JSON, a second name for a file), and torch files read safely. The
+# Files written whole or not at all (atomic writes, text, JSON, a second name for a file), and torch files read safely. The
 # package's ground floor: it imports nothing of the package, so the data wing (chapter 13 on) and a run's state
 # (chapter 26) stand on it without standing on the models.
 
@@ -293,7 +294,8 @@ from typing import IO, Any, Callable
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     """Write the file `path` atomically: `write(f)` fills a temporary file beside it (`.NAME.….tmp`), which is
     flushed to disk and renamed over `path`. Every file a run writes (checkpoints, logs, results, cached file
-    lists) goes through here, so a crash at any moment leaves the old file or the new one, never half of one."""
+    lists) goes through here, so a crash at any moment leaves the old file or the new one, never half of one; a
+    failed write's error names `path` (the error of a full disk names no file by itself)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -302,16 +304,25 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        if e.errno is None or e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
     finally:
         Path(tmp).unlink(missing_ok=True)
     return path
 
 
-def write_json(path: str | Path, value: Any) -> Path:
-    """`value` as JSON in `path`, atomically, its folders made: the one writer of a run's records and results
-    (a grid's records and summary, benchmark results)."""
+def write_text(path: str | Path, text: str) -> Path:
+    """`text` in `path`, atomically, its folders made: the one writer of a run's and a grid's text files (records,
+    logs, tables, results)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, lambda f: f.write((json.dumps(value, indent=1, default=str) + "\n").encode()))
+    return atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def write_json(path: str | Path, value: Any) -> Path:
+    """`value` as JSON in `path` (`write_text`): a grid's records and summary, benchmark results."""
+    return write_text(path, json.dumps(value, indent=1, default=str) + "\n")
 
 
 def keep_as(path: str | Path, kept: str | Path) -> Path:
@@ -331,7 +342,7 @@ def keep_as(path: str | Path, kept: str | Path) -> Path:
 
 
 # %% [markdown]
-# These three live in `convit_edu/files.py`, the package's ground floor, not in `checkpoints.py`, with `load_file`
+# These live in `convit_edu/files.py`, the package's ground floor, not in `checkpoints.py`, with `load_file`
 # above: the data wing writes files too (chapter 13's cached file lists), a run reads its checkpoints back
 # (chapter 26), and neither should have to import the models to do it.
 
@@ -355,4 +366,5 @@ with tempfile.TemporaryDirectory() as folder:
     keep_as(path, Path(folder) / "best.pt")  # the best epoch so far: a second name, no bytes written
     atomic_write(path, lambda f: f.write(b"epoch 2"))  # the next epoch
     assert (Path(folder) / "best.pt").read_bytes() == b"epoch 1" and path.read_bytes() == b"epoch 2"
-print(message)
+    assert message.endswith(f"No space left on device: '{path}'")  # the error names the file
+print(message.replace(folder, "FOLDER"))

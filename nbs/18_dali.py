@@ -98,7 +98,6 @@ train_ds, val_ds, _ = build_datasets("imagefolder", TINY, max_classes=4)
 
 # %%
 #| export
-LOADERS = ("torchvision", "dali", "gpu-decode")
 DALI_INSTALL = 'pip install -e ".[dali]"'
 _DALI_INTERPOLATION = {"bicubic": "INTERP_CUBIC", "bilinear": "INTERP_LINEAR", "nearest": "INTERP_NN"}
 
@@ -190,7 +189,8 @@ def _dali_batch(pipe) -> tuple[torch.Tensor, torch.Tensor]:
 # `DaliLoaders` is what chapter 28's loop holds instead of `DataLoaders`: `epoch()` gives the train batches, `val`
 # this rank's share of the validation files (every `world size`-th, as `evaluate` reads a dataset), `state()` and
 # `restore()` the pipeline's checkpoint. The train pipeline is built at the first batch, so that a resumed run builds
-# it once, from its checkpoint.
+# it once, from its checkpoint. `build_dali_loaders` builds it as a run builds every kind of loader (chapter 21's
+# table, `convit_edu.loader_registry`): `num_workers` DALI threads, decoding on the run's device when it is a GPU.
 
 # %%
 #| export
@@ -258,6 +258,19 @@ class DaliEvalBatches:
 
     def __len__(self) -> int:
         return math.ceil(len(self.files) / self.batch_size)
+
+
+def build_dali_loaders(train_set: ImageFolderDataset, val_set: ImageFolderDataset, aug: AugConfig, *, batch_size: int,
+                       num_workers: int, repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0,
+                       device: torch.device) -> DaliLoaders:
+    """``DaliLoaders`` built as a run builds every kind of loader: ``num_workers`` DALI threads (at least one), the
+    JPEGs decoded on ``device`` when it is a GPU, else on the CPU. DALI has no repeated augmentation: ``repeats`` 1."""
+    if repeats != 1:
+        raise ValueError(f"loader 'dali' has no repeated augmentation: repeats {repeats} needs loader 'torchvision'")
+    device = torch.device(device)
+    return DaliLoaders(train_set, val_set, aug, batch_size=batch_size, num_threads=max(1, num_workers),
+                       num_replicas=num_replicas, rank=rank, seed=seed,
+                       device_id=(device.index or 0) if device.type == "cuda" else None)
 
 # %% [markdown]
 # A DALI loader on chapter 14's photographs, where DALI is installed: uint8 batches of the recipe's size, each label one

@@ -38,6 +38,79 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 from convit_edu.checks import expect_error
 
 # %% [markdown]
+# ## The loaders a run can use: one table
+#
+# A run reads its batches through one of the loaders of chapters 17-19, and what each one can do is what a config
+# must check: a table, `LOADERS`, with one entry per loader, in a module of its own (`convit_edu.loader_registry`).
+# An entry names the function that builds the loader — every kind built alike, from the run's datasets, its
+# augmentation and its sizes — and the plain facts the config checks: whether the loader reads an image folder's
+# files itself (then the data must be `imagefolder`, the datasets hand it their file lists untransformed, and
+# datasets passed to `train` cannot feed it), the one crop it implements, whether it has repeated augmentation,
+# and a module it needs installed. A new loader is a module of its own and one line in this table.
+
+# %%
+#| export loader_registry
+# The loaders a run can use, one entry each: how each is built, and the plain facts a config checks about it.
+
+# %%
+#| export loader_registry
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch.utils.data import Dataset
+
+from convit_edu.augment import AugConfig
+from convit_edu.dali import DALI_INSTALL, build_dali_loaders
+from convit_edu.gpu_decode import build_gpu_decode_loaders
+from convit_edu.loaders import DataLoaders, build_loaders
+
+
+class BuildLoaders(Protocol):
+    """How a run builds its loaders of every kind: this process's train and val batches (an object with chapter 17's
+    interface: `epoch`, `val`, `state`, `restore`)."""
+
+    def __call__(self, train_set: Dataset, val_set: Dataset, aug: AugConfig | None, *, batch_size: int,
+                 num_workers: int, repeats: int, num_replicas: int, rank: int, seed: int, device: torch.device) -> Any: ...
+
+
+@dataclass(frozen=True)
+class LoaderKind:
+    """A loader a run can use: how it is built, and the plain facts a config checks about it."""
+
+    build: BuildLoaders
+    about: str  # a few words for the command line's help
+    reads_files: bool = False  # reads the image folder's files itself: data 'imagefolder', datasets untransformed
+    crop: str | None = None  # the one crop it implements (`AugConfig.crop`); None: any
+    repeats: bool = True  # has repeated augmentation
+    needs: str | None = None  # a module it imports that may not be installed, and how to install it:
+    install: str = ""
+
+
+def _torchvision_loaders(train_set: Dataset, val_set: Dataset, aug: AugConfig | None, *, device: torch.device,
+                         **sizes: int) -> DataLoaders:
+    return build_loaders(train_set, val_set, **sizes)  # its datasets' workers apply the recipe: no aug, no device
+
+
+LOADERS: dict[str, LoaderKind] = {
+    "torchvision": LoaderKind(_torchvision_loaders, "workers decode with PIL"),
+    "dali": LoaderKind(build_dali_loaders, "NVIDIA DALI decodes and augments", reads_files=True,
+                       crop="random_resized", repeats=False, needs="nvidia.dali", install=DALI_INSTALL),
+    "gpu-decode": LoaderKind(build_gpu_decode_loaders, "the training device decodes", reads_files=True,
+                             crop="random_resized"),
+}
+
+# %% [markdown]
+# The table as the command line lists it, and what each entry lets a config do:
+
+# %%
+for name, kind in LOADERS.items():
+    limits = [w for w, on in (("image folders only", kind.reads_files), (f"crop {kind.crop!r} only", kind.crop),
+                              ("no repeats", not kind.repeats), (f"needs {kind.needs}", kind.needs)) if on]
+    print(f"{name:<12} {kind.about}: {', '.join(limits) or 'any data, any recipe'}")
+assert [n for n, k in LOADERS.items() if not k.reads_files] == ["torchvision"]
+
+# %% [markdown]
 # Everything that decides what a run computes lives in one dataclass, written into every checkpoint and into
 # `run.json` beside them, so a run can be repeated, resumed or audited from its files alone. The defaults are DeiT's
 # (Touvron et al. 2020, Table 9): base learning rate 5·10⁻⁴ for a batch of 512, AdamW with weight decay 0.05,
@@ -58,12 +131,13 @@ from convit_edu.checks import expect_error
 
 # %%
 #| export
+import importlib.util
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from convit_edu.augment import AUGMENTATION_RENAMES, AugConfig, augmentation
+from convit_edu.augment import AUGMENTATION_RENAMES, AUGMENTATIONS, AugConfig, augmentation
 from convit_edu.checks import number, one_of, positive_int
-from convit_edu.dali import DALI_INSTALL, LOADERS, dali_available
+from convit_edu.loader_registry import LOADERS
 from convit_edu.datasets import DATASETS, check_fraction
 from convit_edu.devices import PRECISIONS, check_device
 from convit_edu.loaders import default_num_workers
@@ -106,8 +180,9 @@ class TrainConfig:
     num_workers: int | None = setting(None, "data loader processes per GPU/process (loader dali: its CPU threads); "
                                             "none: the CPUs this process may use, shared among the node's "
                                             "processes, less one (loaders.default_num_workers)")
-    loader: str = setting("torchvision", "torchvision (workers decode with PIL), or for imagefolder data dali (NVIDIA "
-                                         f"DALI; {DALI_INSTALL}) or gpu-decode (the training device decodes)")
+    loader: str = setting("torchvision", "how batches are made (loader_registry.LOADERS): " + "; ".join(
+        f"{name}, {kind.about}" + (" (imagefolder data)" if kind.reads_files else "") + (f" ({kind.install})" if
+        kind.install else "") for name, kind in LOADERS.items()))
     epochs: int = setting(300, "training epochs")
     eval_every: int = setting(1, "evaluate, log a row, checkpoint and update best.pt every N epochs, and after "
                                  "the last")
@@ -166,9 +241,7 @@ class TrainConfig:
             raise ValueError(f"teacher_checkpoint {self.teacher_checkpoint} given without distill_teacher (the "
                              "teacher's model name)")
         self.model_config(num_classes=2, distilled=False)  # the model and augmentation it describes can be built
-        aug = self.aug_config()
-        if self.loader != "torchvision":
-            _check_loader(self, aug)
+        _check_loader(self, self.aug_config())
 
     def model_config(self, num_classes: int, distilled: bool) -> ModelConfig:
         """The model this run trains: zoo `model` with `model_args`, at the run's image size and drop path."""
@@ -230,19 +303,28 @@ def _check_names(values: dict[str, Any]) -> None:
 
 
 def _check_loader(cfg: TrainConfig, aug: AugConfig | None) -> None:
-    """What the loaders of chapters 18 and 19 (dali, gpu-decode: they read image folders) cannot do, refused when made."""
-    if cfg.data != "imagefolder":
-        raise ValueError(f"loader {cfg.loader!r} reads image files: it needs data 'imagefolder', not {cfg.data!r} "
-                         "(use loader 'torchvision')")
-    if aug is None or aug.crop != "random_resized":
-        raise ValueError(f"loader {cfg.loader!r} implements the random-resized-crop recipe (aug 'deit'), not aug "
-                         f"{cfg.aug!r} (use loader 'torchvision')")
-    if cfg.loader == "dali" and cfg.repeats != 1:
-        raise ValueError(f"loader 'dali' has no repeated augmentation: repeats {cfg.repeats} needs loader "
-                         "'torchvision'")
-    if cfg.loader == "dali" and not dali_available():
-        raise ImportError(f"loader 'dali' needs NVIDIA DALI, which is not installed: {DALI_INSTALL} (or use loader "
-                          "'torchvision')")
+    """What the config's loader cannot do, as its entry in `LOADERS` says, refused when made."""
+    kind, name = LOADERS[cfg.loader], f"loader {cfg.loader!r}"
+    instead = " or ".join(repr(n) for n, k in LOADERS.items() if not (k.reads_files or k.crop or k.needs))
+    if kind.reads_files and cfg.data != "imagefolder":
+        raise ValueError(f"{name} reads image files: it needs data 'imagefolder', not {cfg.data!r} (use loader "
+                         f"{instead})")
+    if kind.crop is not None and (aug is None or aug.crop != kind.crop):
+        fits = " or ".join(repr(n) for n, a in AUGMENTATIONS.items() if a.crop == kind.crop)
+        raise ValueError(f"{name} implements the recipe with crop {kind.crop!r} only (aug {fits}), not aug {cfg.aug!r} "
+                         f"(use loader {instead})")
+    if not kind.repeats and cfg.repeats != 1:
+        raise ValueError(f"{name} has no repeated augmentation: repeats {cfg.repeats} needs loader {instead}")
+    if kind.needs is not None and not _installed(kind.needs):
+        raise ImportError(f"{name} needs {kind.needs}, which is not installed: {kind.install} (or use loader "
+                          f"{instead})")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its package is missing too
+        return False
 
 
 def _refuse_run_owned(where: str, overrides: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ from typing import Any
 
 from convit_edu.checks import expect_error
 from convit_edu.config import RECIPES, TrainConfig, _check_names, recipe
+from convit_edu.loader_registry import LOADERS
 
 # %%
 #| export config
@@ -50,17 +51,17 @@ DICT_FIELDS = ("model_args", "aug_args", "data_args")  # overrides of another da
 def resolve_config(preset: str | None, values: dict[str, Any]) -> tuple[TrainConfig, list[str]]:
     """The config of recipe `preset` (None: the defaults) with `values` on top — defaults < preset < values, the
     dict fields (`model_args`, `aug_args`, `data_args`) merged key by key — and notes on what the preset could
-    not keep: a preset's `repeats` gives way to `loader` 'dali', which has no repeated augmentation."""
+    not keep: a preset's `repeats` gives way to a `loader` without repeated augmentation (`LOADERS`: 'dali')."""
     _check_names(values)
     merged = recipe(preset) if preset is not None else {}
     for key, value in values.items():
         if key in DICT_FIELDS and not isinstance(value, dict):
             raise TypeError(f"{key} must be a dict of overrides, e.g. {{'depth': 6}}, not {value!r}")
         merged[key] = {**merged.get(key, {}), **value} if key in DICT_FIELDS else value
-    notes = []
-    if merged.get("loader") == "dali" and merged.get("repeats", 1) != 1 and "repeats" not in values:
-        notes.append(f"loader dali has no repeated augmentation: the preset's repeats {merged['repeats']} becomes 1 "
-                     "(each image once per epoch; --loader torchvision keeps it)")
+    notes, loader = [], LOADERS.get(merged.get("loader", TrainConfig.loader))
+    if loader is not None and not loader.repeats and merged.get("repeats", 1) != 1 and "repeats" not in values:
+        notes.append(f"loader {merged['loader']} has no repeated augmentation: the preset's repeats "
+                     f"{merged['repeats']} becomes 1 (each image once per epoch; --loader torchvision keeps it)")
         merged["repeats"] = 1
     return TrainConfig(**merged), notes
 

@@ -44,8 +44,9 @@ from torch.optim.swa_utils import AveragedModel
 
 from convit_edu.checkpoints import load_weights, read_state_dict
 from convit_edu.config import TrainConfig
-from convit_edu.fit import deit_lr, param_groups
+from convit_edu.fit import param_groups
 from convit_edu.samplers import seed_from
+from convit_edu.schedule import scaled_lr
 from convit_edu.zoo import create_model, list_models
 
 # %%
@@ -57,6 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from convit_edu.checks import expect_error
+from convit_edu.schedule import deit_lr
 
 torch.set_printoptions(precision=4, sci_mode=False)
 _ = torch.manual_seed(0)
@@ -69,53 +71,103 @@ _ = torch.manual_seed(0)
 # model lists in `no_weight_decay()` (its position embedding and class token) are not decayed — shrinking a
 # LayerNorm gain or a gate towards zero is not regularisation, it is a change of architecture.
 #
-# The learning rate is set at every optimiser step: a linear warm-up from `warmup_lr` to the peak over the
-# first `warmup_epochs`, then half a cosine down to `min_lr` at the last step (chapter 11's `deit_lr`),
+# The learning rate is chapter 11's too, `convit_edu.schedule`: DeiT's scaling rule for the peak (`scaled_lr`),
+# a linear warm-up from `warmup_lr` to the peak over the first `warmup_epochs`, then half a cosine down to
+# `min_lr` at the last step (`deit_lr`),
 #
 # $$\eta(t) = \eta_\min + \tfrac12(\eta_\text{peak}-\eta_\min)\Bigl(1+\cos\pi\,\tfrac{t-t_w}{T-t_w}\Bigr),
 # \qquad t \ge t_w.$$
+#
+# It is a function of the step t and nothing else (nanoGPT's `get_lr(it)`): no scheduler object counts steps, so a
+# checkpoint holds no schedule, and a resumed run — even one that mends `lr` — computes its rates from its own
+# config and its step. `RunSchedule` is a run's schedule: the numbers `deit_lr` takes, read off the config once,
+# and the scale of each parameter group.
+
+# %%
+#| export schedule
+# The learning rate as a function of the optimiser step: DeiT's linear scaling rule (`scaled_lr`) and its warm-up and
+# cosine (`deit_lr`), written once for the teaching loop (chapter 11) and the production one (chapter 23), and a
+# run's rates, those times each parameter group's scale (`RunSchedule`). Nothing in it counts steps: the rate at
+# any step t is computed from t, so a resumed run needs no saved schedule, and a captured CUDA graph can read the
+# rate from a device tensor that the host fills with `RunSchedule.lr(t)` before each replay (torch's AdamW takes a
+# tensor `lr` when it is `fused` or `capturable`, and keeps that tensor).
+
+# %%
+#| export schedule
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RunSchedule:
+    """A run's learning rates, a function of the optimiser step t alone: `deit_lr` over `total_steps` with
+    `warmup_steps` of warm-up, from `warmup_lr` to `peak_lr` and down to `min_lr`, times each parameter group's
+    scale (`scales`, in the optimiser's group order)."""
+
+    total_steps: int
+    warmup_steps: int
+    peak_lr: float
+    min_lr: float
+    warmup_lr: float
+    scales: tuple[float, ...] = (1.0, 1.0)  # `param_groups`' two; `with_gate_group` adds the gates' `gate_lr_scale`
+
+    def lr(self, step: int) -> float:
+        """The rate at optimiser step `step` (0-based), before a group's scale."""
+        return deit_lr(step, self.total_steps, self.warmup_steps, self.peak_lr, self.min_lr, self.warmup_lr)
+
+    def set_lr(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+        """Set every parameter group's rate for optimiser step `step`: `lr(step)` times the group's scale."""
+        lr = self.lr(step)
+        for group, scale in zip(optimizer.param_groups, self.scales, strict=True):
+            group["lr"] = scale * lr
+
 
 # %%
 #| export
-def scaled_lr(base_lr: float, global_batch: int) -> float:
-    """DeiT's linear scaling rule: the peak learning rate is base_lr × global_batch / 512."""
-    return base_lr * global_batch / 512
+from convit_edu.schedule import RunSchedule
 
 
-def with_gate_group(groups: list[dict], model: nn.Module, scale: float) -> list[dict]:
-    """``groups`` with the GPSA gates λ (parameters named ``gating_param``) moved into a group of their own,
-    undecayed, whose learning rate is ``scale`` times every other group's (its base rate under the schedule)."""
+def with_gate_group(groups: list[dict], model: nn.Module, scale: float) -> tuple[list[dict], tuple[float, ...]]:
+    """``groups`` with the GPSA gates λ (parameters named ``gating_param``) moved into a last group of their own,
+    undecayed, and the scale of each group's learning rate (``RunSchedule.scales``): 1, and ``scale`` for the gates."""
     gates = {id(p) for name, p in model.named_parameters() if name.endswith("gating_param") and p.requires_grad}
     if not gates:
         raise ValueError(f"gate_lr_scale {scale} needs GPSA gates that learn, but this {type(model).__name__} has "
                          "no trainable gating_param (a DeiT, frozen gates, or no GPSA layers): leave it at 1")
     rest = [{**g, "params": [p for p in g["params"] if id(p) not in gates]} for g in groups]
     mine = [p for g in groups for p in g["params"] if id(p) in gates]
-    return rest + [{"params": mine, "weight_decay": 0.0, "lr": scale}]
+    return rest + [{"params": mine, "weight_decay": 0.0}], (1.0,) * len(rest) + (scale,)
+
+
+def run_schedule(cfg: TrainConfig, steps_per_epoch: int, global_batch: int,
+                 scales: tuple[float, ...] = (1.0, 1.0)) -> RunSchedule:
+    """The schedule of the run `cfg` at `global_batch` images and `steps_per_epoch` optimiser steps per epoch:
+    the peak `scaled_lr(cfg.lr, global_batch)`, `cfg.warmup_epochs` of warm-up, the cosine over `cfg.epochs`."""
+    return RunSchedule(steps_per_epoch * cfg.epochs, round(cfg.warmup_epochs * steps_per_epoch),
+                       scaled_lr(cfg.lr, global_batch), cfg.min_lr, cfg.warmup_lr, scales)
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module, global_batch: int, steps_per_epoch: int,
-                    device: torch.device) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over `param_groups` (fused into one kernel on a GPU) and its schedule, stepped per optimiser step: a
-    `LambdaLR` over a base rate of 1, so that the lambda, `deit_lr` at `scaled_lr(cfg.lr, global_batch)`, *is*
-    the learning rate (times ``cfg.gate_lr_scale`` for the gates, `with_gate_group`)."""
+                    device: torch.device) -> tuple[torch.optim.AdamW, RunSchedule]:
+    """AdamW over `param_groups` (fused into one kernel on a GPU; the GPSA gates in a group of their own when
+    `cfg.gate_lr_scale` is not 1, `with_gate_group`) and the run's schedule, the rates of step 0 set."""
     groups = param_groups(model, cfg.weight_decay)
+    scales = (1.0,) * len(groups)
     if cfg.gate_lr_scale != 1:
-        groups = with_gate_group(groups, model, cfg.gate_lr_scale)
-    optimizer = torch.optim.AdamW(groups, lr=1.0, fused=device.type == "cuda")
-    peak, total = scaled_lr(cfg.lr, global_batch), steps_per_epoch * cfg.epochs
-    warmup = round(cfg.warmup_epochs * steps_per_epoch)
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda t: deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr))
+        groups, scales = with_gate_group(groups, model, cfg.gate_lr_scale)
+    optimizer = torch.optim.AdamW(groups, fused=device.type == "cuda")
+    schedule = run_schedule(cfg, steps_per_epoch, global_batch, scales)
+    schedule.set_lr(optimizer, 0)
+    return optimizer, schedule
 
 
 def learning_rate_sum(cfg: TrainConfig, steps_per_epoch: int, world_size: int = 1) -> float:
     """The sum of the learning rates of every optimiser step of the run ``cfg`` on ``world_size`` processes: about
     how far AdamW can move any one parameter over the run (it moves each by roughly the learning rate per
     step, about 3 times it at worst for its default betas). ``steps_per_epoch``: ``cfg.steps_per_epoch(train_images, world_size)``, or a run's own record of it."""
-    total, warmup = steps_per_epoch * cfg.epochs, round(cfg.warmup_epochs * steps_per_epoch)
-    peak = scaled_lr(cfg.lr, cfg.images_per_step(world_size))
-    return sum(deit_lr(t, total, warmup, peak, cfg.min_lr, cfg.warmup_lr) for t in range(total))
+    schedule = run_schedule(cfg, steps_per_epoch, cfg.images_per_step(world_size))
+    return sum(schedule.lr(t) for t in range(schedule.total_steps))
 
 
 # %% [markdown]
@@ -123,33 +175,37 @@ def learning_rate_sum(cfg: TrainConfig, steps_per_epoch: int, world_size: int = 
 # of its three landmarks:
 
 # %%
-steps_per_epoch, epochs, warmup = 1251, 300, 5
-peak = scaled_lr(5e-4, 1024)
-lrs = [deit_lr(t, steps_per_epoch * epochs, steps_per_epoch * warmup, peak, 1e-5, 1e-6) for t in range(steps_per_epoch * epochs)]
-assert peak == 1e-3 and lrs[0] == 1e-6
-assert abs(lrs[steps_per_epoch * warmup] - peak) < 1e-12 and max(lrs) == lrs[steps_per_epoch * warmup]
+schedule = run_schedule(TrainConfig(lr=5e-4, epochs=300, warmup_epochs=5), steps_per_epoch=1251, global_batch=1024)
+lrs = [schedule.lr(t) for t in range(schedule.total_steps)]
+assert schedule.peak_lr == scaled_lr(5e-4, 1024) == 1e-3 and lrs[0] == 1e-6
+assert abs(lrs[schedule.warmup_steps] - 1e-3) < 1e-12 and max(lrs) == lrs[schedule.warmup_steps] == lrs[1251 * 5]
 assert abs(lrs[-1] - 1e-5) < 1e-8
-print(f"peak lr {peak:.1e} at step {lrs.index(max(lrs))}, last lr {lrs[-1]:.2e}")
+print(f"peak lr {schedule.peak_lr:.1e} at step {lrs.index(max(lrs))}, last lr {lrs[-1]:.2e}")
 fig, ax = plt.subplots(figsize=(6, 2.5), dpi=80)
-ax.plot([t / steps_per_epoch for t in range(len(lrs))], lrs)
+ax.plot([t / 1251 for t in range(len(lrs))], lrs)
 ax.set(xlabel="epoch", ylabel="learning rate", title="warm-up + cosine, stepped per iteration")
 plt.show()
 
 # %% [markdown]
-# A run gets both from `build_optimizer`: AdamW, and the schedule as a `LambdaLR` over a base rate of 1. Stepped
-# with the optimiser, its rate is `deit_lr`'s at every step — here 3 epochs of 10 steps, one of warm-up:
+# A run gets both from `build_optimizer`: AdamW, and its schedule, which sets every group's rate before each
+# step — here 3 epochs of 10 steps, one of warm-up. A run resumed at step 17 needs nothing but its step: a new
+# schedule of the same config gives the rates an uninterrupted run steps with.
 
 # %%
 cfg = TrainConfig(lr=5e-4, epochs=3, warmup_epochs=1)
 optimizer, schedule = build_optimizer(cfg, nn.Linear(8, 2), global_batch=1024, steps_per_epoch=10,
                                       device=torch.device("cpu"))
 rates = []
-for _ in range(30):
+for t in range(30):
+    schedule.set_lr(optimizer, t)
     rates.append(optimizer.param_groups[0]["lr"])
     optimizer.step()
-    schedule.step()
 assert rates == [deit_lr(t, 30, 10, scaled_lr(5e-4, 1024), cfg.min_lr, cfg.warmup_lr) for t in range(30)]
-print(f"30 steps: the optimiser's rate is deit_lr's at each, from {rates[0]:.0e} up to {max(rates):.0e}")
+resumed, later = build_optimizer(cfg, nn.Linear(8, 2), global_batch=1024, steps_per_epoch=10, device=torch.device("cpu"))
+later.set_lr(resumed, 17)
+assert later == schedule and resumed.param_groups[0]["lr"] == rates[17]
+print(f"30 steps: the optimiser's rate is deit_lr's at each, from {rates[0]:.0e} up to {max(rates):.0e}; "
+      "step 17's again from the step alone")
 
 # %% [markdown]
 # One setting changes that for a diagnostic: `gate_lr_scale` gives the GPSA gates λ a group of their own whose
@@ -162,9 +218,7 @@ tiny = dict(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=4, num_c
 cfg = TrainConfig(lr=5e-4, epochs=3, warmup_epochs=1, gate_lr_scale=50)
 optimizer, schedule = build_optimizer(cfg, create_model("convit_tiny", local_up_to_layer=1, **tiny), global_batch=1024,
                                       steps_per_epoch=10, device=torch.device("cpu"))
-for _ in range(12):
-    optimizer.step()
-    schedule.step()
+schedule.set_lr(optimizer, 12)
 *others, gates = optimizer.param_groups
 assert len(gates["params"]) == 1 and gates["params"][0].shape == (4,) and gates["weight_decay"] == 0
 assert all(abs(gates["lr"] - 50 * g["lr"]) < 1e-12 for g in others), (gates["lr"], [g["lr"] for g in others])
@@ -185,10 +239,9 @@ per_epoch = accumulated.steps_per_epoch(1000)
 optimizer, schedule = build_optimizer(accumulated, nn.Linear(8, 2), accumulated.images_per_step(), per_epoch,
                                       device=torch.device("cpu"))
 stepped = 0.0
-for _ in range(per_epoch * accumulated.epochs):
+for t in range(per_epoch * accumulated.epochs):
+    schedule.set_lr(optimizer, t)
     stepped += optimizer.param_groups[0]["lr"]
-    optimizer.step()
-    schedule.step()
 assert abs(learning_rate_sum(accumulated, per_epoch) - stepped) <= 1e-12 * stepped
 print(f"{per_epoch} steps per epoch of 128 images: the rates of the schedule sum to {stepped:.4e}, as computed")
 

@@ -41,13 +41,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 from torch.optim.swa_utils import AveragedModel
 
 from convit_edu.config import TrainConfig
 from convit_edu.distributed import World, all_reduce
 from convit_edu.files import atomic_write, load_file
 from convit_edu.loaders import DataLoaders
+from convit_edu.schedule import RunSchedule
 
 # %%
 import tempfile
@@ -62,7 +62,8 @@ tmp = Path(tempfile.mkdtemp())
 # ## The state
 #
 # A `TrainState` holds the live objects of a run — the bare model (not wrapped in DDP or compiled), the
-# optimiser, its schedule, the fp16 loss scaler, the EMA of the weights — and where the run stands: the epoch,
+# optimiser, its schedule (a function of the step: chapter 23), the fp16 loss scaler, the EMA of the weights — and
+# where the run stands: the epoch,
 # the optimiser steps done in it, the losses read back so far, the log of evaluated epochs, the best top-1. The
 # trainer (chapter 28) keeps its state in one, and its hooks — a `Callback`'s methods — see that one: the
 # analysis chapter records nonlocality and the gates σ(λ) during training through it, and a hook that sets
@@ -80,7 +81,7 @@ class TrainState:
     rank: int
     world_size: int
     steps_per_epoch: int
-    scheduler: LambdaLR | None = None
+    schedule: RunSchedule | None = None  # the learning rate at each step: a function of global_step, never saved
     scaler: torch.amp.GradScaler | None = None  # fp16's loss scaler (disabled in other precisions)
     ema: AveragedModel | None = None  # the EMA of the weights, when cfg.ema_decay is set
     epoch: int = 0  # the current epoch, 0-based
@@ -158,9 +159,9 @@ print("drawn twice from one saved state:", first[0], first[1], round(first[2], 4
 
 # %%
 #| export
-CHECKPOINT_FORMAT = "convit-edu-train-2"
+CHECKPOINT_FORMAT = "convit-edu-train-3"
 CHECKPOINT_KEYS = (
-    "format", "config", "model", "optimizer", "scheduler", "scaler", "ema",  # what the run is and holds
+    "format", "config", "model", "optimizer", "scaler", "ema",  # what the run is and holds
     "epoch", "step", "global_step", "epoch_losses", "pending", "history", "best_top1", "seconds",  # where it stands
     "rng", "loader", "world_size", "global_batch", "num_classes")  # generators, loaders, the shape of the run
 
@@ -171,7 +172,7 @@ def run_checkpoint(state: TrainState, weights: dict, loader: list | None, num_cl
     s = state
     return {
         "format": CHECKPOINT_FORMAT, "config": asdict(s.cfg), "model": weights,
-        "optimizer": s.optimizer.state_dict(), "scheduler": s.scheduler.state_dict(), "scaler": s.scaler.state_dict(),
+        "optimizer": s.optimizer.state_dict(), "scaler": s.scaler.state_dict(),
         "ema": s.ema.state_dict() if s.ema is not None else None,
         "epoch": s.epoch, "step": s.step, "global_step": s.global_step, "epoch_losses": s.epoch_losses,
         "pending": s.pending, "history": s.history, "best_top1": s.best_top1, "seconds": s.seconds,
@@ -218,32 +219,37 @@ def save_checkpoint(checkpoint: dict, path: str | Path) -> Path:
 
 
 # %% [markdown]
-# Reading one back checks what it is. Files of the first format (before the loaders shared one `state()`) are
-# read too: their DALI states become `loader`, the sampler's position they kept (never read: it is the epoch and
-# step) goes, and the two entries the earliest of them lack get their meaning at the time (no epoch pending,
-# no seconds counted). A file that is no training checkpoint, one of a newer format, and one that lacks an entry
-# are each refused with what they are.
+# Reading one back checks what it is. Files of the earlier formats are read too. The second format kept the state of
+# a stateful scheduler (torch's `LambdaLR`), which the rate, a function of the step, no longer needs: it goes (its
+# step count was `global_step`). The first (before the loaders shared one `state()`) also had its DALI states
+# become `loader`, the sampler's position it kept (never read: it is the epoch and step) go, and the two entries
+# the earliest files lack get their meaning at the time (no epoch pending, no seconds counted). A file that is no
+# training checkpoint, one of a newer format, and one that lacks an entry are each refused with what they are.
 
 # %%
 #| export
-def _from_format_1(ckpt: dict) -> dict:
-    """A checkpoint of format "convit-edu-train-1" as format 2 holds it."""
-    ckpt = {**ckpt, "format": CHECKPOINT_FORMAT, "loader": ckpt.get("dali")}
-    for gone in ("dali", "sampler"):
-        ckpt.pop(gone, None)
-    return {"pending": None, "seconds": 0.0, **ckpt}
+EARLIER_FORMATS = ("convit-edu-train-1", "convit-edu-train-2")
+
+
+def _from_earlier_format(ckpt: dict) -> dict:
+    """A checkpoint of an `EARLIER_FORMATS` as the current format holds it."""
+    if ckpt["format"] == "convit-edu-train-1":
+        ckpt = {"pending": None, "seconds": 0.0, **ckpt, "loader": ckpt.get("dali")}
+    kept = {k: v for k, v in ckpt.items() if k not in ("dali", "sampler", "scheduler")}
+    return {**kept, "format": CHECKPOINT_FORMAT}
 
 
 def read_checkpoint(path: str | Path) -> dict:
-    """Load a training checkpoint on the CPU (format 1 files as format 2); ValueError naming the file when it is
-    truncated, not loadable safely, not a convit-edu training checkpoint, of a newer format, or incomplete."""
+    """Load a training checkpoint on the CPU (files of `EARLIER_FORMATS` as the current format); ValueError naming
+    the file when it is truncated, not loadable safely, not a convit-edu training checkpoint, of a newer format, or
+    incomplete."""
     ckpt = load_file(path)
     found = ckpt.get("format") if isinstance(ckpt, dict) else None
-    if found == "convit-edu-train-1":
-        ckpt = _from_format_1(ckpt)
+    if found in EARLIER_FORMATS:
+        ckpt = _from_earlier_format(ckpt)
     elif isinstance(found, str) and found.startswith("convit-edu-train-") and found != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is a training checkpoint of format {found!r}, written by another version of "
-                         f"convit-edu; this one reads 'convit-edu-train-1' and {CHECKPOINT_FORMAT!r}")
+                         f"convit-edu; this one reads {', '.join(map(repr, EARLIER_FORMATS))} and {CHECKPOINT_FORMAT!r}")
     elif found != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is not a convit-edu training checkpoint (format {CHECKPOINT_FORMAT!r} missing);"
                          " to start from pretrained weights use convit_edu.checkpoints.load_weights")
@@ -256,36 +262,38 @@ def read_checkpoint(path: str | Path) -> dict:
 
 # %% [markdown]
 # A small run's state (a linear model, AdamW with a schedule, two steps done) written and read back: the file
-# holds exactly `CHECKPOINT_KEYS`. The same file rewritten as the first format wrote it reads back the same,
-# and the three refusals:
+# holds exactly `CHECKPOINT_KEYS`. The same file rewritten as the second format wrote it (with its scheduler's
+# state) and as the first did reads back the same, and the three refusals:
 
 # %%
 def small_state(cfg: TrainConfig) -> TrainState:
     model = nn.Linear(4, 3)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1.0)
+    optimizer = torch.optim.AdamW(model.parameters())
     return TrainState(cfg, model, optimizer, rank=0, world_size=1, steps_per_epoch=4,
-                      scheduler=LambdaLR(optimizer, lambda t: 0.1 / (1 + t)),
+                      schedule=RunSchedule(8, 2, 0.1, 1e-3, 1e-4, scales=(1.0,)),
                       scaler=torch.amp.GradScaler("cpu", enabled=False))
 
 
 cfg = TrainConfig(model="deit_tiny", data="fake", batch_size=8, output=str(tmp / "run"), resume="auto")
 torch.manual_seed(0)
 state = small_state(cfg)
-for _ in range(2):
+for t in range(2):
+    state.schedule.set_lr(state.optimizer, t)
     state.model(torch.randn(8, 4)).square().mean().backward()
     state.optimizer.step()
-    state.scheduler.step()
 state.step = state.global_step = 2
 state.epoch_losses, state.best_top1 = [0.9, 0.8], 12.5
 (tmp / "run").mkdir()
 save_checkpoint(run_checkpoint(state, checked_weights(state.model, 2, "none yet", "fp32"), None, 3), tmp / "run" / "last.pt")
 ckpt = read_checkpoint(tmp / "run" / "last.pt")
 assert tuple(ckpt) == CHECKPOINT_KEYS and ckpt["global_batch"] == 8 and ckpt["loader"] is None
+scheduler = {"last_epoch": 2, "_step_count": 3, "base_lrs": [1.0], "lr_lambdas": [None]}  # a LambdaLR's, 2 steps on
+save_checkpoint({**ckpt, "format": "convit-edu-train-2", "scheduler": scheduler}, tmp / "format-2.pt")
 old = {k: v for k, v in ckpt.items() if k not in ("loader", "pending", "seconds")}
-save_checkpoint({**old, "format": "convit-edu-train-1", "dali": None, "sampler": {"epoch": 0, "start": 16}},
-                tmp / "format-1.pt")
-assert read_checkpoint(tmp / "format-1.pt").keys() == ckpt.keys()
-torch.save({"format": "convit-edu-train-3"}, tmp / "newer.pt")
+save_checkpoint({**old, "format": "convit-edu-train-1", "scheduler": scheduler, "dali": None,
+                 "sampler": {"epoch": 0, "start": 16}}, tmp / "format-1.pt")
+assert read_checkpoint(tmp / "format-2.pt").keys() == read_checkpoint(tmp / "format-1.pt").keys() == ckpt.keys()
+torch.save({"format": "convit-edu-train-4"}, tmp / "newer.pt")
 torch.save({k: v for k, v in ckpt.items() if k != "rng"}, tmp / "no-rng.pt")
 torch.save(state.model.state_dict(), tmp / "weights.pt")
 nan_model = nn.Linear(4, 3)
@@ -304,24 +312,24 @@ for name, says in (("newer", "written by another version"), ("no-rng", "without 
 # %% [markdown]
 # ## Resuming
 #
-# Which checkpoint: `cfg.resume` names a file, or `auto` takes `output/last.pt` when it exists and starts from
-# scratch when it does not (the first start of a job that requeues itself). Every process must see the
+# Which checkpoint: `cfg.resume` names a file, or `auto` takes the run folder's `last.pt` (chapter 27's `RunFolder`
+# names it) when it exists and starts from scratch when it does not (the first start of a job that requeues itself). Every process must see the
 # checkpoint, or none: the decision is taken together (an all-reduce of "I see it"), because processes that
 # disagreed would wait forever for each other at the first collective.
 
 # %%
 #| export
-def resume_checkpoint(cfg: TrainConfig, world: World) -> tuple[dict | None, Path | None]:
-    """(checkpoint, its path) that `cfg.resume` names — `auto`: `output/last.pt` when it exists — or (None,
-    None); every process decides together, and one that sees the file while another does not is refused."""
-    if cfg.resume is None:
+def resume_checkpoint(resume: str | None, last: Path, world: World) -> tuple[dict | None, Path | None]:
+    """(checkpoint, its path) that `resume` (a config's) names — `auto`: the run folder's `last` when it exists — or
+    (None, None); every process decides together, and one that sees the file while another does not is refused."""
+    if resume is None:
         return None, None
-    path = Path(cfg.output) / "last.pt" if cfg.resume == "auto" else Path(cfg.resume)
+    path = last if resume == "auto" else Path(resume)
     seen = int(all_reduce(torch.tensor(float(path.exists()), device=world.device)).item())
     if 0 < seen < world.world_size:  # every process must take the same decision, or the first collective hangs
         raise ValueError(f"{seen} of {world.world_size} processes see {path}: put --output (and the checkpoint) "
                          "on a file system that every node shares")
-    if cfg.resume == "auto" and not seen:
+    if resume == "auto" and not seen:
         if world.main:
             print(f"resume auto: no {path} yet, starting from scratch", flush=True)
         return None, None
@@ -383,22 +391,19 @@ def resume_weights(ckpt: dict, path: Path, cfg: TrainConfig, model: nn.Module, g
 
 # %% [markdown]
 # The trainer restores a checkpoint in two moves: the weights are loaded before the optimiser and the EMA are
-# made (the EMA starts as a copy of the model), then `restore_run` puts back everything else — optimiser,
-# schedule (at this run's rates: a resume may change `lr`), scaler, EMA, position, log, best score, every
-# generator, and each process's loader state.
+# made (the EMA starts as a copy of the model), then `restore_run` puts back everything else — optimiser, scaler,
+# EMA, position, log, best score, every generator, and each process's loader state. The schedule needs nothing: the
+# run's own (at this run's rates: a resume may change `lr`) gives the rate of its next step from `global_step`.
 
 # %%
 #| export
 def restore_run(ckpt: dict, path: Path, state: TrainState, loaders: DataLoaders, world: World,
                 changes: dict[str, list]) -> None:
     """Put the checkpoint `ckpt` (read from `path`, with the settings `changes` that the resume mends) back into
-    `state` — optimiser, schedule at this run's rates, scaler, EMA, position, log, best top-1 — and into the
-    generators and this process's `loaders` (`restore`)."""
+    `state` — optimiser, scaler, EMA, position, log, best top-1 — and into the generators and this process's
+    `loaders` (`restore`); the state's schedule sets the rates of the next step, at this run's settings."""
     s = state
     s.optimizer.load_state_dict(ckpt["optimizer"])
-    s.scheduler.load_state_dict(ckpt["scheduler"])
-    for group, base, lr_at in zip(s.optimizer.param_groups, s.scheduler.base_lrs, s.scheduler.lr_lambdas):
-        group["lr"] = base * lr_at(s.scheduler.last_epoch)  # this run's schedule (a resume may change lr)
     if ckpt["scaler"]:  # an fp16 run's scaler (empty when saved disabled: a resume may change the precision)
         s.scaler.load_state_dict(ckpt["scaler"])
     if s.ema is not None and ckpt["ema"] is not None:
@@ -424,24 +429,24 @@ def restore_run(ckpt: dict, path: Path, state: TrainState, loaders: DataLoaders,
 # The small run's checkpoint resumed: with no resume, or `auto` in a folder without `last.pt`, a run starts
 # from scratch; a named checkpoint that is missing is an error, not a silent fresh start. `auto` finds the file
 # written above; a new state with its own model takes its weights and a mended learning rate, and `restore_run`
-# puts the rest back, the optimiser's moments and the schedule's place included. Another seed is refused, and so
-# is a model of another shape.
+# puts the rest back, the optimiser's moments included (the schedule's place is the step). Another seed is refused,
+# and so is a model of another shape.
 
 # %%
 world = World(0, 1, torch.device("cpu"), False)  # one process on the CPU: rank 0 of 1
-assert resume_checkpoint(replace(cfg, resume=None), world) == (None, None)
-assert resume_checkpoint(replace(cfg, output=str(tmp / "empty")), world) == (None, None)
-message = expect_error(lambda: resume_checkpoint(replace(cfg, resume=str(tmp / "nowhere.pt")), world),
-                       FileNotFoundError)
+last = tmp / "run" / "last.pt"
+assert resume_checkpoint(None, last, world) == (None, None)
+assert resume_checkpoint("auto", tmp / "empty" / "last.pt", world) == (None, None)
+message = expect_error(lambda: resume_checkpoint(str(tmp / "nowhere.pt"), last, world), FileNotFoundError)
 assert "nowhere.pt" in message
-found, path = resume_checkpoint(cfg, world)
+found, path = resume_checkpoint("auto", last, world)
 mended = replace(cfg, lr=cfg.lr / 2)
 resumed = small_state(mended)
 changes = resume_weights(found, path, mended, resumed.model, global_batch=8)
 restore_run(found, path, resumed, DataLoaders(None, None, None), world, changes)
 assert changes == {"lr": [cfg.lr, cfg.lr / 2]}
 assert (resumed.global_step, resumed.epoch_losses, resumed.best_top1) == (2, [0.9, 0.8], 12.5)
-for part in ("model", "optimizer", "scheduler"):
+for part in ("model", "optimizer"):
     torch.testing.assert_close(getattr(resumed, part).state_dict(), getattr(state, part).state_dict(), rtol=0, atol=0)
 message = expect_error(lambda: resume_weights(found, path, replace(cfg, seed=1), small_state(cfg).model, 8))
 assert "seed 0 -> 1" in message

@@ -14,14 +14,14 @@
 # ---
 
 # %% [markdown]
-# # What a run is made of, and what it leaves behind
+# # What a run is made of
 #
 # A run is built in the order that lets every bad input fail before any training work — the config was
 # checked when it was made; then the output folder (writable?), the data (more processes than samples? a batch
 # larger than a process's share?), the model and the resume checkpoint (chapter 26: the same model? the same
 # global batch?), the optimisation — and only then trained. `Trainer.__init__` (chapter 28) is that order; the
-# functions here build its pieces (`run_setup`) and keep its records (`run_records`: the output folder, `run.json`,
-# the progress shown, the logs and the curves), each checked below on a small config.
+# functions here build its pieces (`run_setup`), each checked below on a small config. What a run leaves behind, its
+# folder, is the next chapter's (`27_what_a_run_writes`).
 
 # %% tags=["parameters"]
 import os
@@ -39,6 +39,7 @@ import contextlib
 import os
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,18 +48,15 @@ from torch.utils.data import Dataset
 
 from convit_edu.augment import AUGMENTATIONS, AugConfig, build_transforms
 from convit_edu.config import TrainConfig
-from convit_edu.dali import DaliLoaders
 from convit_edu.datasets import build_datasets
 from convit_edu.distributed import World, run_on_main
-from convit_edu.gpu_decode import build_gpu_decode_loaders
-from convit_edu.loaders import DataLoaders, build_loaders
+from convit_edu.loader_registry import LOADERS
 from convit_edu.models import VisionTransformer
 from convit_edu.optimisation import build_teacher
 
 # %%
-import json
 import tempfile
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch.distributed as dist
 
@@ -78,9 +76,10 @@ tiny = TrainConfig(model="convit_tiny", img_size=16, model_args={"patch_size": 4
 # process's share of the node's CPUs allows), and the batch mixing of the augmentation. The config's own
 # datasets ship uint8 crops from the workers, and `finish_batch` normalises and erases each batch on the device
 # with chapter 17's `DeviceTransforms`; a caller's datasets that give float tensors pass through unchanged.
-# With `loader="dali"` chapter 18's `DaliLoaders` replaces `build_loaders`: the same uint8 batches, decoded on
-# the GPU; its exact resume is the pipelines' own state (`state()`), one per process, saved in the checkpoint
-# (chapter 26), so it resumes on as many processes as it ran.
+# A loader that reads the image files itself (chapter 21's table: `dali`, `gpu-decode`) gets the datasets' file
+# lists untransformed instead. With `loader="dali"` chapter 18's `DaliLoaders` replaces `build_loaders`: the same
+# uint8 batches, decoded on the GPU; its exact resume is the pipelines' own state (`state()`), one per process,
+# saved in the checkpoint (chapter 26), so it resumes on as many processes as it ran.
 #
 # **Rank 0 writes, and builds the datasets first.** Every write of rank 0 goes through chapter 24's
 # `run_on_main`, so that a full disk there stops every process at once; rank 0 also builds the config's datasets
@@ -91,12 +90,14 @@ tiny = TrainConfig(model="convit_tiny", img_size=16, model_args={"patch_size": 4
 #| export
 def config_datasets(cfg: TrainConfig, world: World, aug: AugConfig | None) -> tuple:
     """The config's datasets (train, val, class names), built by rank 0 first (an image folder's file list is
-    then cached, chapter 13) and by the other processes after it, from that cache. With `loader="torchvision"`
-    their samples are uint8 crops, for `DeviceTransforms` to finish on the device."""
+    then cached, chapter 13) and by the other processes after it, from that cache. For a loader that does not read
+    the files itself (`loader="torchvision"`) their samples are uint8 crops, for `DeviceTransforms` to finish on the
+    device."""
     if aug is None:
         raise ValueError("aug None (no augmentation) needs datasets passed to train(); the config's own "
                          f"datasets need an augmentation ({', '.join(AUGMENTATIONS)})")
-    train_tf, val_tf = build_transforms(aug, on_device=True) if cfg.loader == "torchvision" else (None, None)
+    reads_files = LOADERS[cfg.loader].reads_files
+    train_tf, val_tf = (None, None) if reads_files else build_transforms(aug, on_device=True)
     build = partial(build_datasets, cfg.data, cfg.data_root, train_transform=train_tf, val_transform=val_tf,
                     fraction=cfg.fraction, max_classes=cfg.classes, **cfg.data_args)
     datasets = run_on_main(world, f"read the dataset in {cfg.data_root}", build)
@@ -118,24 +119,20 @@ assert "needs datasets passed to train()" in message
 print(message)
 
 # %% [markdown]
-# The loaders are of the config's kind (`loader`): chapter 17's workers, which decode and augment each image, the
-# GPU-decoding ones of chapter 19, whose workers only read file bytes, or DALI's pipelines (chapter 18). Each kind
-# gives the train batches of an epoch from a position (`epoch(e, start)`) and this process's evaluation batches
-# (`val`), whose workers, like the train loader's, are started once and kept.
+# The loaders are of the config's kind (`loader`), built by its entry in chapter 21's table: chapter 17's workers,
+# which decode and augment each image, the GPU-decoding ones of chapter 19, whose workers only read file bytes, or
+# DALI's pipelines (chapter 18). Each kind gives the train batches of an epoch from a position (`epoch(e, start)`)
+# and this process's evaluation batches (`val`), whose workers, like the train loader's, are started once and kept.
 
 # %%
 #| export
 def build_run_loaders(cfg: TrainConfig, world: World, aug: AugConfig | None, train_set: Dataset, val_set: Dataset,
-                      batch_size: int, num_workers: int) -> DataLoaders | DaliLoaders:
-    """This process's loaders of the kind `cfg.loader` names, `batch_size` images a step (val: twice that)."""
-    common = dict(batch_size=batch_size, num_replicas=world.world_size, rank=world.rank, seed=cfg.seed)
-    if cfg.loader == "dali":
-        return DaliLoaders(train_set, val_set, aug, num_threads=max(1, num_workers), **common,
-                           device_id=world.device.index if world.device.type == "cuda" else None)
-    if cfg.loader == "gpu-decode":
-        return build_gpu_decode_loaders(train_set, val_set, aug, num_workers=num_workers, repeats=cfg.repeats,
-                                        device=world.device, **common)
-    return build_loaders(train_set, val_set, num_workers=num_workers, repeats=cfg.repeats, **common)
+                      batch_size: int, num_workers: int) -> Any:
+    """This process's loaders of the kind `cfg.loader` names (its `LOADERS` entry builds them), `batch_size` images a
+    step (val: twice that)."""
+    return LOADERS[cfg.loader].build(train_set, val_set, aug, batch_size=batch_size, num_workers=num_workers,
+                                     repeats=cfg.repeats, num_replicas=world.world_size, rank=world.rank,
+                                     seed=cfg.seed, device=world.device)
 
 # %%
 run_loaders = build_run_loaders(tiny, world, tiny.aug_config(), train_set, val_set, batch_size=8, num_workers=0)
@@ -211,13 +208,13 @@ def wrap_model(model: nn.Module, world: World, compile: bool) -> tuple[nn.Module
 
 
 @contextlib.contextmanager
-def compile_cache(output: Path, compile: bool):
-    """For the duration of a compiled run: torch's compile cache in `output/compile-cache` (a requeued job finds
-    it there), unless `TORCHINDUCTOR_CACHE_DIR` is set; the variable is restored afterwards."""
+def compile_cache(cache: Path, compile: bool):
+    """For the duration of a compiled run: torch's compile cache in the folder `cache` (the run folder's, where a
+    requeued job finds it), unless `TORCHINDUCTOR_CACHE_DIR` is set; the variable is restored afterwards."""
     if not compile or "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         yield
         return
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str((output / "compile-cache").resolve())
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache.resolve())
     try:
         yield
     finally:
@@ -244,256 +241,8 @@ assert round(buffer_mb, 1) == 4.6
 assert not list(VisionTransformer(replace(psa_tiny, local_attention="gpsa")).buffers())  # the fast GPSA: none
 assert wrap_model(convit, world, compile=False) == (convit, convit)
 yours = os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # as on a machine that does not set it
-with compile_cache(tmp / "run", compile=True):
+with compile_cache(tmp / "run" / "compile-cache", compile=True):
     inside = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 assert inside == str((tmp / "run" / "compile-cache").resolve()) and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
 if yours is not None:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = yours
-
-# %% [markdown]
-# ## What a run writes
-#
-# `run.json` (the config, the world, the batch sizes, the learning rate, the versions, the command line) when it
-# starts, and a line in `invocations.jsonl` every time it is started or resumed (a run extended with more
-# epochs, or resumed on another number of GPUs, keeps the record of each start); chapter 26's checkpoints —
-# `last.pt` at every evaluated epoch, every `ckpt_every` steps and on a stop, `best.pt` when the top-1 improved
-# (a second name of that epoch's `last.pt`); the logs, `log.jsonl` and `log.csv`, rewritten from the history at
-# each evaluated epoch; the curves. Before any of it, the output folder must be writable.
-
-# %%
-#| export run_records
-# A run's records: its output folder, run.json and invocations.jsonl, the progress rank 0 shows, the log files and
-# the curves.
-
-# %%
-#| export run_records
-import csv
-import io
-import json
-import platform
-import sys
-import time
-from dataclasses import asdict
-from pathlib import Path
-
-import torch
-import torchvision
-from fastprogress.fastprogress import IN_NOTEBOOK, ConsoleMasterBar, ConsoleProgressBar, NBMasterBar, NBProgressBar
-from matplotlib.figure import Figure
-
-import convit_edu
-from convit_edu.config import TrainConfig
-from convit_edu.distributed import World
-from convit_edu.files import atomic_write
-from convit_edu.optimisation import scaled_lr
-from convit_edu.run_state import TrainState
-
-
-def check_output(output: Path) -> None:
-    """The run folder exists and is writable (else a ValueError naming it); temporary files that a killed run
-    left behind are removed."""
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-        probe = output / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-        for stale in output.glob("*.tmp"):  # a checkpoint or log write that was killed before its rename
-            stale.unlink()
-    except OSError as e:
-        raise ValueError(f"output directory {output} is not writable ({e.strerror}): choose another --output") from None
-
-
-def versions() -> dict[str, str]:
-    """The versions that a run's results depend on: Python, torch, torchvision and convit_edu."""
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "torchvision": torchvision.__version__, "convit_edu": convit_edu.__version__}
-
-
-def write_run_info(output: Path, cfg: TrainConfig, world: World, *, batch_size: int, global_batch: int,
-                   steps_per_epoch: int, num_workers: int, precision: str, resumed_from: Path | None = None,
-                   changes: dict[str, list] | None = None) -> None:
-    """`run.json` when the run starts (a resumed run keeps it), and one line per start in `invocations.jsonl`,
-    with the checkpoint resumed from and the settings the resume changed ({setting: [old, new]})."""
-    info = {"config": asdict(cfg), "world_size": world.world_size, "batch_size": batch_size,
-            "global_batch": global_batch, "scaled_lr": scaled_lr(cfg.lr, global_batch),
-            "steps_per_epoch": steps_per_epoch, "num_workers": num_workers, "device": str(world.device),
-            "precision": precision, "seed": cfg.seed, "versions": versions(), "command": sys.argv}
-    if resumed_from is None:
-        (output / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
-    line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_from": resumed_from, "changed": changes or {},
-            **info}
-    with open(output / "invocations.jsonl", "a") as f:
-        f.write(json.dumps(line, default=str) + "\n")
-
-
-# %% [markdown]
-# The output check makes the folder and sweeps a killed run's temporary files, and refuses a folder it cannot
-# write — here one whose parent is a file:
-
-# %%
-output = Path(tiny.output)
-check_output(output)
-(output / "last.pt.tmp").write_bytes(b"half a checkpoint")
-check_output(output)
-assert output.is_dir() and list(output.iterdir()) == []
-(tmp / "a-file").write_text("not a folder")
-message = expect_error(lambda: check_output(tmp / "a-file" / "run"))
-assert "is not writable" in message
-print(message)
-
-# %% [markdown]
-# The run's records: a first start writes `run.json` and a line of `invocations.jsonl`; a resume that mends the
-# learning rate leaves `run.json` as it was and adds a line that says from where it resumed and what changed.
-
-# %%
-sizes = dict(batch_size=8, global_batch=8, steps_per_epoch=8, num_workers=0, precision="fp32")
-write_run_info(output, tiny, world, **sizes)
-first_record = (output / "run.json").read_text()
-write_run_info(output, replace(tiny, lr=1e-3), world, **sizes, resumed_from=output / "last.pt",
-               changes={"lr": [tiny.lr, 1e-3]})
-run = json.loads((output / "run.json").read_text())
-starts = [json.loads(line) for line in (output / "invocations.jsonl").read_text().splitlines()]
-assert (output / "run.json").read_text() == first_record and run["config"] == asdict(tiny)
-assert {"world_size", "batch_size", "global_batch", "scaled_lr", "versions", "command"} <= run.keys()
-assert run["scaled_lr"] == scaled_lr(tiny.lr, 8) and set(run["versions"]) == {"python", "torch", "torchvision",
-                                                                              "convit_edu"}
-assert [s["resumed_from"] for s in starts] == [None, str(output / "last.pt")]
-assert starts[1]["changed"] == {"lr": [tiny.lr, 1e-3]} and starts[1]["config"]["lr"] == 1e-3
-print("run.json:", ", ".join(run))
-print("invocations.jsonl, (resumed?, changed) of each start:", [(s["resumed_from"] is not None, s["changed"])
-                                                                for s in starts])
-
-# %% [markdown]
-# Progress is shown by rank 0 only: fastprogress bars with live curves (train and val loss, val top-1
-# error) in a notebook, a console bar in a terminal, and plain lines (one every `log_every` steps and one
-# per epoch) when the output goes to a file — CI logs and SLURM's `slurm-JOB.out` stay readable.
-
-# %%
-#| export run_records
-class Progress:
-    """What rank 0 shows of a run: `mode` "bar" (fastprogress, live curves in a notebook), "lines" (one line per
-    `log_every` steps and per epoch) or "none"; "auto" is a bar in a notebook or a terminal, lines elsewhere."""
-
-    def __init__(self, mode: str, epochs: int, log_every: int):
-        if mode == "auto":
-            mode = "bar" if IN_NOTEBOOK or sys.stdout.isatty() else "lines"
-        self.mode, self.epochs, self.log_every, self.notebook = mode, epochs, log_every, IN_NOTEBOOK
-        self.master, self.losses, self.val_losses, self.val_errors = None, [], [], []
-
-    def epochs_of(self, epochs: range):
-        """`epochs`, under the master bar in bar mode."""
-        if self.mode != "bar":
-            return epochs
-        self.master = (NBMasterBar if self.notebook else ConsoleMasterBar)(epochs, total=self.epochs)
-        if self.notebook:
-            self.master.names = ["train loss", "val loss", "val top-1 error"]
-        return self.master
-
-    def steps_of(self, steps: range):
-        """An epoch's `steps`, under a child bar in bar mode."""
-        if self.mode != "bar":
-            return steps
-        return (NBProgressBar if self.notebook else ConsoleProgressBar)(steps, parent=self.master)
-
-    def step(self, state: TrainState, lr: float, images_per_s: float, data_wait: float, interval: float) -> None:
-        """After a read-back: the loss, and in lines mode the rate, the speed and how long the interval's steps
-        waited for data (`data_wait` of `interval` seconds: a share near 1 is a starving device)."""
-        x = state.epoch + state.step / state.steps_per_epoch
-        self.losses.append((x, state.loss))
-        if self.mode == "bar" and self.master is not None:
-            self.master.child.comment = f"loss {state.loss:.4f} data wait {100 * data_wait / interval:.0f} %"
-            if self.notebook and state.step % self.log_every == 0:
-                self._graph()
-        elif self.mode == "lines" and (state.step % self.log_every == 0 or state.step == state.steps_per_epoch):
-            print(f"epoch {state.epoch + 1}/{self.epochs} step {state.step}/{state.steps_per_epoch} "
-                  f"loss {state.loss:.4f} lr {lr:.3e} {images_per_s:.0f} img/s data wait {data_wait:.2f} s "
-                  f"({100 * data_wait / interval:.0f} %)", flush=True)
-
-    def epoch_end(self, row: dict) -> None:
-        """An evaluated epoch's log row: a line (written under the bar in bar mode), and the curves."""
-        self.val_losses.append((row["epoch"], row["val_loss"]))
-        self.val_errors.append((row["epoch"], 1 - row["val_top1"] / 100))
-        line = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                         for k, v in row.items() if k != "gates")
-        if self.mode == "bar" and self.master is not None:
-            self.master.write(line)
-            if self.notebook:
-                self._graph()
-        elif self.mode == "lines":
-            print(line, flush=True)
-
-    def _graph(self) -> None:
-        curves = [list(zip(*points)) if points else [[], []]
-                  for points in (self.losses, self.val_losses, self.val_errors)]
-        self.master.update_graph(curves)
-
-
-def write_logs(history: list[dict], output: Path) -> None:
-    """log.jsonl (one JSON line per epoch) and log.csv, rewritten from the checkpointed history."""
-    lines = "".join(json.dumps(row) + "\n" for row in history)
-    atomic_write(output / "log.jsonl", lambda f: f.write(lines.encode()))
-    flat = [{**{k: v for k, v in row.items() if k != "gates"},
-             **{f"gate_{i}": g for i, g in enumerate(row.get("gates", []))}} for row in history]
-    table = io.StringIO(newline="")
-    if flat:
-        writer = csv.DictWriter(table, fieldnames=list(flat[-1]))
-        writer.writeheader()
-        writer.writerows(flat)
-    atomic_write(output / "log.csv", lambda f: f.write(table.getvalue().encode()))
-
-
-# %%
-#| export run_records
-def plot_history(history: list[dict]):
-    """The curves of a run as a figure: loss with the learning rate of the schedule (right axis); top-1 and top-5
-    of the model and its EMA; mean σ(λ) per layer."""
-    epochs = [row["epoch"] for row in history]
-    gates = [row["gates"] for row in history if row.get("gates")]
-    fig = Figure(figsize=(11 if gates else 7.5, 3), dpi=80)
-    axes = fig.subplots(1, 3 if gates else 2)
-    axes[0].plot(epochs, [r["train_loss"] for r in history], "o-", label="train")
-    axes[0].plot(epochs, [r["val_loss"] for r in history], "o-", label="val")
-    axes[0].set(xlabel="epoch", ylabel="loss")
-    schedule = axes[0].twinx()
-    schedule.plot(epochs, [r["lr"] for r in history], ":", color="grey")
-    schedule.set_ylabel("learning rate (dotted)", color="grey")
-    for key in ("val_top1", "val_top5", "ema_top1", "ema_top5"):
-        if key in history[0]:
-            axes[1].plot(epochs, [r[key] for r in history], "o-", label=key)
-    axes[1].set(xlabel="epoch", ylabel="accuracy (%)")
-    if gates:
-        for layer, values in enumerate(zip(*gates)):
-            axes[2].plot(epochs[-len(gates):], values, label=f"layer {layer}")
-        axes[2].set(xlabel="epoch", ylabel="mean σ(λ)", ylim=(0, 1))
-    for ax in axes:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-# %% [markdown]
-# What these write and show, checked on a made-up history of two epochs: `log.jsonl` holds the rows as they
-# are, `log.csv` flattens the gates into one column per layer (a spreadsheet opens it), the curves get a third
-# panel when there are gates, and a progress line in `lines` mode names the step, the loss, the rate, the speed
-# and the interval's wait for data.
-
-# %%
-history = [{"epoch": e, "step": 10 * e, "train_loss": 2.0 / e, "lr": 1e-3 / e, "images_per_s": 100.0,
-            "epoch_time_s": 5.0, "data_wait_s": 0.5, "data_wait_share": 0.1, "val_loss": 1.5 / e,
-            "val_top1": 30.0 * e, "val_top5": 60.0 + e, "gates": [0.73, 0.72 - 0.01 * e]} for e in (1, 2)]
-with tempfile.TemporaryDirectory() as folder:
-    write_logs(history, Path(folder))
-    rows = [json.loads(line) for line in (Path(folder) / "log.jsonl").read_text().splitlines()]
-    table = list(csv.DictReader(io.StringIO((Path(folder) / "log.csv").read_text())))
-    left = sorted(p.name for p in Path(folder).iterdir())
-assert rows == history and left == ["log.csv", "log.jsonl"]  # no temporary file left behind
-assert table[1]["gate_1"] == "0.7" and "gates" not in table[0]
-assert len(plot_history(history).axes) == 4  # loss (with the rate on a twin axis), accuracy, gates
-
-state = TrainState(cfg=None, model=torch.nn.Linear(1, 1), optimizer=None, rank=0, world_size=1, steps_per_epoch=20,
-                   step=10, loss=1.25)
-printed = io.StringIO()
-with contextlib.redirect_stdout(printed):
-    Progress("lines", epochs=3, log_every=5).step(state, lr=1e-3, images_per_s=250.0, data_wait=0.3, interval=2.0)
-line = printed.getvalue().strip()
-assert line == "epoch 1/3 step 10/20 loss 1.2500 lr 1.000e-03 250 img/s data wait 0.30 s (15 %)", line
-print(line)

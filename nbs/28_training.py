@@ -22,11 +22,13 @@
 # for epoch in range(epochs):
 #     model.train()
 #     for images, labels in train_loader:
+#         for group in optimizer.param_groups:
+#             group["lr"] = deit_lr(step, *schedule)
 #         loss = F.cross_entropy(model(images), labels)
+#         optimizer.zero_grad()
 #         loss.backward()
 #         optimizer.step()
-#         optimizer.zero_grad()
-#         scheduler.step()
+#         step += 1
 #     print(epoch, evaluate(model, val_set))
 # ```
 #
@@ -35,18 +37,20 @@
 #
 # * `for images, labels in train_loader` — this process's share of a sampler that can start mid-epoch, uint8
 #   batches finished on the device, Mixup/CutMix, and a clock on how long the step waited for its data;
+# * `group["lr"] = …` — the same function of the step (chapter 23's `RunSchedule`, the gates' group at its own scale);
 # * `loss = …` — under autocast, with a teacher's answer for distillation, over `accum_steps` micro-batches
 #   whose gradients DDP synchronises once;
 # * `backward`, `step` — through the fp16 loss scaler and the gradient clipping, then the EMA of the weights;
 # * `print(loss)` — the loss stays on the device and is read back once per `log_every` steps, with every
 #   process's stop signals in the same all-reduce;
-# * the end of an epoch — one checkpoint, written before the evaluation and kept as `best.pt` when it scores
-#   best, the logs;
+# * the end of an epoch — its evaluation, reported to the run's writer (chapter 27), which decides what to write: one
+#   checkpoint, before the evaluation, kept as `best.pt` when it scores best, the logs;
 # * and around it all: an exact resume, a clean stop on SIGTERM, non-finite numbers named, rank 0 the only writer.
 #
 # A run is one object, `Trainer` (in the spirit of miniai's `Learner`): built from a `TrainConfig`, it holds the
 # data, the models and the run's state (chapter 26); its `step` and its `fit` each read top to bottom in one
-# place, and it decides when to checkpoint. `train(cfg)` builds one and fits it.
+# place, and it reports what happens to its writer (`RunWriter`), which decides what to write. `train(cfg)` builds
+# one and fits it.
 
 # %% tags=["parameters"]
 import os
@@ -75,15 +79,15 @@ from torch.optim.swa_utils import AveragedModel
 from convit_edu.augment import DeviceTransforms, MixupCutmix, build_mixup, finish_batch
 from convit_edu.config import TrainConfig
 from convit_edu.devices import autocast, resolve_precision
-from convit_edu.distributed import StopSignals, World, all_reduce, init_world, run_on_main
+from convit_edu.distributed import StopSignals, World, all_reduce, init_world
 from convit_edu.evaluation import evaluate
-from convit_edu.files import keep_as
+from convit_edu.loader_registry import LOADERS
 from convit_edu.loaders import DataLoaders
 from convit_edu.optimisation import build_optimizer, seed_step, train_loss, update_ema
-from convit_edu.run_records import Progress, check_output, plot_history, write_logs, write_run_info
+from convit_edu.run_records import Progress, RunFolder, RunWriter, run_info
 from convit_edu.run_setup import build_models, build_run_loaders, compile_cache, config_datasets, wrap_model
 from convit_edu.run_state import (Callback, TrainState, checked_weights, loader_states, nonfinite_remedy, restore_run,
-                                  resume_checkpoint, resume_weights, run_checkpoint, save_checkpoint)
+                                  resume_checkpoint, resume_weights, run_checkpoint)
 
 # %% [markdown]
 # ## The trainer
@@ -131,9 +135,10 @@ def build_run_data(cfg: TrainConfig, world: World, datasets: tuple | None = None
     aug = cfg.aug_config()
     if datasets is None:
         datasets = config_datasets(cfg, world, aug)
-    elif cfg.loader != "torchvision":
+    elif LOADERS[cfg.loader].reads_files:
+        takers = " or ".join(repr(name) for name, kind in LOADERS.items() if not kind.reads_files)
         raise ValueError(f"loader {cfg.loader!r} reads the config's own image folder (data_root): datasets "
-                         "passed to train() need loader 'torchvision'")
+                         f"passed to train() need loader {takers}")
     train_set, val_set, classes = datasets
     if len(classes) < 2:
         raise ValueError(f"the dataset has {len(classes)} class(es) ({', '.join(map(str, classes))}): a "
@@ -154,23 +159,27 @@ def build_run_data(cfg: TrainConfig, world: World, datasets: tuple | None = None
 def new_train_state(cfg: TrainConfig, world: World, model: nn.Module, data: RunData, precision: str) -> TrainState:
     """A run's state at step 0: `model`'s optimiser and schedule, fp16's loss scaler, and the EMA — a copy of the
     model as it is now, so load resumed weights first."""
-    optimizer, scheduler = build_optimizer(cfg, model, data.global_batch, data.steps_per_epoch, world.device)
+    optimizer, schedule = build_optimizer(cfg, model, data.global_batch, data.steps_per_epoch, world.device)
     scaler = torch.amp.GradScaler(world.device.type, enabled=precision == "fp16")
     ema = AveragedModel(model, use_buffers=True) if cfg.ema_decay else None  # see `update_ema`
-    return TrainState(cfg, model, optimizer, world.rank, world.world_size, data.steps_per_epoch, scheduler, scaler,
+    return TrainState(cfg, model, optimizer, world.rank, world.world_size, data.steps_per_epoch, schedule, scaler,
                       ema)
 
 # %% [markdown]
+# ## The trainer
+#
 # `Trainer(cfg, world)` builds a run in chapter 27's order — output folder, data, models, resume checkpoint,
 # optimisation — and restores a checkpoint with chapter 26's `resume_weights` and `restore_run`. Its state,
-# `trainer.state`, is the one its hooks see. Two objects share the loop: `trainer.step`, a `TrainStep`, knows *how*
+# `trainer.state`, is the one its hooks see. Three objects share the loop: `trainer.step`, a `TrainStep`, knows *how*
 # a step runs and holds what only the step needs (the model wrapped for DDP and compiled, the teacher, the losses
-# not read back yet); the `Trainer` decides *when* — to read back, to checkpoint, to evaluate, to stop.
+# not read back yet); `trainer.records`, chapter 27's `RunWriter`, decides what is written in the run's folder,
+# told what happened; the `Trainer` decides *when* — to read back, to evaluate, to stop — and reports it.
 #
 # **`step(batches)`**, one optimiser step: `accum_steps` micro-batches, each finished on the device, mixed
 # (MixUp/CutMix) and run under autocast beside the teacher; DDP synchronises the gradients on the last one only.
-# Then the scaler, the clipping, the optimiser, the schedule and the EMA. Every random draw in it is seeded
-# from (seed, rank, epoch, step) first (chapter 23), so a resumed run draws the same.
+# Then the scaler, the clipping, the rate of this step (the schedule's, a function of the global step: chapter
+# 23), the optimiser and the EMA. Every random draw in it is seeded from (seed, rank, epoch, step) first (chapter
+# 23), so a resumed run draws the same.
 #
 # **`step.read_back`**: the step's loss and whether it was finite stay **on the device**. Reading a number back
 # (`.item()`, `.tolist()`) makes the CPU wait for the GPU to finish everything queued, and a GPU that waits
@@ -184,25 +193,13 @@ def new_train_state(cfg: TrainConfig, world: World, model: nn.Module, data: RunD
 #
 # **`train_epoch`** starts the sampler at the trainer's position (mid-epoch after a resume) and takes steps
 # until the epoch is done or a stop is asked for (a signal on any process, or a hook's `state.stop`), reading
-# back at each interval with the time its steps waited for data, and writing `last.pt` every `ckpt_every`
-# steps.
-#
-# **`end_epoch`** checkpoints an epoch that is evaluated (every `eval_every` epochs, and the last), before its
-# evaluation — so that a signal during a long evaluation (an ImageNet pass takes minutes) loses nothing: the
-# checkpoint keeps the epoch's training numbers as `pending`, and a run resumed from it evaluates that epoch first.
-# Other epochs end without a checkpoint: a run of one-step epochs (Table 2's f = 0.1 on a GPU, chapter 38) spent
-# more time writing `last.pt` at every epoch's end than training, and a signal still loses nothing (below); a crash
-# loses at most `eval_every` epochs, or `ckpt_every` steps when that is set. **`evaluate_epoch`** then scores the
-# model (and the EMA), appends the row to the log and rewrites the log files. When the top-1 improved, the `last.pt`
-# just written becomes `best.pt` as well: a second name for the same file (chapter 12's `keep_as`), so an evaluated
-# epoch writes its hundreds of megabytes once, not three times. The score is in the log, and in `last.pt` from the
-# next checkpoint on; a run resumed from the epoch's own `last.pt` evaluates that epoch again (one evaluation, the
-# same score). A run that returns (finished, or stopped anywhere) writes `last.pt` once more when the trainer has
-# moved on since the last one (`unsaved`), so that it holds the run's position and its whole log.
+# back at each interval with the time its steps waited for data, and whenever the writer wants `last.pt`.
+# **`end_epoch`** closes the epoch and, every `eval_every` epochs and after the last, reports that its evaluation
+# begins; **`evaluate_epoch`** scores the model (and the EMA), appends the row to the log and reports the score.
 #
 # **`fit`**, the algorithm of a run: epoch after epoch, train the epoch; if it was stopped before its last
-# step, return; otherwise end the epoch, and return there if a stop was asked for meanwhile. Then the last
-# checkpoint, the hooks' last call, the curves, and what happened.
+# step, return; otherwise end the epoch, and return there if a stop was asked for meanwhile. Then the writer's
+# last word, the hooks' last call, and what happened.
 
 # %%
 #| export
@@ -216,7 +213,7 @@ def epoch_scores(state: TrainState, data: RunData, device: torch.device, precisi
 
 class TrainStep:
     """A run's optimiser step, called as `step(batches)`, and the read-back of its losses: the models (bare, wrapped
-    for DDP, compiled), the data's device end and the state's optimiser, scaler, schedule and EMA."""
+    for DDP, compiled), the data's device end and the state's schedule, optimiser, scaler and EMA."""
 
     def __init__(self, cfg: TrainConfig, world: World, model: nn.Module, teacher: nn.Module | None, data: RunData,
                  state: TrainState, precision: str):
@@ -252,10 +249,10 @@ class TrainStep:
         if cfg.clip_grad:
             s.scaler.unscale_(s.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+        s.schedule.set_lr(s.optimizer, s.global_step)
         s.scaler.step(s.optimizer)
         s.scaler.update()
         s.optimizer.zero_grad(set_to_none=True)
-        s.scheduler.step()
         if s.ema is not None:
             update_ema(s.ema, self.model, cfg.ema_decay, first=s.global_step == 0)
         s.step, s.global_step = s.step + 1, s.global_step + 1
@@ -285,30 +282,30 @@ class TrainStep:
 class Trainer:
     """A training run as one object: built from `cfg` on this process's `world` (`init_world`), restored from
     its checkpoint when `cfg.resume` says so, trained by `fit`. `model`, `datasets` = (train, val, class names),
-    `teacher` and `callbacks` are as for `train`. The run's state is `self.state`, which the hooks see."""
+    `teacher` and `callbacks` are as for `train`. The run's state is `self.state`, which the hooks see; what it
+    writes, `self.records` decides."""
 
     def __init__(self, cfg: TrainConfig, world: World, *, model: nn.Module | None = None,
                  datasets: tuple | None = None, teacher: nn.Module | None = None, callbacks: Sequence[Callback] = ()):
         self.cfg, self.world, self.callbacks = cfg, world, list(callbacks)
-        self.output, self.precision = Path(cfg.output), resolve_precision(cfg.precision, world.device)
-        run_on_main(world, f"write in the run folder {self.output}", lambda: check_output(self.output))
+        self.folder, self.precision = RunFolder(cfg.output), resolve_precision(cfg.precision, world.device)
+        self.records = RunWriter(self.folder, world, cfg.ckpt_every, self.checkpoint)
+        self.records.prepare()
         self.data = data = build_run_data(cfg, world, datasets)
         # the bare model: the hooks and the checkpoints see it
         self.model, self.teacher = build_models(cfg, data.num_classes, world.device, model, teacher)
-        ckpt, path = resume_checkpoint(cfg, world)
+        ckpt, path = resume_checkpoint(cfg.resume, self.folder.last, world)
         changes = resume_weights(ckpt, path, cfg, self.model, data.global_batch) if ckpt is not None else {}
         self.state = new_train_state(cfg, world, self.model, data, self.precision)
         self.step = TrainStep(cfg, world, self.model, self.teacher, data, self.state, self.precision)
         self.compiled = False  # the first compiled step is done (each epoch's `compile_s` and `data_wait`: seconds)
-        self.unsaved = False  # steps or a score that last.pt does not hold yet
         self.progress = Progress(cfg.progress if world.main else "none", cfg.epochs, cfg.log_every)
         self.signals = StopSignals()
         if ckpt is not None:
             restore_run(ckpt, path, self.state, data.loaders, world, changes)
-        run_on_main(world, f"write the run's records in {self.output}", lambda: write_run_info(
-            self.output, cfg, world, batch_size=data.batch_size, global_batch=data.global_batch,
-            steps_per_epoch=data.steps_per_epoch, num_workers=data.num_workers, precision=self.precision,
-            resumed_from=path, changes=changes))
+        info = run_info(cfg, world, batch_size=data.batch_size, global_batch=data.global_batch,
+                        steps_per_epoch=data.steps_per_epoch, num_workers=data.num_workers, precision=self.precision)
+        self.records.start(self.state, info, resumed_from=path, changes=changes)
 
     def train_epoch(self) -> tuple[str | None, int, float]:
         """Optimiser steps from the trainer's position until the epoch ends or a stop is asked for: (why it
@@ -321,47 +318,44 @@ class Trainer:
         for _ in self.progress.steps_of(range(s.step, data.steps_per_epoch)):
             compiling = cfg.compile and not self.compiled
             self.data_wait += self.step(batches)
-            self.unsaved = True
             if compiling:  # the host waited for the compiler, not for the device (which runs ahead)
                 self.compile_s, self.compiled = time.perf_counter() - t0 - self.data_wait, True
             images += data.global_batch
             self._callback("on_step_end")
-            checkpoint = bool(cfg.ckpt_every) and s.global_step % cfg.ckpt_every == 0
+            save = self.records.due(s)
             alone_signalled = self.world.world_size == 1 and self.signals.received is not None  # stop at this step
-            if not (s.step % cfg.log_every == 0 or s.step == data.steps_per_epoch or s.stop or checkpoint
+            if not (s.step % cfg.log_every == 0 or s.step == data.steps_per_epoch or s.stop or save
                     or alone_signalled):
                 continue  # no host sync: the device runs ahead
-            signalled = self.step.read_back(self.signals.received is not None, self.last_good)
+            signalled = self.step.read_back(self.signals.received is not None, self.records.last_good)
             now = time.perf_counter()
-            self.progress.step(s, s.optimizer.param_groups[0]["lr"], images / (now - t0),
+            self.progress.step(s, s.schedule.lr(s.global_step), images / (now - t0),
                                data_wait=self.data_wait - last[1], interval=now - last[0])
             last = (now, self.data_wait)
             if signalled or s.stop:
                 return self._why(signalled), images, time.perf_counter() - t0
-            if checkpoint:
-                self.checkpoint()
+            if save:
+                self.records.save(s)
         return None, images, time.perf_counter() - t0
 
     def end_epoch(self, images: int, seconds: float) -> None:
-        """Close the finished epoch; when it is evaluated (every `eval_every` epochs and the last), checkpoint it
-        before its (possibly long) evaluation, then evaluate it."""
+        """Close the finished epoch; when it is evaluated (every `eval_every` epochs and the last), report that
+        its evaluation begins, then evaluate it."""
         s = self.state
         row = {"epoch": s.epoch + 1, "step": s.global_step,
                "train_loss": sum(s.epoch_losses) / max(1, len(s.epoch_losses)),
-               "lr": s.optimizer.param_groups[0]["lr"], "images_per_s": images / seconds, "epoch_time_s": seconds,
+               "lr": s.schedule.lr(s.global_step), "images_per_s": images / seconds, "epoch_time_s": seconds,
                "data_wait_s": self.data_wait, "data_wait_share": self.data_wait / seconds, "compile_s": self.compile_s}
         s.epoch, s.step, s.epoch_losses, s.seconds = s.epoch + 1, 0, [], s.seconds + seconds
-        if s.epoch % self.cfg.eval_every and s.epoch < self.cfg.epochs:  # not evaluated: no row, no checkpoint
+        if s.epoch % self.cfg.eval_every and s.epoch < self.cfg.epochs:  # not evaluated: no row, nothing written
             self._callback("on_epoch_end")
             return
         s.pending = row
-        self.checkpoint()
+        self.records.evaluating(s)
         self.evaluate_epoch()
 
     def evaluate_epoch(self) -> None:
-        """Score the pending epoch (saved in `last.pt` just before) and log it; when the top-1 improved, keep that
-        `last.pt` as `best.pt` (a second name: no bytes written). The score reaches `last.pt` with the next
-        checkpoint, or when `fit` returns."""
+        """Score the pending epoch, log it, and report the score (whether it is the best so far)."""
         s, t0 = self.state, time.perf_counter()
         row = {**s.pending, **epoch_scores(s, self.data, self.world.device, self.precision)}
         s.seconds += time.perf_counter() - t0
@@ -369,28 +363,17 @@ class Trainer:
         s.history.append(row)
         s.pending = None
         self.progress.epoch_end(row)
-        if row["val_top1"] > s.best_top1:
-            s.best_top1 = row["val_top1"]
-            run_on_main(self.world, f"keep {self.output / 'last.pt'} as best.pt",
-                        lambda: keep_as(self.output / "last.pt", self.output / "best.pt"))
-        run_on_main(self.world, f"write the logs in {self.output}", lambda: write_logs(s.history, self.output))
-        self.unsaved = True
+        improved = row["val_top1"] > s.best_top1
+        s.best_top1 = max(s.best_top1, row["val_top1"])
+        self.records.scored(s, improved)
         self._callback("on_epoch_end")
 
-    def checkpoint(self) -> None:
-        """Save everything the run needs to continue as `output/last.pt` (rank 0, atomically); non-finite weights
-        are refused on every process, with the last good checkpoint named."""
+    def checkpoint(self) -> dict:
+        """The run's checkpoint as it stands, built on every process (what `records` writes as `last.pt`): the
+        weights, refused when non-finite with the last good checkpoint named, and every process's loader state."""
         s = self.state
-        weights = checked_weights(self.model, s.global_step, self.last_good(), self.precision)
-        ckpt = run_checkpoint(s, weights, loader_states(self.data.loaders, self.world), self.data.num_classes)
-        run_on_main(self.world, f"write the checkpoint {self.output / 'last.pt'}",
-                    lambda: save_checkpoint(ckpt, self.output / "last.pt"))
-        self.unsaved = False
-
-    def last_good(self) -> str:
-        """Where the run can be resumed from, for an error's message."""
-        path = self.output / "last.pt"
-        return f"{path} is the last good checkpoint" if path.exists() else "no checkpoint was written yet"
+        weights = checked_weights(self.model, s.global_step, self.records.last_good(), self.precision)
+        return run_checkpoint(s, weights, loader_states(self.data.loaders, self.world), self.data.num_classes)
 
     def _why(self, signalled: bool) -> str:
         return (self.signals.received or "a signal to another process") if signalled else "callback"
@@ -401,13 +384,13 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         """Train from the trainer's position to the last epoch, or until a stop (SIGTERM/SIGINT on any process, a
-        hook's `state.stop`), which writes `last.pt` first; the curves, and what happened."""
+        hook's `state.stop`); the writer's last word (`last.pt`, the curves), and what happened."""
         cfg, s = self.cfg, self.state
         self._callback("on_train_begin")
         stopped = None
-        with self.signals, compile_cache(self.output, cfg.compile):
+        with self.signals, compile_cache(self.folder.compile_cache, cfg.compile):
             if s.pending is not None:  # resumed from a checkpoint written before its epoch was evaluated
-                self.checkpoint()  # this run's own last.pt, which evaluate_epoch may keep as best.pt
+                self.records.evaluating(s)
                 self.evaluate_epoch()
             if self.progress.mode == "lines" and s.epoch < cfg.epochs:  # when a log reader may expect lines
                 print(f"epochs {s.epoch + 1}-{cfg.epochs} of {self.data.steps_per_epoch} steps: a line every "
@@ -424,16 +407,13 @@ class Trainer:
                     break
             else:  # the last epoch ran to its end: a stop that came during it or its evaluation stops nothing
                 stopped = None
-            if self.unsaved:  # a run that returns leaves a last.pt that holds its position and its whole log
-                self.checkpoint()
+            self.records.finished(s)
         self._callback("on_train_end")
-        if self.world.main:
-            if s.history:
-                plot_history(s.history).savefig(self.output / "curves.png")
-            if stopped:
-                print(f"stopped by {stopped} at epoch {s.epoch + 1}, step {s.step}: checkpoint "
-                      f"{self.output / 'last.pt'}; continue with --resume auto", flush=True)
-        return TrainResult(self.model, s.ema.module if s.ema is not None else None, s.history, self.output, stopped)
+        if self.world.main and stopped:
+            print(f"stopped by {stopped} at epoch {s.epoch + 1}, step {s.step}: checkpoint {self.folder.last}; "
+                  "continue with --resume auto", flush=True)
+        return TrainResult(self.model, s.ema.module if s.ema is not None else None, s.history, self.folder.path,
+                           stopped)
 
 
 # %% [markdown]

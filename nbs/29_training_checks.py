@@ -35,6 +35,7 @@ import torch
 from convit_edu.checks import expect_error
 from convit_edu.config import TrainConfig
 from convit_edu.distributed import init_world
+from convit_edu.run_records import RunFolder
 from convit_edu.run_state import read_checkpoint
 from convit_edu.training import Trainer, train
 
@@ -58,27 +59,29 @@ batches = trainer.data.loaders.epoch(0, start=0)
 for _ in range(3):
     trainer.step(batches)
 assert len(trainer.step.unread) == 3 and trainer.state.step == 3 and trainer.state.epoch_losses == []
-trainer.step.read_back(False, trainer.last_good)  # no stop signal received here
+trainer.step.read_back(False, trainer.records.last_good)  # no stop signal received here
 assert trainer.step.unread == [] and len(trainer.state.epoch_losses) == 3
 print(f"{trainer.state.step} of {trainer.data.steps_per_epoch} steps; after one read-back "
       f"{len(trainer.state.epoch_losses)} losses on the host, none left on the device")
 
 # %% [markdown]
-# A checkpoint written here and resumed by a new trainer (chapter 26's `resume_checkpoint` and `restore_run`)
-# holds the same run, bit for bit: the position and its losses, the weights, the optimiser's moments, the
-# schedule, the EMA and the generators.
+# A checkpoint written here (the trainer's writer, `trainer.records`, saves `last.pt`) and resumed by a new trainer
+# (chapter 26's `resume_checkpoint` and `restore_run`) holds the same run, bit for bit: the position and its
+# losses, the weights, the optimiser's moments, the EMA and the generators; the schedule, a function of the step,
+# gives the same rates.
 
 # %%
-trainer.checkpoint()
+trainer.records.save(trainer.state)
 resumed = Trainer(replace(tiny, output=str(tmp / "resumed"), resume=str(tmp / "by-hand" / "last.pt")),
                   init_world("cpu"))
 s, r = trainer.state, resumed.state
 assert (r.epoch, r.step, r.global_step, r.epoch_losses) == (s.epoch, s.step, s.global_step, s.epoch_losses)
 assert torch.equal(torch.get_rng_state(), read_checkpoint(tmp / "by-hand" / "last.pt")["rng"]["torch"])
-for part in ("model", "optimizer", "scheduler", "ema"):
+for part in ("model", "optimizer", "ema"):
     torch.testing.assert_close(getattr(r, part).state_dict(), getattr(s, part).state_dict(), rtol=0, atol=0)
-print(f"resumed at epoch {resumed.state.epoch + 1}, step {resumed.state.step}: weights, optimiser, schedule, EMA "
-      "and generators as saved")
+assert r.schedule == s.schedule and r.schedule.lr(r.global_step) == s.schedule.lr(s.global_step)
+print(f"resumed at epoch {resumed.state.epoch + 1}, step {resumed.state.step}: weights, optimiser, EMA and "
+      "generators as saved, the same rate next")
 
 # %% [markdown]
 # `fit` goes on from where the trainer stands — step 3 of epoch 1 — and the run ends with exactly the weights of
@@ -94,20 +97,23 @@ assert [row["step"] for row in result.history] == [row["step"] for row in straig
 assert all(torch.equal(p, q) for p, q in zip(result.model.state_dict().values(), straight.model.state_dict().values()))
 torch.testing.assert_close(resumed.fit().model.state_dict(), straight.model.state_dict(), rtol=0, atol=0)
 print("3 steps by hand, then fit, or resumed from step 3: bit for bit the weights of an uninterrupted train")
-written = {p.name for p in (tmp / "straight").iterdir()}
-assert {"run.json", "invocations.jsonl", "last.pt", "best.pt", "log.jsonl", "log.csv", "curves.png"} <= written
-best, last = (read_checkpoint(tmp / "straight" / name) for name in ("best.pt", "last.pt"))
-assert last["best_top1"] == straight.history[-1]["val_top1"] and best["epoch"] == last["epoch"] == 1
+folder = RunFolder(tmp / "straight")
+written = {p.name for p in folder.path.iterdir()}
+assert {p.name for p in (folder.info, folder.invocations, folder.last, folder.best, folder.log, folder.table,
+                         folder.curves)} <= written
+best, last = read_checkpoint(folder.best), folder.checkpoint()
+assert last["best_top1"] == straight.history[-1]["val_top1"] == folder.history()[-1]["val_top1"]
+assert best["epoch"] == last["epoch"] == 1
 torch.testing.assert_close(best["model"], last["model"], rtol=0, atol=0)
 print("the run folder:", ", ".join(sorted(written)))
 with torch.no_grad():
     trainer.model.head.weight[0, 0] = float("nan")
-message = expect_error(trainer.checkpoint, FloatingPointError)
+message = expect_error(lambda: trainer.records.save(trainer.state), FloatingPointError)
 assert "were not saved" in message and "last.pt is the last good checkpoint" in message
 print(message)
 assert all(torch.isfinite(t).all() for t in read_checkpoint(tmp / "by-hand" / "last.pt")["model"].values())
 trainer.step(trainer.data.loaders.epoch(1, start=0))
-message = expect_error(lambda: trainer.step.read_back(False, trainer.last_good), FloatingPointError)
+message = expect_error(lambda: trainer.step.read_back(False, trainer.records.last_good), FloatingPointError)
 assert "non-finite loss" in message and "last good checkpoint" in message
 print(message)
 

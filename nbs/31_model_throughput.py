@@ -81,7 +81,7 @@ def train_step(model: nn.Module, batch: int, img_size: int, num_classes: int, pr
     x = torch.randn(batch, 3, img_size, img_size, device=device)
     y = torch.randint(0, num_classes, (batch,), device=device)
     forward = torch.compile(model) if compile else model
-    optimizer, scheduler = build_optimizer(TrainConfig(), model, batch, steps_per_epoch=1, device=device)
+    optimizer, schedule = build_optimizer(TrainConfig(), model, batch, steps_per_epoch=1, device=device)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
     def step() -> None:
@@ -90,10 +90,10 @@ def train_step(model: nn.Module, batch: int, img_size: int, num_classes: int, pr
             out = forward(x)
             loss = F.cross_entropy(out[0] if isinstance(out, tuple) else out, y)
         scaler.scale(loss).backward()
+        schedule.set_lr(optimizer, 0)  # as train sets each step's rate
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
 
     return step
 

@@ -83,6 +83,7 @@ from convit_edu.experiment_design import ABLATIONS, ablation_grid, sample_effici
 from convit_edu.experiments import fixed_test_split, run_grid
 from convit_edu.loaders import default_num_workers
 from convit_edu.models import VisionTransformer
+from convit_edu.run_records import RunFolder
 from convit_edu.run_state import read_checkpoint
 from convit_edu.training import train
 from convit_edu.zoo import mask_at_test_time
@@ -130,9 +131,10 @@ def run_train(args: argparse.Namespace) -> int:
         for note in notes:
             print(f"note: {note}")
     if not args.print_config:
-        if cfg.resume is None and (Path(cfg.output) / "last.pt").exists():
-            raise FileExistsError(f"{cfg.output} already holds a run (its last.pt): --resume auto continues it; "
-                                  "another --output starts a new one")
+        folder = RunFolder(cfg.output)
+        if cfg.resume is None and folder.holds_run():
+            raise FileExistsError(f"{cfg.output} already holds a run (its {folder.last.name}): --resume auto continues "
+                                  "it; another --output starts a new one")
         if main_process and cfg.warmup_epochs >= cfg.epochs:  # a short run at the default warm-up of 5 epochs
             print(f"note: --warmup-epochs {cfg.warmup_epochs:g} >= --epochs {cfg.epochs}: the learning rate rises "
                   "the whole run and never reaches its peak (a smaller --warmup-epochs lets it)", flush=True)

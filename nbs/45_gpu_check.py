@@ -73,7 +73,7 @@ from convit_edu.devices import autocast
 from convit_edu.distributed import init_world
 from convit_edu.gpu_correctness import (CheckContext, CheckSizes, PhaseResult, check_env, check_gpsa,
                                         check_step_vs_cpu, collect_environment, run_check)
-from convit_edu.run_records import check_output
+from convit_edu.run_records import RunFolder, check_output
 from convit_edu.training import Trainer
 
 # %% [markdown]
@@ -309,10 +309,10 @@ def check_jpeg_runs(ctx: CheckContext, loader: str) -> PhaseResult:
     lines = run_cli(["train", *config_to_words(cfg)], ctx)
     lines += run_cli(["train", *config_to_words(replace(cfg, epochs=2, resume="auto"))], ctx)
     workers = [] if s.workers is None else ["--num-workers", str(s.workers)]
-    scores = json.loads(run_cli(["eval", str(out / "last.pt"), "--device", str(ctx.device), "--batch-size",
+    run = RunFolder(out)
+    scores = json.loads(run_cli(["eval", str(run.last), "--device", str(ctx.device), "--batch-size",
                                  str(2 * s.batch), *workers], ctx)[-1])
-    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    resumed = json.loads((out / "invocations.jsonl").read_text().splitlines()[-1])["resumed_from"]
+    rows, resumed = run.history(), run.starts()[-1]["resumed_from"]
     details, problems = {**made, "log": rows, "eval": scores, "output_tail": lines[-12:]}, []
     if [r["epoch"] for r in rows] != [1, 2] or resumed is None:
         problems.append(f"the second run did not resume to epoch 2 (log.jsonl epochs {[r['epoch'] for r in rows]})")

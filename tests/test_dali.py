@@ -13,9 +13,10 @@ import torch
 from PIL import Image
 from training_checks import StopAt, assert_same_weights
 
-from convit_edu import augment, config, dali, datasets, run_state
+from convit_edu import augment, dali, datasets, run_state
 from convit_edu.augment import DeviceTransforms
 from convit_edu.config import TrainConfig
+from convit_edu.loader_registry import LOADERS
 from convit_edu.training import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -155,8 +156,8 @@ def test_dali_config_is_refused_early_with_the_reason(folder, monkeypatch):
         TrainConfig(loader="dali", data="imagefolder", repeats=3)
     with pytest.raises(ValueError, match="not aug 'pad-crop-flip'"):
         TrainConfig(loader="dali", data="imagefolder", aug="pad-crop-flip")
-    monkeypatch.setattr(config, "dali_available", lambda: False)
-    with pytest.raises(ImportError, match=r'pip install -e "\.\[dali\]"'):
+    monkeypatch.setitem(LOADERS, "dali", replace(LOADERS["dali"], needs="nvidia.no_such_module"))
+    with pytest.raises(ImportError, match=r'needs nvidia.no_such_module, which is not installed: pip install -e "\.\[dali\]"'):
         TrainConfig(loader="dali", data="imagefolder")
 
 

@@ -53,7 +53,7 @@ def test_environment_yml_installs_this_package_with_its_dev_extra_and_nothing_el
 def test_pyproject_uses_ranges_and_ci_pins_torch():
     project = pyproject()["project"]
     names = {re.split(r"[<>=!~\[ ]", d)[0]: d for d in project["dependencies"]}
-    assert set(names) == {"torch", "torchvision", "einops", "matplotlib", "fastprogress"}
+    assert set(names) == {"torch", "torchvision", "einops", "matplotlib", "fastprogress", "numpy", "Pillow"}
     dev = {re.split(r"[<>=!~\[ ]", d)[0] for d in project["optional-dependencies"]["dev"]}
     assert dev == {"pytest", "jupytext", "nbval", "nbclient", "ipykernel", "timm"}
     course = {re.split(r"[<>=!~\[ ]", d)[0] for d in project["optional-dependencies"]["course"]}

@@ -12,12 +12,12 @@ import torch
 from test_training import config, make_data, make_model
 from training_checks import StopAt
 
-from convit_edu import cli, training
+from convit_edu import cli, run_records
 from convit_edu import config as config_module
 from convit_edu.config import TrainConfig
-from convit_edu.fit import deit_lr
-from convit_edu.optimisation import scaled_lr
+from convit_edu.loader_registry import LOADERS
 from convit_edu.run_state import Callback, read_checkpoint
+from convit_edu.schedule import deit_lr, scaled_lr
 from convit_edu.training import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -50,8 +50,9 @@ def test_the_first_step_after_a_resume_already_uses_the_changed_rate(tmp_path):
     seen = []
 
     class FirstRate(StopAt):
-        def on_train_begin(self, state):
-            seen.append(state.optimizer.param_groups[0]["lr"])
+        def on_step_end(self, state):
+            seen.append(state.optimizer.param_groups[0]["lr"])  # the rate this step used
+            super().on_step_end(state)
 
     train(replace(cfg, lr=0.05, resume="auto"), model=make_model(), datasets=make_data(), callbacks=[FirstRate(0, 6)])
     assert seen == [pytest.approx(deit_lr(5, 24, 0, scaled_lr(0.05, 8), cfg.min_lr, cfg.warmup_lr))]
@@ -100,7 +101,7 @@ def test_a_failed_checkpoint_write_is_raised_with_its_own_error(tmp_path, monkey
     def disk_full(checkpoint, path):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(training, "save_checkpoint", disk_full)
+    monkeypatch.setattr(run_records, "save_checkpoint", disk_full)
     with pytest.raises(OSError, match="No space left on device"):
         train(config(tmp_path, epochs=1), model=make_model(), datasets=make_data())
 
@@ -112,7 +113,7 @@ def test_num_workers_none_is_the_loader_default_and_is_recorded(tmp_path, monkey
 
 
 def test_the_imagenet_preset_with_the_dali_loader_drops_repeats_with_a_note(monkeypatch, capsys):
-    monkeypatch.setattr(config_module, "dali_available", lambda: True)  # the config's check only; nothing runs
+    monkeypatch.setitem(LOADERS, "dali", replace(LOADERS["dali"], needs=None))  # the config's check only; nothing runs
     assert cli.main(["train", "--preset", "imagenet", "--loader", "dali", "--print-config"]) == 0
     out = capsys.readouterr().out
     assert "note: loader dali has no repeated augmentation: the preset's repeats 3 becomes 1" in out

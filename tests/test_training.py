@@ -5,6 +5,7 @@ This file is also the worker script of its subprocess tests: `python tests/test_
 of the model, data and config.
 """
 
+import errno
 import json
 import math
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 from training_checks import StopAt, assert_same_weights
 
-from convit_edu import devices, distributed, evaluation, files, optimisation, run_state, training
+from convit_edu import devices, distributed, evaluation, files, optimisation, run_records, run_state, training
 from convit_edu.config import RECIPES, TrainConfig, recipe
 from convit_edu.run_state import Callback, read_checkpoint, save_checkpoint
 from convit_edu.training import train
@@ -182,7 +184,7 @@ def test_eval_every_logs_and_checkpoints_evaluated_epochs_only_and_resumes_exact
         saved.append((ckpt["epoch"], len(ckpt["history"])))
         return save_checkpoint(ckpt, path)
 
-    monkeypatch.setattr(training, "save_checkpoint", recording_save)
+    monkeypatch.setattr(run_records, "save_checkpoint", recording_save)
     cfg = config(tmp_path / "straight", epochs=5, eval_every=2)
     straight = train(cfg, model=make_model(), datasets=make_data())
     assert [row["epoch"] for row in straight.history] == [2, 4, 5]  # every 2nd epoch, and the last
@@ -281,22 +283,51 @@ def test_checkpoint_survives_a_crash_during_writing(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 
 
-def test_a_checkpoint_holds_its_keys_and_one_of_the_first_format_resumes_to_identical_weights(tmp_path):
-    """A run's last.pt holds exactly CHECKPOINT_KEYS; the same checkpoint as format 1 wrote it (DALI's states under
-    "dali", the sampler's position, no "pending" or "seconds" in the earliest files) resumes to the weights of an
-    uninterrupted run; files of a newer format, or lacking a key, are refused by name."""
-    straight = train(config(tmp_path / "straight"), model=make_model(), datasets=make_data())
-    train(config(tmp_path / "stopped"), model=make_model(), datasets=make_data(), callbacks=[StopAt(1, 3)])
+def as_second_format(ckpt: dict, cfg: TrainConfig) -> dict:
+    """`ckpt` as the code before issue 55 wrote it (format 2), built with torch's own `LambdaLR` stepped as that code
+    stepped it: the schedule was a `LambdaLR` over a base rate of 1 (the gates' group: `gate_lr_scale`), stepped once
+    per optimiser step, whose state the checkpoint kept under "scheduler", and whose `initial_lr` and next rate the
+    optimiser's groups held. (Checked against a file written by that code: the same keys, the same scheduler state
+    and group entries.)"""
+    optimizer, schedule = optimisation.build_optimizer(cfg, make_model(), cfg.images_per_step(), 12,
+                                                       torch.device("cpu"))
+    for group, scale in zip(optimizer.param_groups, schedule.scales):
+        group["lr"] = scale
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.lr)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": this optimiser never steps
+        for _ in range(ckpt["global_step"]):
+            scheduler.step()
+    groups = [{**saved, "lr": group["lr"], "initial_lr": group["initial_lr"]}
+              for saved, group in zip(ckpt["optimizer"]["param_groups"], optimizer.param_groups)]
+    return {**ckpt, "format": "convit-edu-train-2", "scheduler": scheduler.state_dict(),
+            "optimizer": {**ckpt["optimizer"], "param_groups": groups}}
+
+
+def test_a_checkpoint_holds_its_keys_and_those_of_earlier_formats_resume_to_identical_weights(tmp_path):
+    """A run's last.pt holds exactly CHECKPOINT_KEYS, no scheduler among them (the rate is a function of the step);
+    the same checkpoint as format 2 wrote it (its LambdaLR's state, the gates' own group of another base rate) and
+    as format 1 did (DALI's states under "dali", the sampler's position, no "pending" or "seconds") resumes to the
+    weights of an uninterrupted run; files of a newer format, or lacking a key, are refused by name."""
+    cfg = config(tmp_path / "straight", gate_lr_scale=4.0)
+    straight = train(cfg, model=make_model(), datasets=make_data())
+    train(replace(cfg, output=str(tmp_path / "stopped")), model=make_model(), datasets=make_data(),
+          callbacks=[StopAt(1, 3)])
     ckpt = read_checkpoint(tmp_path / "stopped" / "last.pt")
-    assert tuple(ckpt) == run_state.CHECKPOINT_KEYS and ckpt["format"] == "convit-edu-train-2"
-    old = {k: v for k, v in ckpt.items() if k not in ("loader", "pending", "seconds")}
-    old |= {"format": "convit-edu-train-1", "dali": None, "sampler": {"epoch": 1, "start": 24}}
-    (tmp_path / "old").mkdir()
-    torch.save(old, tmp_path / "old" / "last.pt")
-    resumed = train(config(tmp_path / "old", resume="auto"), model=make_model(), datasets=make_data())
-    assert_same_weights(straight.model, resumed.model)
-    torch.save({**ckpt, "format": "convit-edu-train-3"}, tmp_path / "newer.pt")
-    with pytest.raises(ValueError, match="newer.pt is a training checkpoint of format 'convit-edu-train-3'"):
+    assert tuple(ckpt) == run_state.CHECKPOINT_KEYS and ckpt["format"] == "convit-edu-train-3"
+    assert ckpt["global_step"] == 15 and len(ckpt["optimizer"]["param_groups"]) == 3
+    second = as_second_format(ckpt, cfg)
+    assert second["scheduler"]["last_epoch"] == 15 and second["optimizer"]["param_groups"][2]["initial_lr"] == 4.0
+    first = {k: v for k, v in second.items() if k not in ("loader", "pending", "seconds")}
+    first |= {"format": "convit-edu-train-1", "dali": None, "sampler": {"epoch": 1, "start": 24}}
+    for name, old in (("format-2", second), ("format-1", first)):
+        (tmp_path / name).mkdir()
+        torch.save(old, tmp_path / name / "last.pt")
+        resumed = train(replace(cfg, output=str(tmp_path / name), resume="auto"), model=make_model(),
+                        datasets=make_data())
+        assert_same_weights(straight.model, resumed.model)
+    torch.save({**ckpt, "format": "convit-edu-train-4"}, tmp_path / "newer.pt")
+    with pytest.raises(ValueError, match="newer.pt is a training checkpoint of format 'convit-edu-train-4'"):
         read_checkpoint(tmp_path / "newer.pt")
     torch.save({k: v for k, v in ckpt.items() if k != "optimizer"}, tmp_path / "partial.pt")
     with pytest.raises(ValueError, match="partial.pt is a training checkpoint without optimizer"):
@@ -358,10 +389,10 @@ def test_non_finite_weights_are_never_saved_and_the_message_names_the_last_good_
 
 
 class RecordRates(Callback):
-    """The learning rate each optimiser step used (a step's end sees the schedule already moved to the next)."""
+    """The learning rate each optimiser step used (set on the optimiser just before the step)."""
 
     def on_train_begin(self, state):
-        self.rates = [state.optimizer.param_groups[0]["lr"]]
+        self.rates = []
 
     def on_step_end(self, state):
         self.rates.append(state.optimizer.param_groups[0]["lr"])
@@ -375,7 +406,7 @@ def test_learning_rate_sum_with_accumulation_equals_the_sum_of_the_rates_a_run_s
     rates = RecordRates()
     train(cfg, model=make_model(), datasets=make_data(), callbacks=[rates])
     per_epoch = cfg.steps_per_epoch(len(train_set))
-    used = rates.rates[:-1]  # the last entry is the rate after the last step
+    used = rates.rates
     assert len(used) == per_epoch * cfg.epochs and cfg.images_per_step() == 8
     assert learning_rate_sum(cfg, per_epoch) == pytest.approx(sum(used), rel=1e-9)
 
@@ -403,10 +434,10 @@ class Writes:
 
     def __init__(self, monkeypatch):
         self.saved, self.kept = [], []
-        real_save, real_keep = training.save_checkpoint, training.keep_as
-        monkeypatch.setattr(training, "save_checkpoint",
+        real_save, real_keep = run_records.save_checkpoint, run_records.keep_as
+        monkeypatch.setattr(run_records, "save_checkpoint",
                             lambda ckpt, path: self.saved.append((ckpt["epoch"], Path(path).name)) or real_save(ckpt, path))
-        monkeypatch.setattr(training, "keep_as",
+        monkeypatch.setattr(run_records, "keep_as",
                             lambda path, kept: self.kept.append(Path(kept).name) or real_keep(path, kept))
 
 
@@ -425,19 +456,19 @@ def test_an_evaluated_epoch_writes_last_pt_once_and_keeps_it_as_best_pt_only_whe
 def test_a_kill_before_best_pt_is_kept_leaves_a_run_that_resumes_to_the_right_best_pt(tmp_path, monkeypatch):
     cfg = config(tmp_path, epochs=2, ema_decay=None)
     monkeypatch.setattr(training, "evaluate", scripted(10.0, 60.0))
-    real_keep = training.keep_as
+    real_keep = run_records.keep_as
 
     def killed_on_the_second_best(path, kept):
         if read_checkpoint(path)["epoch"] == 2:
             raise KeyboardInterrupt("killed while keeping best.pt")
         return real_keep(path, kept)
 
-    monkeypatch.setattr(training, "keep_as", killed_on_the_second_best)
+    monkeypatch.setattr(run_records, "keep_as", killed_on_the_second_best)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, model=make_model(), datasets=make_data())
     assert read_checkpoint(tmp_path / "last.pt")["pending"] is not None  # epoch 2 trained, not yet evaluated
     assert read_checkpoint(tmp_path / "best.pt")["epoch"] == 1
-    monkeypatch.setattr(training, "keep_as", real_keep)
+    monkeypatch.setattr(run_records, "keep_as", real_keep)
     monkeypatch.setattr(training, "evaluate", scripted(60.0))  # the resumed run evaluates epoch 2 first
     result = train(replace(cfg, resume="auto"), model=make_model(), datasets=make_data())
     best, last = read_checkpoint(tmp_path / "best.pt"), read_checkpoint(tmp_path / "last.pt")
@@ -672,16 +703,66 @@ def test_sigterm_to_the_whole_process_group_during_evaluation_with_loader_worker
     assert ckpt["epoch"] == 1 and len(ckpt["history"]) == 1  # the evaluation finished, then the run stopped
 
 
-def test_a_checkpoint_write_that_fails_on_rank_0_stops_every_rank_with_its_error_instead_of_hanging(tmp_path):
-    """A full disk on rank 0 must end the job on every rank, not leave the others waiting out the 30-minute
-    process-group timeout in their next collective (NCCL across nodes would). Gloo on one machine notices rank 0's
-    exit, so here the difference is what rank 1 says: rank 0's checkpoint write failed, not a lost connection."""
-    proc = run_worker("ddp-full-disk", tmp_path, torchrun=2, new_session=True)
-    out = output_or_kill(proc, timeout=60)
+def test_a_full_disk_on_rank_0_stops_both_processes_naming_the_file_and_the_last_good_checkpoint_resumes(tmp_path):
+    """Rank 0's disk fills after its first checkpoint (epoch 1's, written as its evaluation began): the next
+    checkpoint write fails half-way with "No space left on device". Both gloo processes stop at that write, each
+    naming the file, instead of leaving rank 1 to wait out the 30-minute process-group timeout in its next collective
+    (NCCL across nodes would; gloo on one machine notices rank 0's exit, so here what counts is what rank 1 says).
+    The last good checkpoint is whole, nothing half-written is left beside it, and it resumes (on one process, at
+    the same global batch) to the weights of an uninterrupted run."""
+    proc = run_worker("ddp-full-disk", tmp_path / "run", torchrun=2, new_session=True)
+    out = output_or_kill(proc, timeout=90)  # a liveness bound: both are stopped by the failed write itself
     assert proc.returncode != 0, out
-    assert "[Errno 28] No space left on device" in out
-    rank_1 = [line for line in out.splitlines() if line.startswith("rank 1 stopped:")]
-    assert rank_1 and "checkpoint" in rank_1[0] and "rank 0" in rank_1[0], out  # rank 1 says why it stopped
+    last = tmp_path / "run" / "last.pt"
+    stopped = {line[:6]: line for line in out.splitlines() if line.startswith(("rank 0 stopped:", "rank 1 stopped:"))}
+    assert stopped["rank 0"].endswith(f"[Errno 28] No space left on device: '{last}'"), out
+    assert f"rank 0 could not write the checkpoint {last}" in stopped["rank 1"], out
+    good = read_checkpoint(last)
+    assert (good["epoch"], good["world_size"], good["pending"]["epoch"]) == (1, 2, 1)  # epoch 1, before its score
+    assert sorted(p.name for p in last.parent.glob("*.tmp")) == []
+
+    resumed = train(replace(ddp_config(tmp_path / "run", batch_size=16), resume="auto"), model=make_model(dropout=0.0),
+                    datasets=ddp_data())
+    one = train(ddp_config(tmp_path / "one", batch_size=16), model=make_model(dropout=0.0), datasets=ddp_data())
+    assert [row["epoch"] for row in resumed.history] == [1, 2]
+    for k, v in one.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[k], v, atol=1e-5, rtol=1e-5)
+
+
+class SignalDuringEvaluation(Dataset):
+    """A validation set that sends this process SIGTERM while the first evaluation reads its first image."""
+
+    def __init__(self, base: Dataset):
+        self.base, self.sent = base, False
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self.base[i]
+
+
+def test_sigterm_during_an_evaluation_saves_a_checkpoint_and_the_run_resumes_to_the_uninterrupted_weights(tmp_path,
+                                                                                                       monkeypatch):
+    saved = []  # (epoch, rows in the log, an evaluation pending) of each last.pt written
+    real_save = run_records.save_checkpoint
+    monkeypatch.setattr(run_records, "save_checkpoint", lambda ckpt, path: saved.append(
+        (ckpt["epoch"], len(ckpt["history"]), ckpt["pending"] is not None)) or real_save(ckpt, path))
+    straight = train(config(tmp_path / "straight"), model=make_model(), datasets=make_data())
+    saved.clear()
+    train_set, val_set, classes = make_data()
+    stopped = train(config(tmp_path / "stopped"), model=make_model(),
+                    datasets=(train_set, SignalDuringEvaluation(val_set), classes))
+    assert stopped.stopped == "SIGTERM" and [row["epoch"] for row in stopped.history] == [1]  # it finished scoring
+    assert saved == [(1, 0, True), (1, 1, False)]  # as the evaluation began, and with its score when it stopped
+    resumed = train(config(tmp_path / "stopped", resume="auto"), model=make_model(), datasets=make_data())
+    assert resumed.stopped is None and [row["epoch"] for row in resumed.history] == [1, 2]
+    assert_same_weights(straight.model, resumed.model)
+    assert_same_weights(straight.ema, resumed.ema)
+    assert resumed.history[0] == stopped.history[0]
 
 
 def test_a_killed_run_resumes_from_its_last_checkpoint_to_identical_weights(tmp_path):
@@ -849,8 +930,23 @@ class SlowToEvaluate(Dataset):
         return self.base[i]
 
 
-def full_disk(checkpoint, path):
-    raise OSError(28, "No space left on device")
+def fills_after(files_written: int, atomic_write):
+    """`atomic_write` (the one that checkpoints go through) on a disk that is full after `files_written` files: a
+    later write gets part of its bytes out, then fails with "No space left on device", as a real write would."""
+    done = []
+
+    def write(path, fill):
+        if len(done) < files_written:
+            done.append(path)
+            return atomic_write(path, fill)
+
+        def part_then_full(f):
+            f.write(b"the first bytes of a checkpoint")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        return atomic_write(path, part_then_full)
+
+    return write
 
 
 if __name__ == "__main__":
@@ -870,10 +966,10 @@ if __name__ == "__main__":
     elif mode == "ddp-stop":
         train(ddp_config(output, batch_size=8), model=make_model(dropout=0.0), datasets=ddp_data(),
               callbacks=[StopAt(0, 3)])
-    elif mode == "ddp-full-disk":  # every checkpoint write of rank 0 fails
+    elif mode == "ddp-full-disk":  # rank 0's disk fills after its first checkpoint
         rank = os.environ["RANK"]
         if rank == "0":
-            training.save_checkpoint = full_disk
+            run_state.atomic_write = fills_after(1, run_state.atomic_write)
         try:
             train(ddp_config(output, batch_size=8), model=make_model(dropout=0.0), datasets=ddp_data())
         except Exception as e:
