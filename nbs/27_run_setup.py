@@ -183,10 +183,10 @@ print(f"seed {tiny.seed}: the same {sum(p.numel() for p in first.parameters())} 
 #
 # DDP all-reduces the gradients in buckets; with `gradient_as_bucket_view` the gradients *are* views of those
 # buckets, which saves a copy of every gradient per step. By default DDP also sends rank 0's buffers to every
-# process before each forward, accumulation micro-steps included. The only buffers of a ConViT of PSA layers
-# (the App. A ablation) are its `rel_indices`: non-persistent constants that every process builds alike, 4.6 MB
-# per forward at 224 px for nothing (the fast GPSA holds none: it never builds P, chapter 07). So buffers travel
-# only when the model has state buffers, the ones a `state_dict` keeps, such as BatchNorm's running statistics.
+# process before each forward, accumulation micro-steps included. The only buffers of a ConViT, of GPSA layers or
+# of App. A's PSA, are its `rel_indices`: non-persistent constants that every process builds alike, 4.6 MB per
+# forward at 224 px for nothing. So buffers travel only when the model has state buffers, the ones a `state_dict`
+# keeps, such as BatchNorm's running statistics.
 #
 # A compiled run spends its first step compiling, and a requeued job would compile again from nothing: torch's
 # compile cache sits in `/tmp` of a node that may be another one. `compile_cache` points the cache at the run's
@@ -221,24 +221,27 @@ def compile_cache(cache: Path, compile: bool):
         del os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 # %% [markdown]
-# A PSA ConViT's buffers are all constants, so DDP would not broadcast them; a model with BatchNorm has running
+# A ConViT's buffers are all constants, so DDP would not broadcast them; a model with BatchNorm has running
 # statistics, which it would. (The check builds the real DDP on a one-process gloo group; a run of one process
 # gets no wrapper at all.) The compile cache is set inside the run and gone after it.
 
 # %%
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 two = World(0, 2, torch.device("cpu"), False)  # a world of two as DDP's flags are concerned
-convit = VisionTransformer(replace(tiny, model_args={**tiny.model_args, "local_attention": "psa"}).model_config(4, distilled=False))
+convit = VisionTransformer(tiny.model_config(4, distilled=False))
+psa = VisionTransformer(replace(tiny, model_args={**tiny.model_args, "local_attention": "psa"}).model_config(4, distilled=False))
 with_bn = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
-wrapped = {name: wrap_model(m, two, compile=False)[0] for name, m in (("ConViT", convit), ("BatchNorm", with_bn))}
+wrapped = {name: wrap_model(m, two, compile=False)[0]
+           for name, m in (("ConViT", convit), ("PSA ConViT", psa), ("BatchNorm", with_bn))}
 dist.destroy_process_group()
 print({name: ddp.broadcast_buffers for name, ddp in wrapped.items()})
-assert not wrapped["ConViT"].broadcast_buffers and wrapped["BatchNorm"].broadcast_buffers
-psa_tiny = replace(tiny, model_args={"local_attention": "psa"}, img_size=224).model_config(1000, distilled=False)
-buffer_mb = sum(b.numel() * b.element_size() for b in VisionTransformer(psa_tiny).buffers()) / 1e6
-print(f"PSA ConViT-Ti at 224 px: {buffer_mb:.1f} MB of buffers that DDP would send before every forward")
-assert round(buffer_mb, 1) == 4.6
-assert not list(VisionTransformer(replace(psa_tiny, local_attention="gpsa")).buffers())  # the fast GPSA: none
+assert wrapped["BatchNorm"].broadcast_buffers and not any(wrapped[n].broadcast_buffers for n in ("ConViT", "PSA ConViT"))
+for attention in ("gpsa", "psa"):
+    at_224 = replace(tiny, model_args={"local_attention": attention}, img_size=224).model_config(1000, distilled=False)
+    buffer_mb = sum(b.numel() * b.element_size() for b in VisionTransformer(at_224).buffers()) / 1e6
+    print(f"ConViT-Ti of {attention.upper()} layers at 224 px: {buffer_mb:.1f} MB of buffers that DDP would send "
+          f"before every forward")
+    assert round(buffer_mb, 1) == 4.6
 assert wrap_model(convit, world, compile=False) == (convit, convit)
 yours = os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # as on a machine that does not set it
 with compile_cache(tmp / "run" / "compile-cache", compile=True):

@@ -312,16 +312,16 @@ for i in (0, 4):
 #
 # * **Denormal numbers** (chapter 31). Far keys get positional probabilities below 10⁻³⁸, and a CPU multiplies such
 #   denormal floats many times slower. `positional_softmax` sets them to zero for the reference, and the fast layer
-#   flushes its two factors the same way; the official form, like the official code, keeps them, once per image.
+#   flushes its P the same way, on a CPU only; the official form, like the official code, keeps them, once per image.
 #   Before that flush the fast layer was *slower* than the reference at Ti size (chapter 41 keeps the figures): most
 #   of what looked like a slow fused-attention kernel was the P @ V products over denormals.
 #
 # * **The shared work dominates.** The MHSA row (the linear maps and SDPA every form shares) bounds what *any* GPSA
-#   built on SDPA could gain here (the last line of each size). The fast form does the MHSA's work and a little
-#   more: P's two factors applied to V (L·(H + W)·d multiply-adds per head, a seventh of one L × L product on a
-#   14 × 14 grid), and SDPA's fused backward recomputes Q Kᵀ; on a CPU, fusing saves memory traffic, not
-#   arithmetic. It wins by skipping passes over B × H × L × L tensors, and by folding the gate into the weights
-#   (no pass over the batch's outputs to mix them).
+#   built on SDPA could gain here (the last line of each size). The fast form does the MHSA's work and more: one
+#   product of P, shared by the batch, with V (L² multiply-adds per channel and head, chapter 07; 5 % of ConViT-Ti's
+#   multiply-adds at 224 px, chapter 31), a `lerp` of the two outputs by the gate, and SDPA's fused backward, which
+#   recomputes Q Kᵀ; on a CPU, fusing saves memory traffic, not arithmetic. It wins by skipping passes over
+#   B × H × L × L tensors.
 # * **Part of the win is memory, and it is noisy.** The materialising forms allocate fresh (B, H, L, L) buffers of
 #   20 MB (ConViT-Ti size, B = 32) each step; whenever the C allocator has returned such memory to the operating
 #   system, every page is faulted in and zeroed again, costing tens of milliseconds. The fast layer's working memory
@@ -331,8 +331,8 @@ for i in (0, 4):
 #
 # Memory does not depend on the mode, and barely on the CPU (1–2 % more on the AVX-512 Xeon; measured at 32 images, a
 # realistic per-device batch), so it is printed and checked in every mode: the reference saves several (B, H, L, L)
-# tensors per layer (the official form one more, its per-image positional softmax), the fast layer P's two factors,
-# (H, rows, rows) and (H, cols, cols), for the batch plus O(B·H·L·d) activations.
+# tensors per layer (the official form one more, its per-image positional softmax), the fast layer one (H, L, L) P
+# for the whole batch plus O(B·H·L·d) activations.
 
 # %%
 for row in layer_rows:
