@@ -61,6 +61,9 @@ class TrainConfig:
     epochs: int = setting(300, "training epochs")
     eval_every: int = setting(1, "evaluate, log a row, checkpoint and update best.pt every N epochs, and after "
                                  "the last")
+    epoch_steps: int | None = setting(None, "an epoch is this many optimiser steps of a stream that cycles the "
+                                            "training images, a new permutation each pass and no boundary between "
+                                            "passes; none: an epoch is one pass over them")
     batch_size: int = setting(64, "images per process and step (ignored when --global-batch is set)")
     global_batch: int | None = setting(None, "images per optimiser step over all processes and accumulation steps")
     accum_steps: int = setting(1, "gradient accumulation steps per optimiser step")
@@ -92,7 +95,7 @@ class TrainConfig:
         for name in ("img_size", "repeats", "epochs", "eval_every", "batch_size", "accum_steps", "log_every",
                      "seed", "ckpt_every"):
             positive_int(name, getattr(self, name), minimum=0 if name in ("seed", "ckpt_every") else 1)
-        for name, minimum in (("classes", 1), ("global_batch", 1), ("num_workers", 0)):
+        for name, minimum in (("classes", 1), ("global_batch", 1), ("num_workers", 0), ("epoch_steps", 1)):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name), minimum=minimum)
         number("lr", self.lr, 0, open_low=True)
@@ -144,10 +147,19 @@ class TrainConfig:
         return self.per_device_batch(world_size) * self.accum_steps * world_size
 
     def steps_per_epoch(self, train_images: int, world_size: int = 1) -> int:
-        """Optimiser steps per epoch over `train_images`: each process's share (⌈n / world⌉, as the repeated-
-        augmentation sampler deals them) in whole steps of `accum_steps` micro-batches."""
+        """Optimiser steps per epoch: `epoch_steps` when set; else one pass over `train_images`, each process's share
+        (⌈n / world⌉, as the repeated-augmentation sampler deals them) in whole steps of `accum_steps` micro-batches."""
+        if self.epoch_steps is not None:
+            return self.epoch_steps
         share = -(-train_images // world_size)
         return share // self.per_device_batch(world_size) // self.accum_steps
+
+    def epoch_samples(self, world_size: int = 1) -> int | None:
+        """The samples each process reads per epoch of a cycling stream, `epoch_steps` steps of `accum_steps`
+        micro-batches; None when an epoch is one pass over the images."""
+        if self.epoch_steps is None:
+            return None
+        return self.epoch_steps * self.accum_steps * self.per_device_batch(world_size)
 
     def aug_config(self) -> AugConfig | None:
         """The augmentation: `AUGMENTATIONS[aug]` with `aug_args`, at the run's image size; None: no augmentation."""
@@ -190,6 +202,10 @@ def _check_loader(cfg: TrainConfig, aug: AugConfig | None) -> None:
                          f"(use loader {instead})")
     if not kind.repeats and cfg.repeats != 1:
         raise ValueError(f"{name} has no repeated augmentation: repeats {cfg.repeats} needs loader {instead}")
+    if not kind.cycles and cfg.epoch_steps is not None:
+        cyclers = " or ".join(repr(n) for n, k in LOADERS.items() if k.cycles)
+        raise ValueError(f"{name} cannot cycle the training images: epoch_steps {cfg.epoch_steps} needs loader "
+                         f"{cyclers} (or no epoch_steps: an epoch is then one pass)")
     if kind.needs is not None and not _installed(kind.needs):
         raise ImportError(f"{name} needs {kind.needs}, which is not installed: {kind.install} (or use loader "
                           f"{instead})")
@@ -208,7 +224,7 @@ def _refuse_run_owned(where: str, overrides: dict[str, Any]) -> None:
         raise ValueError(f"{where} sets {owned[0]!r}, which the run owns: set {RUN_OWNED[owned[0]]} instead")
 
 
-# %% nbs/21_config.py 16
+# %% nbs/21_config.py 18
 _DEIT_RECIPE = dict(epochs=300, global_batch=1024, lr=5e-4, min_lr=1e-5, warmup_lr=1e-6, warmup_epochs=5.0,
              weight_decay=0.05, drop_path_rate=0.1, img_size=224, aug="deit", repeats=3, ema_decay=None, clip_grad=None)
 

@@ -20,7 +20,8 @@ __all__ = ['BuildLoaders', 'LoaderKind', 'LOADERS']
 # %% nbs/21_config.py 7
 class BuildLoaders(Protocol):
     """How a run builds its loaders of every kind: this process's train and val batches (an object with chapter 17's
-    interface: `epoch`, `val`, `state`, `restore`)."""
+    interface: `epoch`, `val`, `state`, `restore`). A kind that `cycles` also takes `epoch_samples`: each epoch is
+    that many samples per process of a stream that cycles the training set."""
 
     def __call__(self, train_set: Dataset, val_set: Dataset, aug: AugConfig | None, *, batch_size: int,
                  num_workers: int, repeats: int, num_replicas: int, rank: int, seed: int, device: torch.device) -> Any: ...
@@ -35,6 +36,7 @@ class LoaderKind:
     reads_files: bool = False  # reads the image folder's files itself: data 'imagefolder', datasets untransformed
     crop: str | None = None  # the one crop it implements (`AugConfig.crop`); None: any
     repeats: bool = True  # has repeated augmentation
+    cycles: bool = False  # can cycle the training set in epochs of any length (its build takes `epoch_samples`)
     needs: str | None = None  # a module it imports that may not be installed, and how to install it:
     install: str = ""
 
@@ -45,7 +47,7 @@ def _torchvision_loaders(train_set: Dataset, val_set: Dataset, aug: AugConfig | 
 
 
 LOADERS: dict[str, LoaderKind] = {
-    "torchvision": LoaderKind(_torchvision_loaders, "workers decode with PIL"),
+    "torchvision": LoaderKind(_torchvision_loaders, "workers decode with PIL", cycles=True),
     "dali": LoaderKind(build_dali_loaders, "NVIDIA DALI decodes and augments", reads_files=True,
                        crop="random_resized", repeats=False, needs="nvidia.dali", install=DALI_INSTALL),
     "gpu-decode": LoaderKind(build_gpu_decode_loaders, "the training device decodes", reads_files=True,

@@ -14,7 +14,15 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, Subset
 
 from convit_edu.checks import positive_int
-from convit_edu.samplers import JoinedBatches, KeyedSampler, RepeatAugSampler, SeededSamples, SplitBatches, val_shard
+from convit_edu.samplers import (
+    CyclingSampler,
+    JoinedBatches,
+    KeyedSampler,
+    RepeatAugSampler,
+    SeededSamples,
+    SplitBatches,
+    val_shard,
+)
 
 __all__ = ['build_loader', 'default_num_workers', 'DataLoaders', 'build_loaders']
 
@@ -112,17 +120,21 @@ class DataLoaders:
 
 
 def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_workers: int = 4,
-                  repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> DataLoaders:
+                  repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0,
+                  epoch_samples: int | None = None) -> DataLoaders:
     """Loaders for rank ``rank`` of ``num_replicas``: the train loader ``batch_size`` images per rank, seeded per
     sample and dropping the last incomplete batch; the val loader every ``num_replicas``-th image from ``rank`` on,
     each once (no padding: chapter 25's sums stay exact), in dataset order, up to ``2 * batch_size`` a batch
     (inference keeps no activations for a backward pass). Both keep their workers between epochs, so an evaluation
     starts none, and give every worker a share of an epoch: a train batch in pieces when an epoch has fewer batches
-    than workers, smaller val batches when the val images fill fewer."""
+    than workers, smaller val batches when the val images fill fewer. With ``epoch_samples``, an epoch is that many
+    samples per rank of a stream that cycles the training set (chapter 16's ``CyclingSampler``)."""
     if len(train_set) < num_replicas:
         raise ValueError(f"{num_replicas} processes but the training set has only {len(train_set)} samples: "
                          f"use at most {len(train_set)} processes")
-    sampler = KeyedSampler(RepeatAugSampler(len(train_set), num_replicas, rank, repeats=repeats, seed=seed))
+    dealt = (RepeatAugSampler(len(train_set), num_replicas, rank, repeats=repeats, seed=seed) if epoch_samples is None
+             else CyclingSampler(len(train_set), epoch_samples, num_replicas, rank, repeats=repeats, seed=seed))
+    sampler = KeyedSampler(dealt)
     val_part = Subset(val_set, val_shard(len(val_set), rank, num_replicas))
     steps = len(sampler) // batch_size
     parts = min(batch_size, -(-num_workers // steps)) if num_workers and steps else 1

@@ -47,10 +47,11 @@ def config_datasets(cfg: TrainConfig, world: World, aug: AugConfig | None) -> tu
 def build_run_loaders(cfg: TrainConfig, world: World, aug: AugConfig | None, train_set: Dataset, val_set: Dataset,
                       batch_size: int, num_workers: int) -> Any:
     """This process's loaders of the kind `cfg.loader` names (its `LOADERS` entry builds them), `batch_size` images a
-    step (val: twice that)."""
+    step (val: twice that); with `cfg.epoch_steps`, epochs of a stream that cycles the training set."""
+    cycling = {} if cfg.epoch_steps is None else {"epoch_samples": cfg.epoch_samples(world.world_size)}
     return LOADERS[cfg.loader].build(train_set, val_set, aug, batch_size=batch_size, num_workers=num_workers,
                                      repeats=cfg.repeats, num_replicas=world.world_size, rank=world.rank,
-                                     seed=cfg.seed, device=world.device)
+                                     seed=cfg.seed, device=world.device, **cycling)
 
 
 # %% nbs/27_run_setup.py 14

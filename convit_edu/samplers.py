@@ -14,7 +14,7 @@ from torch.utils.data import BatchSampler, Dataset, Sampler
 
 from convit_edu.checks import positive_int
 
-__all__ = ['RepeatAugSampler', 'val_shard', 'seed_from', 'KeyedSampler', 'SeededSamples', 'SplitBatches', 'JoinedBatches']
+__all__ = ['RepeatAugSampler', 'CyclingSampler', 'val_shard', 'seed_from', 'KeyedSampler', 'SeededSamples', 'SplitBatches', 'JoinedBatches']
 
 
 # %% nbs/16_samplers.py 7
@@ -62,13 +62,18 @@ class RepeatAugSampler(Sampler[int]):
                              "this epoch)")
         self.epoch, self.start = epoch, start
 
-    def global_stream(self, epoch: int) -> torch.Tensor:
-        """All ranks' indices of ``epoch`` in stream order (rank k owns positions k, k + W, ...)."""
+    def pass_order(self, p: int) -> torch.Tensor:
+        """The indices in the order of pass ``p`` over the data: a permutation seeded by ``seed + p`` (or in order,
+        without ``shuffle``), each index ``repeats`` times in a row."""
         if self.shuffle:
-            order = torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(self.seed + epoch))
+            order = torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(self.seed + p))
         else:
             order = torch.arange(self.num_samples)
-        stream = order.repeat_interleave(self.repeats)
+        return order.repeat_interleave(self.repeats)
+
+    def global_stream(self, epoch: int) -> torch.Tensor:
+        """All ranks' indices of ``epoch`` in stream order (rank k owns positions k, k + W, ...)."""
+        stream = self.pass_order(epoch)
         total = len(self) * self.num_replicas
         if len(stream) < total:  # only without repeats: wrap around, as DistributedSampler pads
             stream = stream.repeat(math.ceil(total / len(stream)))
@@ -80,20 +85,56 @@ class RepeatAugSampler(Sampler[int]):
 
 
 # %% nbs/16_samplers.py 16
+class CyclingSampler(RepeatAugSampler):
+    """``RepeatAugSampler``'s dealing over a stream with no epoch boundary: the passes ``pass_order(0)``,
+    ``pass_order(1)``, … one after another, rank k taking positions k, k + W, … (W = ``num_replicas``). An epoch is
+    ``length`` samples of every rank: epoch e holds the stream's positions e·L·W to (e + 1)·L·W − 1 (L = ``length``).
+    ``len()`` is ``length`` on every rank."""
+
+    def __init__(self, num_samples: int, length: int, num_replicas: int = 1, rank: int = 0, repeats: int = 1,
+                 shuffle: bool = True, seed: int = 0):
+        super().__init__(num_samples, num_replicas, rank, repeats, shuffle, seed)
+        self.length = positive_int("length (samples per process and epoch)", length)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _positions(self, first: int, stop: int, every: int) -> Iterator[int]:
+        """The indices at stream positions first, first + every, … below stop, drawn pass by pass."""
+        per_pass = self.num_samples * self.repeats
+        while first < stop:
+            p = first // per_pass
+            taken = self.pass_order(p)[first - p * per_pass : min(stop, (p + 1) * per_pass) - p * per_pass : every]
+            yield from taken.tolist()
+            first += every * len(taken)
+
+    def global_stream(self, epoch: int) -> torch.Tensor:
+        """All ranks' indices of ``epoch`` in stream order (rank k owns positions k, k + W, ...)."""
+        span = self.length * self.num_replicas
+        return torch.tensor(list(self._positions(epoch * span, (epoch + 1) * span, 1)))
+
+    def __iter__(self) -> Iterator[int]:
+        world = self.num_replicas
+        first = self.rank + world * (self.epoch * self.length + self.start)
+        return self._positions(first, world * (self.epoch + 1) * self.length, world)
+
+
+# %% nbs/16_samplers.py 21
 def val_shard(n: int, rank: int, num_replicas: int) -> range:
     """The validation samples of process ``rank`` of ``num_replicas`` among ``n``: every ``num_replicas``-th from
     ``rank`` on, each sample in exactly one process's share, none twice."""
     return range(rank, n, num_replicas)
 
 
-# %% nbs/16_samplers.py 19
+# %% nbs/16_samplers.py 24
 def seed_from(*keys: int) -> int:
     """A well-mixed 32-bit seed from a tuple of non-negative integers (numpy's SeedSequence)."""
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])
 
 
 class KeyedSampler(Sampler):
-    """Wraps a ``RepeatAugSampler`` so that it yields (epoch, global position, index) keys for ``SeededSamples``."""
+    """Wraps a ``RepeatAugSampler`` (or a ``CyclingSampler``) so that it yields (epoch, global position in the epoch,
+    index) keys for ``SeededSamples``."""
 
     def __init__(self, sampler: RepeatAugSampler):
         self.sampler, self.epoch, self.start = sampler, 0, 0
@@ -134,7 +175,7 @@ class SeededSamples(Dataset):
                 random.setstate(python_state)
 
 
-# %% nbs/16_samplers.py 23
+# %% nbs/16_samplers.py 28
 class SplitBatches(Sampler[list]):
     """The batches of ``batches`` (full ones: ``drop_last``), each cut into ``parts`` consecutive pieces of
     nearly equal size, for a loader whose workers then share a batch; ``JoinedBatches`` rejoins them."""

@@ -18,9 +18,10 @@
 #
 # The datasets of chapter 14 and the transforms of chapter 15 are read in an order, and at scale that order is
 # dealt to many processes. This chapter writes the sampler that deals one epoch to any number of processes (with
-# DeiT's repeated augmentation, and resumable in the middle of an epoch), then seeds every sample's augmentation
-# by its place in that epoch, so that it does not depend on which loader worker draws it. Chapter 17 builds the
-# loaders on both.
+# DeiT's repeated augmentation, and resumable in the middle of an epoch), its sibling for runs of many passes over
+# a small training set, whose epochs are spans of a stream that cycles the data, then seeds every sample's
+# augmentation by its place in that epoch, so that it does not depend on which loader worker draws it. Chapter 17
+# builds the loaders on these.
 
 # %% tags=["parameters"]
 import os
@@ -129,13 +130,18 @@ class RepeatAugSampler(Sampler[int]):
                              "this epoch)")
         self.epoch, self.start = epoch, start
 
-    def global_stream(self, epoch: int) -> torch.Tensor:
-        """All ranks' indices of ``epoch`` in stream order (rank k owns positions k, k + W, ...)."""
+    def pass_order(self, p: int) -> torch.Tensor:
+        """The indices in the order of pass ``p`` over the data: a permutation seeded by ``seed + p`` (or in order,
+        without ``shuffle``), each index ``repeats`` times in a row."""
         if self.shuffle:
-            order = torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(self.seed + epoch))
+            order = torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(self.seed + p))
         else:
             order = torch.arange(self.num_samples)
-        stream = order.repeat_interleave(self.repeats)
+        return order.repeat_interleave(self.repeats)
+
+    def global_stream(self, epoch: int) -> torch.Tensor:
+        """All ranks' indices of ``epoch`` in stream order (rank k owns positions k, k + W, ...)."""
+        stream = self.pass_order(epoch)
         total = len(self) * self.num_replicas
         if len(stream) < total:  # only without repeats: wrap around, as DistributedSampler pads
             stream = stream.repeat(math.ceil(total / len(stream)))
@@ -220,6 +226,98 @@ for world in (1, 8, 64):
 assert RepeatAugSampler(N_IMAGENET, repeats=3).unique_per_epoch == math.ceil(N_IMAGENET / 3)
 
 # %% [markdown]
+# ## Epochs without an end of pass: a stream that cycles the data
+#
+# Table 2's f = 0.1 on a GPU trains on 1 400 images at a batch of 128: ten steps make a pass, and a run of thousands of
+# steps makes hundreds of passes. If an epoch is a pass, each of them ends by draining the loader and starting it
+# again, and the device waits for the first batch of every epoch (on the H100 of `nbs/results/gpu/real-width/`, about
+# 0.2 s at each of 923 epoch ends). `CyclingSampler` takes the epoch boundary away from the passes. Its stream is the
+# passes one after another with nothing between them — pass p a permutation seeded by `seed + p`, each index
+# `repeats` times in a row — dealt to the ranks as `RepeatAugSampler` deals its epoch (rank k takes positions k,
+# k + W, …), and an *epoch* is the next `length` samples of every rank: any span of steps the run likes, typically
+# the steps between two evaluations (chapter 21's `epoch_steps`). A batch may hold the end of one pass and the start
+# of the next; every image is still seen once per pass, and the stream does not depend on the world size.
+# `set_epoch(epoch, start)` places a rank anywhere in it, so a run stopped mid-pass resumes exactly. The passes are
+# drawn one at a time as the loader reads, so an epoch may span any number of them.
+
+# %%
+#| export
+class CyclingSampler(RepeatAugSampler):
+    """``RepeatAugSampler``'s dealing over a stream with no epoch boundary: the passes ``pass_order(0)``,
+    ``pass_order(1)``, … one after another, rank k taking positions k, k + W, … (W = ``num_replicas``). An epoch is
+    ``length`` samples of every rank: epoch e holds the stream's positions e·L·W to (e + 1)·L·W − 1 (L = ``length``).
+    ``len()`` is ``length`` on every rank."""
+
+    def __init__(self, num_samples: int, length: int, num_replicas: int = 1, rank: int = 0, repeats: int = 1,
+                 shuffle: bool = True, seed: int = 0):
+        super().__init__(num_samples, num_replicas, rank, repeats, shuffle, seed)
+        self.length = positive_int("length (samples per process and epoch)", length)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _positions(self, first: int, stop: int, every: int) -> Iterator[int]:
+        """The indices at stream positions first, first + every, … below stop, drawn pass by pass."""
+        per_pass = self.num_samples * self.repeats
+        while first < stop:
+            p = first // per_pass
+            taken = self.pass_order(p)[first - p * per_pass : min(stop, (p + 1) * per_pass) - p * per_pass : every]
+            yield from taken.tolist()
+            first += every * len(taken)
+
+    def global_stream(self, epoch: int) -> torch.Tensor:
+        """All ranks' indices of ``epoch`` in stream order (rank k owns positions k, k + W, ...)."""
+        span = self.length * self.num_replicas
+        return torch.tensor(list(self._positions(epoch * span, (epoch + 1) * span, 1)))
+
+    def __iter__(self) -> Iterator[int]:
+        world = self.num_replicas
+        first = self.rank + world * (self.epoch * self.length + self.start)
+        return self._positions(first, world * (self.epoch + 1) * self.length, world)
+
+# %% [markdown]
+# Ten images, epochs of 7 samples on each of two ranks: rank 0 takes the stream's even positions, rank 1 its odd ones,
+# and each pass is a permutation of the ten however the epochs cut it. The claims, checked: the epochs of each world
+# size read one after another are the passes; the global batches do not depend on the world size; `set_epoch(epoch,
+# start)` resumes mid-pass exactly; an epoch may span many passes.
+
+# %%
+ranks = [CyclingSampler(10, 7, 2, rank) for rank in range(2)]
+for epoch in range(3):
+    for s in ranks:
+        s.set_epoch(epoch)
+    print(f"epoch {epoch}: " + " | ".join(" ".join(f"{i}" for i in s) for s in ranks))
+
+# %%
+N, LENGTH, GLOBAL_BATCH = 10, 12, 12
+single = CyclingSampler(N, LENGTH)
+stream = []
+for epoch in range(5):
+    single.set_epoch(epoch)
+    stream += list(single)
+passes = [stream[p * N : (p + 1) * N] for p in range(len(stream) // N)]
+assert all(sorted(p) == list(range(N)) for p in passes) and passes[0] != passes[1]
+for world in (2, 3, 4):
+    ranks = [CyclingSampler(N, LENGTH // world, world, rank) for rank in range(world)]
+    b = GLOBAL_BATCH // world
+    for epoch in range(5):
+        for s in ranks:
+            s.set_epoch(epoch)
+        per_rank = [list(s) for s in ranks]
+        assert {len(p) for p in per_rank} == {LENGTH // world}
+        step_batch = sorted(i for p in per_rank for i in p[:b])
+        assert step_batch == sorted(stream[epoch * GLOBAL_BATCH : (epoch + 1) * GLOBAL_BATCH])
+resumed = CyclingSampler(N, LENGTH)
+resumed.set_epoch(3, start=5)  # 41 samples in: mid-pass
+assert list(resumed) == stream[3 * LENGTH + 5 : 4 * LENGTH] and resumed.remaining == LENGTH - 5
+long = CyclingSampler(N, 1_000_000)
+long.set_epoch(2)
+first = list(itertools.islice(long, 3 * N))
+assert all(sorted(first[p * N : (p + 1) * N]) == list(range(N)) for p in range(3))
+print(f"{len(passes)} passes over {N} images in 5 epochs of {LENGTH}: each a permutation; global batches "
+      "independent of the world size; exact mid-pass resume; an epoch of a million samples drawn pass by pass")
+
+# %% [markdown]
 # Validation is sharded differently: each image once, no repeats and no padding, so that the sums of chapter 25's
 # evaluation over the processes are exact. `val_shard` is that share, used by every loader and by `evaluate`.
 
@@ -255,7 +353,8 @@ def seed_from(*keys: int) -> int:
 
 
 class KeyedSampler(Sampler):
-    """Wraps a ``RepeatAugSampler`` so that it yields (epoch, global position, index) keys for ``SeededSamples``."""
+    """Wraps a ``RepeatAugSampler`` (or a ``CyclingSampler``) so that it yields (epoch, global position in the epoch,
+    index) keys for ``SeededSamples``."""
 
     def __init__(self, sampler: RepeatAugSampler):
         self.sampler, self.epoch, self.start = sampler, 0, 0

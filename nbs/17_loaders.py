@@ -42,8 +42,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, Subset
 
 from convit_edu.checks import positive_int
-from convit_edu.samplers import (JoinedBatches, KeyedSampler, RepeatAugSampler, SeededSamples, SplitBatches,
-                                 val_shard)
+from convit_edu.samplers import (CyclingSampler, JoinedBatches, KeyedSampler, RepeatAugSampler, SeededSamples,
+                                 SplitBatches, val_shard)
 
 # %%
 import warnings
@@ -292,7 +292,8 @@ assert finish.train(batch).shape == (4, 3, 64, 64)
 # %% [markdown]
 # ### From datasets to loaders in one call
 #
-# `build_loaders` strings chapter 16 and this one together: a `RepeatAugSampler` for this rank behind a
+# `build_loaders` strings chapter 16 and this one together: a `RepeatAugSampler` for this rank (with
+# `epoch_samples`, a `CyclingSampler` whose epochs are that many samples of a stream cycling the data) behind a
 # `KeyedSampler`, the seeded samples, loaders with workers; validation in dataset order. Chapter 28's `train`
 # calls it. Every kind of loader a run can use (these, chapter 19's GPU-decoding ones, chapter 18's DALI) answers
 # `epoch(e, start)`, `val`, and `state()` / `restore(state)` for what a checkpoint keeps of the loader itself
@@ -321,17 +322,21 @@ class DataLoaders:
 
 
 def build_loaders(train_set: Dataset, val_set: Dataset, *, batch_size: int, num_workers: int = 4,
-                  repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> DataLoaders:
+                  repeats: int = 1, num_replicas: int = 1, rank: int = 0, seed: int = 0,
+                  epoch_samples: int | None = None) -> DataLoaders:
     """Loaders for rank ``rank`` of ``num_replicas``: the train loader ``batch_size`` images per rank, seeded per
     sample and dropping the last incomplete batch; the val loader every ``num_replicas``-th image from ``rank`` on,
     each once (no padding: chapter 25's sums stay exact), in dataset order, up to ``2 * batch_size`` a batch
     (inference keeps no activations for a backward pass). Both keep their workers between epochs, so an evaluation
     starts none, and give every worker a share of an epoch: a train batch in pieces when an epoch has fewer batches
-    than workers, smaller val batches when the val images fill fewer."""
+    than workers, smaller val batches when the val images fill fewer. With ``epoch_samples``, an epoch is that many
+    samples per rank of a stream that cycles the training set (chapter 16's ``CyclingSampler``)."""
     if len(train_set) < num_replicas:
         raise ValueError(f"{num_replicas} processes but the training set has only {len(train_set)} samples: "
                          f"use at most {len(train_set)} processes")
-    sampler = KeyedSampler(RepeatAugSampler(len(train_set), num_replicas, rank, repeats=repeats, seed=seed))
+    dealt = (RepeatAugSampler(len(train_set), num_replicas, rank, repeats=repeats, seed=seed) if epoch_samples is None
+             else CyclingSampler(len(train_set), epoch_samples, num_replicas, rank, repeats=repeats, seed=seed))
+    sampler = KeyedSampler(dealt)
     val_part = Subset(val_set, val_shard(len(val_set), rank, num_replicas))
     steps = len(sampler) // batch_size
     parts = min(batch_size, -(-num_workers // steps)) if num_workers and steps else 1

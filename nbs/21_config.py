@@ -46,7 +46,8 @@ from convit_edu.checks import expect_error
 # augmentation and its sizes — and the plain facts the config checks: whether the loader reads an image folder's
 # files itself (then the data must be `imagefolder`, the datasets hand it their file lists untransformed, and
 # datasets passed to `train` cannot feed it), the one crop it implements, whether it has repeated augmentation,
-# and a module it needs installed. A new loader is a module of its own and one line in this table.
+# whether its sampler can cycle the data (chapter 16's `CyclingSampler`, for epochs of `epoch_steps`, below), and a
+# module it needs installed. A new loader is a module of its own and one line in this table.
 
 # %%
 #| export loader_registry
@@ -68,7 +69,8 @@ from convit_edu.loaders import DataLoaders, build_loaders
 
 class BuildLoaders(Protocol):
     """How a run builds its loaders of every kind: this process's train and val batches (an object with chapter 17's
-    interface: `epoch`, `val`, `state`, `restore`)."""
+    interface: `epoch`, `val`, `state`, `restore`). A kind that `cycles` also takes `epoch_samples`: each epoch is
+    that many samples per process of a stream that cycles the training set."""
 
     def __call__(self, train_set: Dataset, val_set: Dataset, aug: AugConfig | None, *, batch_size: int,
                  num_workers: int, repeats: int, num_replicas: int, rank: int, seed: int, device: torch.device) -> Any: ...
@@ -83,6 +85,7 @@ class LoaderKind:
     reads_files: bool = False  # reads the image folder's files itself: data 'imagefolder', datasets untransformed
     crop: str | None = None  # the one crop it implements (`AugConfig.crop`); None: any
     repeats: bool = True  # has repeated augmentation
+    cycles: bool = False  # can cycle the training set in epochs of any length (its build takes `epoch_samples`)
     needs: str | None = None  # a module it imports that may not be installed, and how to install it:
     install: str = ""
 
@@ -93,7 +96,7 @@ def _torchvision_loaders(train_set: Dataset, val_set: Dataset, aug: AugConfig | 
 
 
 LOADERS: dict[str, LoaderKind] = {
-    "torchvision": LoaderKind(_torchvision_loaders, "workers decode with PIL"),
+    "torchvision": LoaderKind(_torchvision_loaders, "workers decode with PIL", cycles=True),
     "dali": LoaderKind(build_dali_loaders, "NVIDIA DALI decodes and augments", reads_files=True,
                        crop="random_resized", repeats=False, needs="nvidia.dali", install=DALI_INSTALL),
     "gpu-decode": LoaderKind(build_gpu_decode_loaders, "the training device decodes", reads_files=True,
@@ -106,7 +109,8 @@ LOADERS: dict[str, LoaderKind] = {
 # %%
 for name, kind in LOADERS.items():
     limits = [w for w, on in (("image folders only", kind.reads_files), (f"crop {kind.crop!r} only", kind.crop),
-                              ("no repeats", not kind.repeats), (f"needs {kind.needs}", kind.needs)) if on]
+                              ("no repeats", not kind.repeats), ("no cycling", not kind.cycles),
+                              (f"needs {kind.needs}", kind.needs)) if on]
     print(f"{name:<12} {kind.about}: {', '.join(limits) or 'any data, any recipe'}")
 assert [n for n, k in LOADERS.items() if not k.reads_files] == ["torchvision"]
 
@@ -186,6 +190,9 @@ class TrainConfig:
     epochs: int = setting(300, "training epochs")
     eval_every: int = setting(1, "evaluate, log a row, checkpoint and update best.pt every N epochs, and after "
                                  "the last")
+    epoch_steps: int | None = setting(None, "an epoch is this many optimiser steps of a stream that cycles the "
+                                            "training images, a new permutation each pass and no boundary between "
+                                            "passes; none: an epoch is one pass over them")
     batch_size: int = setting(64, "images per process and step (ignored when --global-batch is set)")
     global_batch: int | None = setting(None, "images per optimiser step over all processes and accumulation steps")
     accum_steps: int = setting(1, "gradient accumulation steps per optimiser step")
@@ -217,7 +224,7 @@ class TrainConfig:
         for name in ("img_size", "repeats", "epochs", "eval_every", "batch_size", "accum_steps", "log_every",
                      "seed", "ckpt_every"):
             positive_int(name, getattr(self, name), minimum=0 if name in ("seed", "ckpt_every") else 1)
-        for name, minimum in (("classes", 1), ("global_batch", 1), ("num_workers", 0)):
+        for name, minimum in (("classes", 1), ("global_batch", 1), ("num_workers", 0), ("epoch_steps", 1)):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name), minimum=minimum)
         number("lr", self.lr, 0, open_low=True)
@@ -269,10 +276,19 @@ class TrainConfig:
         return self.per_device_batch(world_size) * self.accum_steps * world_size
 
     def steps_per_epoch(self, train_images: int, world_size: int = 1) -> int:
-        """Optimiser steps per epoch over `train_images`: each process's share (⌈n / world⌉, as the repeated-
-        augmentation sampler deals them) in whole steps of `accum_steps` micro-batches."""
+        """Optimiser steps per epoch: `epoch_steps` when set; else one pass over `train_images`, each process's share
+        (⌈n / world⌉, as the repeated-augmentation sampler deals them) in whole steps of `accum_steps` micro-batches."""
+        if self.epoch_steps is not None:
+            return self.epoch_steps
         share = -(-train_images // world_size)
         return share // self.per_device_batch(world_size) // self.accum_steps
+
+    def epoch_samples(self, world_size: int = 1) -> int | None:
+        """The samples each process reads per epoch of a cycling stream, `epoch_steps` steps of `accum_steps`
+        micro-batches; None when an epoch is one pass over the images."""
+        if self.epoch_steps is None:
+            return None
+        return self.epoch_steps * self.accum_steps * self.per_device_batch(world_size)
 
     def aug_config(self) -> AugConfig | None:
         """The augmentation: `AUGMENTATIONS[aug]` with `aug_args`, at the run's image size; None: no augmentation."""
@@ -315,6 +331,10 @@ def _check_loader(cfg: TrainConfig, aug: AugConfig | None) -> None:
                          f"(use loader {instead})")
     if not kind.repeats and cfg.repeats != 1:
         raise ValueError(f"{name} has no repeated augmentation: repeats {cfg.repeats} needs loader {instead}")
+    if not kind.cycles and cfg.epoch_steps is not None:
+        cyclers = " or ".join(repr(n) for n, k in LOADERS.items() if k.cycles)
+        raise ValueError(f"{name} cannot cycle the training images: epoch_steps {cfg.epoch_steps} needs loader "
+                         f"{cyclers} (or no epoch_steps: an epoch is then one pass)")
     if kind.needs is not None and not _installed(kind.needs):
         raise ImportError(f"{name} needs {kind.needs}, which is not installed: {kind.install} (or use loader "
                           f"{instead})")
@@ -349,6 +369,23 @@ assert accumulated.steps_per_epoch(1000) == 7 and accumulated.steps_per_epoch(10
 print("batch 32 × 4 accumulation steps:", accumulated.images_per_step(), "images and",
       accumulated.steps_per_epoch(1000), "optimiser steps per epoch of 1000 images on one process")
 print(expect_error(lambda: TrainConfig(lr="1e-3"), TypeError))
+
+# %% [markdown]
+# An epoch is one pass over the training images, unless `epoch_steps` sets its length in optimiser steps. Then the
+# batches come from a stream that cycles the images with no boundary between passes (chapter 16's `CyclingSampler`),
+# and `eval_every` counts those epochs: a run of many passes over a small set (1 400 images at a batch of 128 make a
+# pass of 10 steps) evaluates and checkpoints every N steps, and does nothing at the end of a pass. `epoch_samples` is
+# what each process reads of that stream in an epoch. Only a loader whose sampler cycles can do it (`cycles` in the
+# table above).
+
+# %%
+cycled = TrainConfig(global_batch=128, epoch_steps=250)
+assert TrainConfig(global_batch=128).steps_per_epoch(1400) == 10 and TrainConfig().epoch_samples() is None
+assert cycled.steps_per_epoch(1400) == 250 and cycled.epoch_samples(world_size=4) == 250 * 32
+print(f"1 400 images at a global batch of 128: {TrainConfig(global_batch=128).steps_per_epoch(1400)} steps a pass; "
+      f"with epoch_steps 250, epochs of {cycled.steps_per_epoch(1400)} steps, {cycled.epoch_samples(4):,} samples "
+      "per process on 4 processes")
+print(expect_error(lambda: TrainConfig(data="imagefolder", loader="gpu-decode", epoch_steps=250)))
 
 # %% [markdown]
 # ### Recipes: the paper's settings by name

@@ -44,7 +44,8 @@
 # * `print(loss)` — the loss stays on the device and is read back once per `log_every` steps, with every
 #   process's stop signals in the same all-reduce;
 # * the end of an epoch — its evaluation, reported to the run's writer (chapter 27), which decides what to write: one
-#   checkpoint, before the evaluation, kept as `best.pt` when it scores best, the logs;
+#   checkpoint, before the evaluation, kept as `best.pt` when it scores best, the logs (an epoch is a pass over the
+#   images, or with `epoch_steps` a span of that many steps of a stream that cycles them: below);
 # * and around it all: an exact resume, a clean stop on SIGTERM, non-finite numbers named, rank 0 the only writer.
 #
 # A run is one object, `Trainer` (in the spirit of miniai's `Learner`): built from a `TrainConfig`, it holds the
@@ -435,6 +436,35 @@ def train(cfg: TrainConfig, *, model: nn.Module | None = None, datasets: tuple |
     finally:
         if world.owns_group:
             dist.destroy_process_group()
+
+# %% [markdown]
+# ### Every N steps, whatever a pass is
+#
+# The loop has one place where it evaluates, checkpoints and starts its loader again: the end of an epoch. A run of
+# many passes over a small training set (Table 2's f = 0.1 on a GPU: 1 400 images, a pass every 10 steps of 128)
+# would do all three at every pass, or skip the evaluations with `eval_every` and still drain and restart its
+# loader each time. With `epoch_steps` (chapter 21) an epoch is a span of that many steps of a stream that cycles
+# the images (chapter 16's `CyclingSampler`), so the same loop evaluates, writes `last.pt` and starts the loader once
+# every `epoch_steps` × `eval_every` steps, and a pass ends in the middle of a batch with nothing done. Twenty
+# synthetic images at a batch of 8 (two and a half batches a pass), in 4 epochs of 5 steps:
+
+# %%
+import tempfile
+from dataclasses import replace
+
+cycled = TrainConfig(model="deit_tiny", img_size=8, model_args={"patch_size": 4, "embed_dim": 16, "depth": 1,
+                     "num_heads": 2}, data="fake", data_args={"num_train": 20, "num_val": 8, "image_size": 8},
+                     aug="pad-crop-flip", epochs=4, epoch_steps=5, batch_size=8, warmup_epochs=1, precision="fp32",
+                     num_workers=0, progress="none", output=tempfile.mkdtemp())
+trainer, started, saved = Trainer(cycled, init_world(cycled.device)), [], []
+epoch, save = trainer.data.loaders.epoch, trainer.records.save  # counted: each loader start, each last.pt written
+trainer.data.loaders.epoch = lambda e, start=0: started.append(e) or epoch(e, start)
+trainer.records.save = lambda state: saved.append(state.global_step) or save(state)
+history = trainer.fit().history
+steps, images = [row["step"] for row in history], cycled.epochs * cycled.epoch_steps * cycled.batch_size
+assert steps == [5, 10, 15, 20] and started == [0, 1, 2, 3] and saved == [5, 10, 15, 20, 20] and images == 8 * 20
+print(f"{images} images, {images // 20} passes over the 20: the loader started at epochs {started}, evaluated at "
+      f"steps {steps}, last.pt written at steps {saved} (before each evaluation, and with the whole log at the end)")
 
 # %% [markdown]
 # Chapter 29 drives a trainer by hand — three steps, one read-back, a checkpoint resumed bit for bit, weights and

@@ -25,7 +25,8 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 from training_checks import StopAt, assert_same_weights
 
-from convit_edu import devices, distributed, evaluation, files, optimisation, run_records, run_state, training
+from convit_edu import (devices, distributed, evaluation, files, loaders, optimisation, run_records, run_state,
+                        training)
 from convit_edu.config import RECIPES, TrainConfig, recipe
 from convit_edu.run_state import Callback, read_checkpoint, save_checkpoint
 from convit_edu.training import train
@@ -266,6 +267,38 @@ def test_a_run_of_one_batch_epochs_trains_the_same_with_its_batches_shared_among
     alone = train(replace(cfg, num_workers=0, output=str(tmp_path / "b")))
     assert [r["train_loss"] for r in shared.history] == [r["train_loss"] for r in alone.history]
     assert_same_weights(shared.model, alone.model)
+
+
+def test_epochs_of_a_cycling_stream_evaluate_checkpoint_and_start_the_loader_only_every_epoch_steps(tmp_path,
+                                                                                                   monkeypatch):
+    """20 images at a batch of 8 end a pass every 2½ steps; in epochs of 5 steps nothing happens at those ends."""
+    saved, started = [], []
+    monkeypatch.setattr(run_records, "save_checkpoint",
+                        lambda ckpt, path: saved.append(ckpt["global_step"]) or save_checkpoint(ckpt, path))
+    epoch = loaders.DataLoaders.epoch
+    monkeypatch.setattr(loaders.DataLoaders, "epoch",
+                        lambda self, e, start=0: started.append((e, start)) or epoch(self, e, start))
+    result = train(config(tmp_path, epochs=3, epoch_steps=5), model=make_model(), datasets=make_data(n_train=20))
+    assert [row["step"] for row in result.history] == [5, 10, 15]  # 120 images: 6 passes
+    assert started == [(0, 0), (1, 0), (2, 0)]  # the loader started once an epoch
+    assert saved == [5, 10, 15, 15]  # before each evaluation, and with the whole log at the end
+
+
+def test_a_run_on_a_cycling_stream_stopped_mid_pass_resumes_to_the_uninterrupted_weights(tmp_path):
+    cfg = config(tmp_path / "straight", epochs=3, epoch_steps=5)
+    straight = train(cfg, model=make_model(), datasets=make_data(n_train=20))
+    cfg = replace(cfg, output=str(tmp_path / "stopped"))
+    first = train(cfg, model=make_model(), datasets=make_data(n_train=20), callbacks=[StopAt(1, 3)])
+    assert first.stopped == "callback"
+    ckpt = read_checkpoint(tmp_path / "stopped" / "last.pt")
+    assert (ckpt["epoch"], ckpt["step"], ckpt["global_step"]) == (1, 3, 8)  # 64 images in: 3.2 passes
+    resumed = train(replace(cfg, resume="auto"), model=make_model(), datasets=make_data(n_train=20))
+    assert_same_weights(straight.model, resumed.model)
+    assert_same_weights(straight.ema, resumed.ema)
+    keys = ["epoch", "step", "train_loss", "val_loss", "val_top1", "lr"]
+    assert [[r[k] for k in keys] for r in straight.history] == [[r[k] for k in keys] for r in resumed.history]
+    with pytest.raises(ValueError, match="epoch_steps 5 -> 6"):  # another length of epoch is another run
+        train(replace(cfg, epoch_steps=6, resume="auto"), model=make_model(), datasets=make_data(n_train=20))
 
 
 def test_checkpoint_survives_a_crash_during_writing(tmp_path, monkeypatch):
