@@ -20,7 +20,7 @@ from convit_edu.benchmarks import measure_model
 from convit_edu.checks import positive_int
 from convit_edu.config import TrainConfig
 from convit_edu.datasets import ImageFolderDataset, subsample_per_class
-from convit_edu.devices import autocast, resolve_device
+from convit_edu.devices import autocast, resolve_device, resolve_precision
 from convit_edu.evaluation import evaluate
 from convit_edu.experiment_design import ABLATIONS, RunSpec
 from convit_edu.files import write_json, write_text
@@ -105,7 +105,7 @@ def scoring_sets(cfg: TrainConfig) -> dict[str, Dataset]:
 def per_image_correct(model: torch.nn.Module, dataset: Dataset, *, batch_size: int = 256,
                       device: str | torch.device = "cpu", precision: str = "fp32", num_workers: int = 0) -> str:
     """Which images of ``dataset`` ``model`` classifies right (top-1), in dataset order, as a string of "0" and "1"."""
-    device = torch.device(device)
+    device, precision = torch.device(device), resolve_precision(precision, device)  # "auto": bf16 on a GPU
     loader = build_loader(dataset, batch_size, None, num_workers=num_workers, seed=0, drop_last=False)
     hits, mode = [], model.training
     model.eval()

@@ -388,3 +388,21 @@ def test_warmup_images_sets_the_warm_up_of_every_run_in_steps(tmp_path, capsys):
     warmups = [json.loads((tmp_path / f / "convit_f1_s0" / "run.json").read_text())["config"]["warmup_epochs"]
                for f in ("none", "half")]
     assert warmups == [0, 0.25]  # 32 of the 128 training images: a quarter of an epoch
+
+
+def test_per_image_correct_scores_under_the_precision_auto_resolves_to_not_under_fp16(monkeypatch):
+    """"auto" is bf16 on a GPU (fp32 or bf16 on a CPU); read as a dtype it would have been fp16 (devices.autocast)."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from convit_edu import experiments
+    from convit_edu.devices import resolve_precision
+
+    asked = []
+    monkeypatch.setattr(experiments, "autocast", lambda device, precision: asked.append(precision) or
+                        torch.autocast(device.type, enabled=False))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    data = TensorDataset(torch.randn(6, 1, 2, 2), torch.tensor([0, 1, 0, 1, 0, 1]))
+    correct = experiments.per_image_correct(model, data, batch_size=4, precision="auto")
+    assert len(correct) == 6 and set(correct) <= {"0", "1"}
+    assert asked == [resolve_precision("auto", "cpu")] * 2 and "auto" not in asked
