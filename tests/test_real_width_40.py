@@ -54,7 +54,7 @@ TOY = rw.Design(classes=2, fraction=0.5, seeds=(1,), test_per_class=4, dev_per_c
                         "model_args": {"patch_size": 4, "embed_dim": 16, "num_heads": 2, "depth": 2},
                         "aug_args": {"randaugment_magnitude": 9, "erasing": 0.25}, "compile": False,
                         "device": "cpu", "precision": "fp32", "progress": "lines"},
-                convit_args={"num_heads": 2, "local_up_to_layer": 1}, seconds=60, window_s=1, start_s=1, end_s=1,
+                convit_args={"num_heads": 2, "local_up_to_layer": 1}, seconds=120, window_s=1, start_s=1, end_s=1,
                 safety=0.05, min_steps=4, probe_steps=40)  # training then takes about safety × the time left
 
 
