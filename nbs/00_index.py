@@ -269,7 +269,9 @@ ENGINEERING = [
     ("42_cli", "convit-edu train / eval / bench / experiment"),
     ("43_clusters", "launching at every scale: torchrun, many nodes, SLURM"),
     ("44_gpu_correctness", "is this GPU set up right? Phases under a deadline; the step and GPSA against the CPU"),
-    ("45_gpu_check", "how fast does it train? Compile, host syncs, throughput, JPEGs; `convit-edu-check-gpu`"),
+    ("44_gpu_time", "a step's time, the GPU's or the host's: four clocks, a CUDA graph, the profiler, MFU"),
+    ("44_gpu_training", "the loop on the GPU: breaks, syncs, graphed as eager; `train` on JPEGs, its data wait"),
+    ("45_gpu_check", "DESIGN §9's targets judged, every phase under one budget: `convit-edu check-gpu`"),
 ]
 written = sorted(p.stem for p in Path(".").glob("[0-9][0-9]_*.py") if p.stem != "00_index")
 assert sorted(stem for stem, _ in CORE + ENGINEERING) == written, "the map and nbs/ differ"
