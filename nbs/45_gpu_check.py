@@ -225,11 +225,11 @@ if __name__ == "__main__" and Path(sys.argv[0]).name == "gpu_check.py":  # `pyth
 #
 # A student's laptop has no GPU, so the chapter runs `--smoke`: every phase at toy size on the CPU (in FAST mode, as in
 # CI, two quick ones; `tests/test_gpu_check.py` runs them all). The timings depend on the machine; which phases pass
-# does not.
+# does not. On a CPU there is no compile in the smoke, and `rerun` stands in for the CUDA graph.
 
 # %%
 smoke_dir = Path(tempfile.mkdtemp()) / "smoke"
-quick = ["--phases", "host_syncs", "models_ti"] if FAST else []
+quick = ["--phases", "gpsa", "host_syncs"] if FAST else []
 with contextlib.redirect_stdout(io.StringIO()):
     status = main(["--smoke", "--output", str(smoke_dir), *quick])
 plt.close("all")  # the training runs' curves, which a notebook would otherwise show
@@ -243,8 +243,8 @@ print((smoke_dir / "summary.txt").read_text())
 assert status == 0 and smoke["finished"] and all(p["status"] in ("PASS", "INFO", "SKIP") for p in smoke["phases"])
 found = {p["name"]: p for p in smoke["phases"]}
 assert list(found) == [name for name in PHASES if not quick or name == "env" or name in quick]
-rows = found["models_ti"]["details"]["rows"]
-assert [r["model"] for r in rows] == ["convit_tiny", "deit_tiny"] and all("compiled" not in r for r in rows)
+for name in set(found) & {"models_s", "models_ti"}:  # (not in FAST mode's two quick phases)
+    assert all("compiled" not in row and "graphed" in row for row in found[name]["details"]["rows"])
 assert {v["status"] for v in smoke["targets"]} <= {"INFO", "SKIP"} and len(smoke["targets"]) == len(TARGETS)
 print("every phase passed, measured or was skipped; on the CPU, no compile, a stand-in graph; targets not judged")
 print("host_syncs:", found["host_syncs"]["summary"])
