@@ -47,8 +47,7 @@ class CheckSizes:
     num_classes: int  # of every model, and the classes of the JPEG folder
     shrink: dict  # ModelConfig overrides of every model ({}: the zoo's sizes)
     models: tuple  # the models whose training step is compared with the CPU's, and which Dynamo traces
-    step_batch: int  # the training step compared with the CPU's (GPSA layers: twice that; chapter 44_gpu_time's
-    # graphed training: 4 times)
+    step_batch: int  # the training step compared with the CPU's (GPSA layers: twice; graphed training: 4 times)
     batch: int  # the training runs and the step measurements (the host-sync run: a quarter of it)
     steps: int  # timed steps of each step measurement; optimiser steps per epoch of a run on synthetic images
     profiled: int  # steps under the profiler
@@ -67,7 +66,7 @@ class CheckSizes:
     @classmethod
     def smoke(cls) -> "CheckSizes":
         return cls("smoke", "cpu", 32, 4, {"depth": 2, "patch_size": 8, "embed_dim": 36}, ("convit_tiny", "deit_tiny"),
-                   step_batch=2, batch=8, steps=4, profiled=1, jpegs=(8, 2, 64, 48), workers=1, compile=False,
+                   step_batch=2, batch=8, steps=1, profiled=1, jpegs=(8, 2, 64, 48), workers=1, compile=False,
                    log_every=1, matmul_n=256)
 
     def model_args(self, name: str) -> dict:

@@ -41,11 +41,7 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # from a CUDA graph), profiled (kernels, launches, the GPU's busy share), its FLOPs and MFU.
 
 # %%
-import contextlib
-import io
 import tempfile
-
-import torch.nn.functional as F
 
 from convit_edu.gpu_correctness import CheckSizes, collect_environment
 
@@ -61,7 +57,8 @@ from convit_edu.gpu_correctness import CheckSizes, collect_environment
 # * **host**: the issuing of those back-to-back steps alone, before the final wait. The host runs ahead of the GPU
 #   until CUDA's queue of launches is full; when `host` is close to `pipelined`, the host sets the pace.
 #
-# On a CPU the three are one: an operation is done when it returns.
+# The fourth clock is the same three on a step replayed from a CUDA graph (below): its host issues one launch a step,
+# so its pipelined time is the GPU's. On a CPU the three are one: an operation is done when it returns.
 
 # %%
 #| export
@@ -109,9 +106,10 @@ def step_timings(step: Callable[[], object], steps: int, device: torch.device) -
 # A **CUDA graph** records the kernels a piece of code launches on a stream (the *capture*, during which nothing runs)
 # and launches them all again with one call (`replay`), with the same arguments: the same memory, read and written
 # again. The host's cost of a step then no longer grows with its kernels. So the inputs must stay where the capture
-# found them (the step reads fixed images here) and the code may not wait on the GPU or allocate outside the graph's
-# own memory pool; torch's notes on CUDA graphs warm the code up on a side stream first, so that lazy work (here:
-# `torch.compile`'s compile, autograd's first backward) happens before the capture.
+# found them (the step reads fixed images here), the captured code may not wait for the GPU (no host synchronisation),
+# and what it allocates comes from the graph's own memory pool, kept for its replays; torch's notes on CUDA graphs warm
+# the code up on a side stream first, so that lazy work (here: `torch.compile`'s compile, autograd's first backward)
+# happens before the capture.
 #
 # `graphed_train_step` is chapter 31's `train_step` with its forward and backward (compiled, when asked) captured in
 # one graph: the gradients are cleared to `None` before the capture, so that the capture allocates them in the graph's
@@ -295,14 +293,15 @@ def bf16_peak(ctx: CheckContext) -> dict:
 # ## The model phases
 #
 # `model_bench` measures one zoo model at the check's sizes and precision, batch 256 and 224 px on a GPU: its FLOPs; the
-# CPU's count of its training step's operations (chapter 31's `step_operations` of a copy of it, batch 2: the count
-# depends on neither batch, grid nor width), which is the proxy chapters 07 and 31 set their launch targets on (the
-# forward and backward: a CPU's AdamW runs ten operations a parameter, a GPU's fused one a few launches in all), beside
-# the kernels the GPU really ran; then three steps, each timed four ways and profiled: **eager**; **compiled** (`torch.compile`,
-# with what the compile took: chapter 41's `compile_seconds`); **graphed** (the compiled forward and backward in a
-# CUDA graph). Images/s and MFU come from the pipelined time. `check_models` runs a ConViT and its DeiT and gives their
-# ratios; on a CPU (no compile in the smoke), the graphed step is `rerun`'s stand-in. A step that fails (a graph
-# that cannot be captured, say) is a FAIL naming it, and the steps measured before it are kept.
+# CPU's count of its training step's operations, as chapter 31's `step_operations` counts them, on a CPU copy of it at
+# batch 2 (the count depends on neither batch, grid nor width): the proxy chapters 07 and 31 set their launch targets
+# on, beside the kernels the GPU really ran (its forward and backward, that is: a CPU's AdamW runs ten operations a
+# parameter, a GPU's fused one a few launches in all); then three steps, each timed (`step_timings`) and profiled:
+# **eager**; **compiled** (`torch.compile`, with what the compile took: chapter 41's `compile_seconds`); **graphed**
+# (the compiled forward and backward in a CUDA graph). Images/s and MFU come from the pipelined time. `check_models`
+# runs a ConViT and its DeiT and gives their ratios; on a CPU (no compile in the smoke), the graphed step is `rerun`'s
+# stand-in. A step that fails (a graph that cannot be captured, say) is a FAIL naming it, and the steps measured before
+# it are kept.
 
 # %%
 #| export
@@ -421,10 +420,14 @@ assert found["busy_share"] == 0.5 and found["kernels"] == 1.5 and found["memcpys
 assert found["launches"] == 3 and found["graph_launches"] == 0.5 and found["top_kernels"][0] == ("gemm", 0.2)
 
 # %% [markdown]
-# The same reading of a real profile of two CPU steps: the host's operators, and no device work.
+# The same reading of a real profile of two CPU steps: the host's operators, and no device work. (The profiler's
+# library writes a few lines of its own, with the time, where a notebook shows them.)
 
 # %%
+# NBVAL_IGNORE_OUTPUT
 cpu_profile = profile_activity(train_step(ctx.sizes.model("deit_tiny", 0.1), *sizes), 2, torch.device("cpu"))
+
+# %%
 assert cpu_profile["kernels"] == 0 and cpu_profile["busy_share"] is None and cpu_profile["host_ops"] > 100
 print(f"on the CPU: no kernels, no busy share; more than 100 host operators a step")
 
@@ -459,10 +462,8 @@ print(f"fused attention counted by the counter, left out: {fused['counted']:.0f}
 # graph (no compile on a CPU).
 
 # %%
-models = check_models(ctx, "convit_small", "deit_small")
-
-# %%
 # NBVAL_IGNORE_OUTPUT
+models = check_models(ctx, "convit_small", "deit_small")
 print(models.summary)
 
 # %%

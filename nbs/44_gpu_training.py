@@ -178,7 +178,9 @@ def check_host_syncs(ctx: CheckContext) -> PhaseResult:
 # with EMA and gradient clipping. The draws that compiling changes are off (drop path, MixUp/CutMix, erasing): Inductor
 # draws its random numbers its own way. The two must agree to rounding: the losses of every step, and the weights and
 # the EMA weights, whose distance apart is measured against the distance the eager run moved them (`pos_proj.bias`
-# aside, whose gradient is rounding noise, chapter 05). On a CPU graphs do not apply and both runs are eager.
+# aside: its gradient is zero in exact arithmetic, for a shift of all of a head's positional scores leaves its softmax
+# unchanged (chapter 07), so AdamW moves it by the sign of rounding noise). On a CPU graphs do not apply and both
+# runs are eager.
 
 # %%
 #| export
@@ -237,10 +239,11 @@ def check_graphs_vs_eager(ctx: CheckContext) -> PhaseResult:
 # The check writes its own ImageFolder of photo-like JPEGs — smooth colour fields at two scales plus grain, 500 × 375
 # at quality 90, so that decoding one costs what decoding a photograph does — and runs `python -m convit_edu.cli train`
 # on it as a user would, in a process of its own, compiled and with CUDA graphs on a GPU. The torchvision loader's
-# workers decode with PIL on the CPU; the `gpu-decode` loader (chapters 19) decodes on the training device, beside the
-# step on a stream of its own, one batch ahead (and in `--smoke` on the CPU, where it runs too). One run per loader and
-# model; the gpu-decode ConViT-S is then resumed (`--resume auto`) for one more epoch and its last checkpoint
-# evaluated (`eval`), whose top-1 must be the one the run logged.
+# workers decode with PIL on the CPU; the `gpu-decode` loader (`19_gpu_decode`, `19_side_stream`) decodes on the
+# training device, beside the step on a stream of its own, one batch ahead (and in `--smoke` on the CPU, where it runs
+# too). One run per loader and model, ConViT-S and DeiT-S; the gpu-decode ConViT-S is then resumed (`--resume auto`)
+# for one more epoch and its last checkpoint evaluated (`eval`), whose top-1 must be the one the run logged; torch's
+# log of every run must hold no recompile and no graph break.
 #
 # **The data wait, in the steady state.** The share of an epoch its steps waited for the loader (`log.jsonl`'s
 # `data_wait_share`) mixes two things: the loader's start-up (workers starting, each making a whole first batch;

@@ -219,15 +219,16 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__" and Path(sys.argv[0]).name == "gpu_check.py":  # `python -m convit_edu.gpu_check`
     sys.exit(main())
 
-
 # %% [markdown]
 # ## The smoke check, here
 #
 # A student's laptop has no GPU, so the chapter runs `--smoke`: every phase at toy size on the CPU (in FAST mode, as in
 # CI, two quick ones; `tests/test_gpu_check.py` runs them all). The timings depend on the machine; which phases pass
-# does not. On a CPU there is no compile in the smoke, and `rerun` stands in for the CUDA graph.
+# does not. On a CPU there is no compile in the smoke, and `rerun` stands in for the CUDA graph. (The profiler's
+# library writes a few lines of its own where a notebook shows them.)
 
 # %%
+# NBVAL_IGNORE_OUTPUT
 smoke_dir = Path(tempfile.mkdtemp()) / "smoke"
 quick = ["--phases", "gpsa", "host_syncs"] if FAST else []
 with contextlib.redirect_stdout(io.StringIO()):
