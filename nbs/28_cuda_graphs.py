@@ -32,6 +32,9 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp cuda_graphs
+# The training step captured once in a CUDA graph and replayed (`StepGraph`), with what that demands of it: static
+# inputs, the numbers that change between steps in device tensors (MixUp/CutMix's draw, AdamW's rates), nothing read
+# back; on a device without CUDA graphs, a stand-in that checks a capture's rules (`CaptureCheck`).
 
 # %% [markdown]
 # ## Why: a step paced by its launches
@@ -107,7 +110,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from convit_edu.augment import MixupCutmix
 from convit_edu.config import TrainConfig
 from convit_edu.distributed import World
-from convit_edu.schedule import RunSchedule
 
 HOST_READS = ("_local_scalar_dense", "is_nonzero", "equal", "nonzero", "masked_select", "_unique2", "unique_dim",
               "unique_consecutive", "bincount", "lift_fresh")  # .item(), bool(t), data-dependent shapes, torch.tensor
@@ -367,7 +369,7 @@ def graph_ready(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
     for group in optimizer.param_groups:
         group.update(fused=optimizer.defaults["fused"], capturable=optimizer.defaults["capturable"])
         if not (isinstance(group["lr"], Tensor) and group["lr"].device == device):
-            group["lr"] = torch.tensor(float(group["lr"]), device=device)
+            group["lr"] = torch.full((), float(group["lr"]), device=device)  # filled there: no copy, no wait
         for p in group["params"]:
             state = optimizer.state.get(p)
             if state:
@@ -383,6 +385,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from convit_edu.optimisation import seed_step
+from convit_edu.schedule import RunSchedule
 
 schedule = RunSchedule(total_steps=12, warmup_steps=3, peak_lr=1e-2, min_lr=1e-4, warmup_lr=1e-4, scales=(1.0,))
 torch.manual_seed(0)

@@ -183,7 +183,7 @@ def new_train_state(cfg: TrainConfig, world: World, model: nn.Module, data: RunD
 # step: chapter 23) and the EMA. Every random draw in it is seeded from (seed, rank, epoch, step) first (chapter
 # 23), so a resumed run draws the same. The host does only what must come from it — the batches, the MixUp/CutMix
 # draw and the rate — and `step.on_device` the rest, reading nothing back: so that, when `cuda_graphs` says so
-# (`step_graphed`), it can be captured in a CUDA graph and replayed (chapter 28's first half, `28_cuda_graphs`), the
+# (`step_graphed`), it can be captured in a CUDA graph and replayed (`28_cuda_graphs`, the chapter before), the
 # batches copied into the graph's static buffers and the draw and the rate written into its tensors before each
 # replay. The optimiser is then put in the form a graph replays (`graph_ready`) at the process's first step, after
 # any resume, and the graph is captured after `GRAPH_WARMUP` eager steps: what it holds is what the checkpoint

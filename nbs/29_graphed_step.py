@@ -107,20 +107,15 @@ print(f"after 6 steps, replayed against eager: {difference['eager']}; against cu
 # bit for bit. (A resume may also turn graphs off or on: `tests/test_cuda_graphs.py`.)
 
 # %%
-class StopAfter(Callback):
-    """Ask for a clean stop after `step` optimiser steps of the first epoch."""
-
-    def __init__(self, step: int):
-        self.step = step
-
+class StopAfterFive(Callback):
     def on_step_end(self, state):
-        state.stop = state.epoch == 0 and state.step == self.step
+        state.stop = state.epoch == 0 and state.step == 5
 
 
 tmp = Path(tempfile.mkdtemp())
 graphed = replace(tiny, cuda_graphs="on", epochs=1, data_args={"num_train": 96, "num_val": 8, "image_size": 16})
 a = train(replace(graphed, output=str(tmp / "A")))
-b = train(replace(graphed, output=str(tmp / "B")), callbacks=[StopAfter(5)])
+b = train(replace(graphed, output=str(tmp / "B")), callbacks=[StopAfterFive()])
 c = train(replace(graphed, output=str(tmp / "B"), resume="auto"))
 same = [torch.equal(x, y) for run in ("model", "ema") for x, y in
         zip(getattr(a, run).state_dict().values(), getattr(c, run).state_dict().values())]
