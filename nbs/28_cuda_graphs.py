@@ -41,8 +41,9 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 #
 # The first GPU figures (`nbs/results/gpu/`, an H200, bf16, compiled, batch 256) gave DeiT-Ti and DeiT-S the same
 # time a step although DeiT-S does 3.7 times the multiply-adds (chapter 10's `count_macs`): the step's pace was set by
-# the host launching its kernels (some 800 to 1,300 of them for these models, compiled), at tens of microseconds each
-# on that machine, not by the GPU's arithmetic (`gpu-results-reading.md` §1).
+# the host launching its kernels (about 960 a step for DeiT-Ti and 1,260 for ConViT-Ti, compiled, by a CPU count of
+# Inductor's kernels), at tens of microseconds each on that machine, not by the GPU's arithmetic
+# (`gpu-results-reading.md` §1c).
 
 # %%
 import json
@@ -62,8 +63,8 @@ assert ms["deit_small"] / ms["deit_tiny"] < 1.1 and macs["deit_small"] / macs["d
 # %% [markdown]
 # `torch.compile` fuses operations into fewer kernels but still launches each one from the host. Its
 # `mode="reduce-overhead"` replays the compiled model's forward and backward from CUDA graphs — and nothing else: the
-# optimiser, the gradient clipping, the EMA, MixUp/CutMix and erasing stay eager launches around it, a few hundred for
-# a model of 150 parameter tensors. So this package captures the **whole step** explicitly (`torch.cuda.graph`), the
+# optimiser, the gradient clipping, the EMA, MixUp/CutMix and erasing stay eager launches around it, each paying the
+# host's cost again. So this package captures the **whole step** explicitly (`torch.cuda.graph`), the
 # model compiled or not: forward, backward, loss scaling, clipping, the fused AdamW, the EMA, and the batch's
 # device end. One replay a step; around it only what must come from the host: the batch, the learning rate and the
 # MixUp/CutMix draw.
