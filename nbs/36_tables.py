@@ -522,7 +522,7 @@ def table_2(records: list[dict]) -> list[dict]:
 def _rule_columns(c: dict) -> str:
     """A comparison's verdict, seed-level Welch t and seed-paired mean, for one line of a table."""
     if c["se"] is None:
-        return f"{c['verdict']:<13}(one seed: ± {c['se_images']:.1f} from the images alone)"
+        return f"{c['verdict']:<13}(± {c['se_images']:.1f} from the images alone)"
     welch = "" if c["t"] is None else f"t {c['t']:+5.1f} ({c['df']:4.1f} df, p {c['p']:.3f})"
     paired = c["paired"]
     if paired["mean"] is not None:
@@ -533,15 +533,18 @@ def _rule_columns(c: dict) -> str:
 
 
 def _legend(comparisons: list[dict]) -> list[str]:
-    """What the rule's columns mean, and the pooled spread where an arm used it."""
-    if not comparisons:
-        return []
-    lines = ["all seeds of each arm; ± SE_total = sqrt(s_A^2/n_A + s_B^2/n_B + sigma_b^2/N), verdict at 2 SE_total; "
-             "Welch t: the seeds' part alone (Satterthwaite df); seed-paired: the mean of A - B of the same seed"]
+    """What the rule's columns mean, the pooled spread where an arm used it, and what an arm of one seed gives."""
+    lines = []
+    if any(c["se"] is not None for c in comparisons):
+        lines.append("all seeds of each arm; ± SE_total = sqrt(s_A^2/n_A + s_B^2/n_B + sigma_b^2/N), verdict at 2 "
+                     "SE_total; Welch t: the seeds' part alone (Satterthwaite df); seed-paired: A - B of one seed")
     pooled = [c for c in comparisons if any(c["pooled"])]
     if pooled:
         lines.append(f"* an arm of fewer than 3 seeds takes this class set's pooled run-to-run SD, "
                      f"{pooled[0]['spread'][0]:.2f} points ({pooled[0]['spread'][1]} df)")
+    if any(c["se"] is None for c in comparisons):
+        lines.append("one seed an arm and no second seed in the class set: no run-to-run spread is measured; "
+                     "within noise of the images alone stands (the seeds could only widen it)")
     return lines
 
 
@@ -554,7 +557,7 @@ def format_table_2(rows: list[dict]) -> str:
     """Table 2's layout with the standard errors: f | seeds | images | DeiT, ConViT (test top-1) | difference |
     relative gap, and for rows by the rule its verdict, Welch t and seed-paired mean (a legend below)."""
     lines = [f"{'f':>6} {'seeds':>5} {'images':>6} | {'DeiT':>6} {'ConViT':>6} | {'ConViT - DeiT':>14} | "
-             f"{'gap (relative)':>15} | verdict"]
+             f"{'gap (relative)':>15} |" + " verdict" * any(r.get("comparison") for r in rows)]
     for r in rows:
         c = r.get("comparison")
         gain = "" if r["gain_se"] is None else f" ± {r['gain_se']:<3.0f}"
