@@ -122,7 +122,7 @@ def t_p_value(t: float, df: float) -> float:
     return min(1.0, 2 * (math.pi / 2 - start) / 4000 / 3 * float(weights @ density))
 
 
-# %% nbs/36_tables.py 25
+# %% nbs/36_tables.py 27
 def _arm_variance(top1: list[float], spread: dict | None, name: str) -> tuple[float, int, str] | None:
     """(s², df, source) of one arm's test top-1: its own from three seeds on, else the class set's pooled one."""
     if len(top1) >= 3:
@@ -156,7 +156,7 @@ def difference(a: list[float], b: list[float], shared: float | None, images: int
     return out
 
 
-# %% nbs/36_tables.py 27
+# %% nbs/36_tables.py 29
 def _seed_paired(a: list[dict], b: list[dict]) -> dict:
     """A − B of each seed both arms ran, their mean and, from two seeds on, the paired t on n − 1 df."""
     top_a, top_b = ({r["seed"]: test_top1(r) for r in runs} for runs in (a, b))
@@ -190,7 +190,7 @@ def compare(a: list[dict], b: list[dict], spread: dict | None) -> dict:
     return out
 
 
-# %% nbs/36_tables.py 33
+# %% nbs/36_tables.py 35
 def pool_class_sets(parts: list[dict]) -> dict:
     """Independent class sets' ``compare`` results (``diff``, ``se``, ``images``) as one difference, each weighted
     by its test images (every class counts once): ``diff`` = Σ w D, ``se`` = √(Σ w² SE²), ``z``, ``verdict``."""
@@ -203,7 +203,7 @@ def pool_class_sets(parts: list[dict]) -> dict:
     return {"diff": diff, "se": se, "z": diff / se, "verdict": verdict(diff, se), "images": total, "sets": len(parts)}
 
 
-# %% nbs/36_tables.py 36
+# %% nbs/36_tables.py 38
 def _images(record: dict) -> int:
     return record["val_images"] + record["heldout_images"]
 
@@ -348,7 +348,7 @@ def format_table_3(rows: list[dict]) -> str:
     return "\n".join(lines + _legend([r["comparison"] for r in rows if r["comparison"]]))
 
 
-# %% nbs/36_tables.py 40
+# %% nbs/36_tables.py 42
 def _mean(runs: list[dict], key: str) -> float | None:
     return sum(r[key] for r in runs) / len(runs) if runs else None
 
@@ -397,7 +397,7 @@ def format_preconditions(checks: list[dict]) -> str:
                      for c in checks)
 
 
-# %% nbs/36_tables.py 46
+# %% nbs/36_tables.py 48
 def plot_table_2(records: list[dict], paper_gaps: dict[float, float] | None = None) -> Figure:
     """Left: test top-1 against f (each seed a dot, the mean a line). Right: the relative gain of the ConViT ± 2
     of its standard errors (``table_2``; a row of one seed per arm, without one, as a cross), and the paper's

@@ -265,7 +265,7 @@ def run_spread(records: list[dict]) -> dict | None:
 # of the course follows. For A − B on one class set:
 #
 # 1. **All seeds of each arm.** diff = the mean test top-1 of A's runs − the mean of B's. The seed does *not* pair
-#    runs: a ConViT and a DeiT of one seed share their first random numbers, not their luck (below).
+#    runs: a ConViT and a DeiT of one seed start from the same random numbers, not from the same luck (below).
 # 2. **SE_total** = √(s_A²/n_A + s_B²/n_B + σ_b²/N), each arm with its own SD from three seeds on, else the pooled
 #    one (reported as pooled).
 # 3. **Verdict**: "larger" when diff > 2 SE_total, "smaller" when diff < −2 SE_total, otherwise "within noise".
@@ -274,8 +274,9 @@ def run_spread(records: list[dict]) -> dict | None:
 #    SD counting once), and the **seed-paired differences** (A − B of the same seed) that tables of one pair per seed
 #    report.
 #
-# With two seeds in each arm the seeds leave one degree of freedom each: the t distribution then has heavy tails,
-# and t must reach 12.7 for a two-sided 5 % (3.18 on 3 df, 2.23 on 10). `t_p_value` integrates its density.
+# An arm of two seeds has one degree of freedom: the t distribution then has heavy tails, and t must reach 12.7 for
+# a two-sided 5 % (3.18 on 3 df, 2.23 on 10). `t_p_value` integrates its density; the cell after it checks it
+# against those printed tables.
 
 # %%
 #| export
@@ -298,6 +299,15 @@ def t_p_value(t: float, df: float) -> float:
     weights[1:-1:2], weights[2:-1:2] = 4, 2
     return min(1.0, 2 * (math.pi / 2 - start) / 4000 / 3 * float(weights @ density))
 
+
+# %%
+for df, t in ((1, 12.706), (3, 3.182), (10, 2.228)):  # two-sided 5 % points of Student's t, as tables print them
+    print(f"t = {t} on {df} df: p = {t_p_value(t, df):.3f}")
+    assert abs(t_p_value(t, df) - 0.05) < 1e-3
+print(expect_error(lambda: t_p_value(2.0, 0.5)))
+
+# %% [markdown]
+# `difference` puts the rule together from each arm's run scores, the shared variance and the number of test images:
 
 # %%
 #| export
@@ -397,8 +407,8 @@ assert 0.85 < ratio < 1.15 and 0.9 < covered < 0.99
 # %% [markdown]
 # ### The seed does not pair runs
 #
-# A ConViT and a DeiT of the same seed start from the same random numbers, but their architectures use them
-# differently: their initial weights, and so their luck, have nothing in common. On chapter 38's grids their test
+# A ConViT and a DeiT of the same seed start from the same random numbers, but their architectures turn them into
+# unrelated initial weights, and nothing makes the two runs' luck alike. On chapter 38's grids their test
 # top-1s over the four seeds are even *negatively* correlated in all three Table 2 cells, so the per-seed
 # differences spread more than two independent runs would, and pairing by seed would only choose which runs
 # happen to be subtracted. The rule therefore compares all seeds of each arm, and reports the seed-paired

@@ -293,8 +293,8 @@ print(f"one GPU ({check['environment']['gpu']}'s measured throughput, scaled): {
 assert 4 < gpu_seconds / 60 < 6 and all(b == (236_288, b[1]) and b[1] < 1 for b in budgets.values())
 
 # %% [markdown]
-# About 5 minutes of steps on one GPU, at a learning-rate sum under 1, half the CPU grid's: a call of the lent
-# machine (9 minutes at most) bought the paper's widths, not its optimisation (at f = 0.1 an epoch is one step of
+# About 5 minutes of steps on one GPU, at a learning-rate sum under 1, half the CPU grid's: runs sized to fit a
+# GPU session of under 10 minutes buy the paper's widths, not its optimisation (at f = 0.1 an epoch is one step of
 # 256 of the 350 images). A first attempt on an H200 found each one-step epoch waiting on one loader worker
 # (chapter 16's `SplitBatches` now shares the batch among the workers); a rerun on an H100 trained three of the four
 # runs in its time, and the ConViT-Ti of f = 1 finished on the 2-core CPU (`results/gpu/real-width/README.md`):
