@@ -13,7 +13,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # From records to Tables 2 and 3: comparing two models beyond noise
 #

@@ -13,8 +13,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # What a laptop shows of the ConViT, and why
 #
@@ -120,7 +118,6 @@ if not FAST:  # the README shows this figure
     fig.savefig(GRID / "learning_curves.png")
 plt.show()
 
-
 # %% [markdown]
 # **A head start?** In the paper's Fig. 8b the GPSA layers' boost is largest early: after 20 of 300 epochs, 9 GPSA
 # layers almost double the top-1 of none. Here the ConViT is ahead of the DeiT at the first evaluation (110 steps,
@@ -192,7 +189,6 @@ plot_nonlocality_history(histories, x="step")
 # %%
 plot_gate_history(histories["ConViT"], x="step")
 
-
 # %%
 def check_figs_5_6(folder: Path, seed: int) -> float:
     """One seed's runs at f = 0.1 against Figs. 5 and 6: every GPSA layer widens (the paper's), each DeiT layer's
@@ -248,8 +244,8 @@ for (s, a, b, f), said in CLAIMS.items():
 # **Table 2 depends on the classes.** On the first 10 the ConViT does not beat the DeiT at f = 0.1 (−0.3 ± 0.7
 # points) or at f = 1 (−1.1 ± 0.6); both are within noise, where the paper's are +11.6 and +1.5 points. On the next
 # 10 it does at f = 0.1, +2.6 ± 0.8 points, beyond two SE_total; the seed-level Welch t is 4.4 on 6 df, the
-# seed-paired t 3.4 on 3 df (p = 0.04): past the bar, far below the paper. Pooled over the 20 classes (the last
-# below) the gap is about a point, at the edge of two standard errors.
+# seed-paired t 3.4 on 3 df (p = 0.04): past the bar, far below the paper. Pooled over the 20 classes (below)
+# the gap is about a point, at the edge of two standard errors.
 #
 # **Reproduces, in direction, on both class sets: a fixed convolutional prior beats the DeiT where data is scarce**
 # (Table 3's row f, App. A). The frozen GPSA and the PSA end 1.9 to 2.7 points above the DeiT, beyond two SE_total
@@ -494,7 +490,6 @@ print(first_eval, f"σ_b² = {sigma_b2:.3f}")
 # %%
 head_start_se = ...  # your answer: head_start_se = ...
 
-
 # %%
 def check_head_start_se(answer: float) -> None:
     c, d = (torch.tensor(first_eval[m], dtype=torch.float64) for m in ("convit", "deit"))
@@ -515,7 +510,7 @@ grade("head_start_se", head_start_se, check_head_start_se)
 print(expect_error(lambda: check_head_start_se(statistics.stdev(
     [c - d for c, d in zip(first_eval["convit"], first_eval["deit"])]) / 2), WrongAnswer))
 
-# %% jupyter={"source_hidden": true} tags=["solution"]
+# %% tags=["solution"] jupyter={"source_hidden": true}
 if reveal(head_start_se):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
     s_c, s_d = (statistics.stdev(first_eval[m]) for m in ("convit", "deit"))
     head_start_se = math.sqrt(s_c**2 / 4 + s_d**2 / 4 + 1e4 * sigma_b2 / 500)
@@ -525,6 +520,7 @@ if reveal(head_start_se):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (
           f"(the seed-paired spread alone would have given ± {paired_alone:.2f})")
     grade("head_start_se", head_start_se, check_head_start_se)
 
+
 # %% [markdown]
 # **2. The paper's learning-rate sum.** DeiT's recipe on ImageNet: base rate 5·10⁻⁴ for a batch of 512, a global
 # batch of 1 024, 300 epochs of ⌊1 281 167 / 1 024⌋ steps, 5 of them warm-up, a cosine to 10⁻⁵. Compute the sum
@@ -532,7 +528,6 @@ if reveal(head_start_se):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (
 
 # %%
 paper_lr_sum = ...  # your answer: paper_lr_sum = ...
-
 
 # %%
 def check_paper_lr_sum(answer: float) -> None:
@@ -548,7 +543,7 @@ def check_paper_lr_sum(answer: float) -> None:
 grade("paper_lr_sum", paper_lr_sum, check_paper_lr_sum)
 print(expect_error(lambda: check_paper_lr_sum(paper_sum / 2), WrongAnswer))
 
-# %% jupyter={"source_hidden": true} tags=["solution"]
+# %% tags=["solution"] jupyter={"source_hidden": true}
 if reveal(paper_lr_sum):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
     paper_lr_sum = learning_rate_sum(TrainConfig(lr=5e-4, global_batch=1024, epochs=300, warmup_epochs=5),
                                      steps_per_epoch=1_281_167 // 1024)
