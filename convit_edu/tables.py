@@ -15,7 +15,7 @@ from convit_edu.experiment_design import ABLATIONS
 __all__ = ['relative_gain', 'unseen_top1', 'test_top1', 'answers', 'within_covariance', 'shared_variance', 'run_spread', 'verdict', 't_p_value', 'difference', 'compare', 'pool_class_sets', 'table_2', 'format_table_2', 'table_3', 'format_table_3', 'check_preconditions', 'format_preconditions', 'plot_table_2', 'plot_table_3']
 
 
-# %% nbs/36_tables.py 8
+# %% nbs/36_tables.py 7
 def relative_gain(convit: float, deit: float) -> float:
     """The paper's "Gap" (Table 2): (ConViT − DeiT) / DeiT, in %."""
     if deit <= 0:
@@ -23,7 +23,7 @@ def relative_gain(convit: float, deit: float) -> float:
     return 100 * (convit - deit) / deit
 
 
-# %% nbs/36_tables.py 11
+# %% nbs/36_tables.py 10
 def unseen_top1(record: dict) -> float:
     """Top-1 (%) on every image the run did not train on: its validation and held-out training images."""
     n_val, n_out = record["val_images"], record["heldout_images"]
@@ -45,7 +45,7 @@ def answers(runs: list[dict]) -> torch.Tensor:
     return torch.tensor([[ch == "1" for ch in r["test_correct"]] for r in runs], dtype=torch.float64)
 
 
-# %% nbs/36_tables.py 16
+# %% nbs/36_tables.py 15
 def _covariances(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Covariance over images (divided by images − 1) of every row of ``x`` with every row of ``y``."""
     x, y = x - x.mean(1, keepdim=True), y - y.mean(1, keepdim=True)
@@ -77,7 +77,7 @@ def shared_variance(a: torch.Tensor, b: torch.Tensor, pooled_within: float | Non
     return max(0.0, terms[0] + terms[1] - 2 * _covariances(a, b).mean().item())
 
 
-# %% nbs/36_tables.py 22
+# %% nbs/36_tables.py 21
 def _arms(records: list[dict]) -> dict[tuple[str, float], list[dict]]:
     """The records by arm: (ablation, or the model when there is none, fraction)."""
     arms: dict[tuple[str, float], list[dict]] = {}
@@ -101,7 +101,7 @@ def run_spread(records: list[dict]) -> dict | None:
     return {"sd": math.sqrt(variance), "df": df, "within": within, "arms": sorted(arms)}
 
 
-# %% nbs/36_tables.py 24
+# %% nbs/36_tables.py 23
 def verdict(diff: float, se: float) -> str:
     """The rule's word for a difference with its standard error: beyond two of them, or within noise."""
     return "larger" if diff > 2 * se else "smaller" if diff < -2 * se else "within noise"
@@ -122,7 +122,7 @@ def t_p_value(t: float, df: float) -> float:
     return min(1.0, 2 * (math.pi / 2 - start) / 4000 / 3 * float(weights @ density))
 
 
-# %% nbs/36_tables.py 27
+# %% nbs/36_tables.py 26
 def _arm_variance(top1: list[float], spread: dict | None, name: str) -> tuple[float, int, str] | None:
     """(s², df, source) of one arm's test top-1: its own from three seeds on, else the class set's pooled one."""
     if len(top1) >= 3:
@@ -156,7 +156,7 @@ def difference(a: list[float], b: list[float], shared: float | None, images: int
     return out
 
 
-# %% nbs/36_tables.py 29
+# %% nbs/36_tables.py 28
 def _seed_paired(a: list[dict], b: list[dict]) -> dict:
     """A − B of each seed both arms ran, their mean and, from two seeds on, the paired t on n − 1 df."""
     top_a, top_b = ({r["seed"]: test_top1(r) for r in runs} for runs in (a, b))
@@ -190,7 +190,7 @@ def compare(a: list[dict], b: list[dict], spread: dict | None) -> dict:
     return out
 
 
-# %% nbs/36_tables.py 35
+# %% nbs/36_tables.py 34
 def pool_class_sets(parts: list[dict]) -> dict:
     """Independent class sets' ``compare`` results (``diff``, ``se``, ``images``) as one difference, each weighted
     by its test images (every class counts once): ``diff`` = Σ w D, ``se`` = √(Σ w² SE²), ``z``, ``verdict``."""
@@ -203,7 +203,7 @@ def pool_class_sets(parts: list[dict]) -> dict:
     return {"diff": diff, "se": se, "z": diff / se, "verdict": verdict(diff, se), "images": total, "sets": len(parts)}
 
 
-# %% nbs/36_tables.py 38
+# %% nbs/36_tables.py 37
 def _images(record: dict) -> int:
     return record["val_images"] + record["heldout_images"]
 
@@ -348,7 +348,7 @@ def format_table_3(rows: list[dict]) -> str:
     return "\n".join(lines + _legend([r["comparison"] for r in rows if r["comparison"]]))
 
 
-# %% nbs/36_tables.py 42
+# %% nbs/36_tables.py 41
 def _mean(runs: list[dict], key: str) -> float | None:
     return sum(r[key] for r in runs) / len(runs) if runs else None
 
@@ -397,7 +397,7 @@ def format_preconditions(checks: list[dict]) -> str:
                      for c in checks)
 
 
-# %% nbs/36_tables.py 48
+# %% nbs/36_tables.py 47
 def plot_table_2(records: list[dict], paper_gaps: dict[float, float] | None = None) -> Figure:
     """Left: test top-1 against f (each seed a dot, the mean a line). Right: the relative gain of the ConViT ± 2
     of its standard errors (``table_2``; a row of one seed per arm, without one, as a cross), and the paper's
