@@ -211,7 +211,7 @@ assert abs(shared_variance(runs_a, runs_b) - truth) < 0.01 and truth < one_pair 
 
 # %% [markdown]
 # On these made-up runs, most of the per-image variance of a single run pair is that pair's own luck; what every
-# seed shares is about a ninth of it. (Chapter 38's grid is much the same: σ_b² ≈ 0.035, 13–16 % of a run pair's.)
+# seed shares is about a ninth of it. (Chapter 38's grids are much the same: below.)
 #
 # ### The seeds' part: each arm's spread, pooled where an arm has few seeds
 #
@@ -411,7 +411,8 @@ assert 0.85 < ratio < 1.15 and 0.9 < covered < 0.99
 # top-1s over the four seeds are even *negatively* correlated in all three Table 2 cells, so the per-seed
 # differences spread more than two independent runs would, and pairing by seed would only choose which runs
 # happen to be subtracted. The rule therefore compares all seeds of each arm, and reports the seed-paired
-# differences beside it:
+# differences beside it. (The cell also prints each cell's σ_b², the part of a run pair's per-image variance that
+# every seed shares: a sixth or less, as in the made-up runs above.)
 
 # %%
 for folder, f in (("second-design", 0.1), ("second-design", 1.0), ("other-classes", 0.1)):
@@ -421,9 +422,12 @@ for folder, f in (("second-design", 0.1), ("second-design", 1.0), ("other-classe
                            dtype=torch.float64) for m in ("convit", "deit")}
     r = torch.corrcoef(torch.stack([top["convit"], top["deit"]]))[0, 1].item()
     unpaired = (top["convit"].var() + top["deit"].var()).sqrt().item()
+    runs = {m: answers(sorted((x for x in cell if x["model"] == m), key=lambda x: x["seed"])) for m in top}
+    shared, pair = shared_variance(runs["convit"], runs["deit"]), (runs["convit"] - runs["deit"]).var(1).mean().item()
     print(f"{folder}, f = {f:g}: r = {r:+.2f}; SD of the seed-paired differences "
-          f"{(top['convit'] - top['deit']).std().item():.2f} points, of two unpaired runs {unpaired:.2f}")
-    assert r < 0 and (top["convit"] - top["deit"]).std() > unpaired
+          f"{(top['convit'] - top['deit']).std().item():.2f} points, of two unpaired runs {unpaired:.2f}; σ_b² "
+          f"{shared:.3f}, {shared / pair:.0%} of a run pair's per-image variance")
+    assert r < 0 and (top["convit"] - top["deit"]).std() > unpaired and shared < pair / 6
 
 # %% [markdown]
 # ### Many class sets: one difference, weighted by their test images
