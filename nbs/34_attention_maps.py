@@ -163,11 +163,11 @@ plot_attention_maps({"ConViT (init)": convit0}, images[:1], layers=[0, 4])
 # %% [markdown]
 # ## Longer-trained models: the experiments' runs on all the data
 #
-# The experiments of chapters 35-40 train a wider DeiT and ConViT — width 72, **9 heads** (a 3 × 3 kernel with one head
-# on the query patch), 6 blocks, the ConViT's first 4 GPSA — for 3 744 optimiser steps of 32 images (24 epochs of the
-# 5 000 images, f = 100 %, seed 0), and records both instruments about 20 times per run with this chapter's
-# `LocalityRecorder`, on 16 validation images (`locality.json` beside each run's logs). Figs. 5 and 6 from those
-# records:
+# The experiments' models (chapter 35) are a wider DeiT and ConViT — width 72, **9 heads** (a 3 × 3 kernel with one
+# head on the query patch), 6 blocks, the ConViT's first 4 GPSA. The first version of their grid (chapter 39) trained
+# them at 64 px in 8-px patches for 3 744 optimiser steps of 32 images (24 epochs of the 5 000 images, f = 100 %,
+# seed 0), recording both instruments about 20 times per run with chapter 33's `LocalityRecorder`, on 16 validation
+# images (`locality.json` beside each run's logs). Figs. 5 and 6 from those records:
 
 # %%
 RESULTS = Path("results/sample-efficiency")  # the first design's committed runs (chapter 39)
