@@ -117,7 +117,8 @@ def test_every_exercise_has_a_placeholder_a_graded_check_and_its_reference_answe
     assert found, f"{stem}: no exercises"
     for ex in found:
         placeholder = f"{ex.label} = {', '.join(['...'] * len(ex.names))}  # your answer: "
-        assert nb.cells[ex.answer].source.startswith(placeholder), f"{stem}: no `{placeholder}` cell for {ex.label}"
+        assert re.search(f"(?m)^{re.escape(placeholder)}", nb.cells[ex.answer].source), (
+            f"{stem}: no `{placeholder}` line in the answer cell of {ex.label}")
         assert f'grade("{ex.label}", ' in nb.cells[ex.check].source, f"{stem}: the check does not grade {ex.label}"
         reference = nb.cells[ex.reference]
         assert reference.metadata.get("jupyter", {}).get("source_hidden"), f"{stem}: {ex.label}'s answer shows"
