@@ -44,7 +44,7 @@ from convit_edu._nbexport import (
 PAIRING = "ipynb,py:percent"
 METADATA_FILTER = "-jupytext.text_representation.jupytext_version"
 CELL_TIMEOUT_S = 1200
-TRUE_WORDS = ("1", "true", "yes", "on")  # as the parameters cell of every notebook reads CONVIT_EDU_FAST
+FAST_VALUES = ("1", "true", "yes", "on")  # as the parameters cell of every notebook reads them
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ def run(stem: Path, root: Path, answers: bool = False) -> None:
         client.execute(env=env)
     except CellExecutionError as e:
         raise NbToolsError(f"{rel(ipynb, root)} failed (not saved):\n{e}") from None
-    nb.metadata["convit_edu"] = {"fast": env["CONVIT_EDU_FAST"].strip().lower() in TRUE_WORDS, "solutions": answers}
+    nb.metadata["convit_edu"] = {"fast": env["CONVIT_EDU_FAST"].strip().lower() in FAST_VALUES, "solutions": answers}
     nbformat.write(nb, ipynb)
 
 
@@ -422,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answers", action="store_true",
                         help="run: answer every exercise by its reference answer (CONVIT_EDU_SOLUTIONS=1)")
     args = parser.parse_args(argv)
+    if args.answers and args.command != "run":
+        parser.error("--answers is an option of run")
     try:
         root = find_root()
         if args.command == "check":
@@ -432,8 +434,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"FAIL {p}")
             print(f"{len(problems)} problem(s) in {len(notebook_stems(root))} notebook(s)")
             return 1 if problems else 0
-        if args.answers and args.command != "run":
-            parser.error("--answers is an option of run")
         modules = project_modules(root) if args.command == "export" else None  # every chapter read first
         for stem in resolve_stems(root, args.notebooks):
             if args.command == "sync":

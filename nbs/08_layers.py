@@ -17,8 +17,9 @@
 # # The layers of a vision transformer: patches, MLP, stochastic depth, the block
 #
 # Chapters 01-07 built the attention layers: DeiT's `MHSA` and the ConViT's `GPSA`. This chapter builds the
-# other layers a vision transformer is made of — the patch embedding, the MLP, stochastic depth, the pre-norm
-# block that holds any of those attentions — and resizes a positional embedding to another image size.
+# other layers a vision transformer is made of: first the way in, from an image to its tokens — the patch
+# embedding, shown on one of the course's photographs, and a positional embedding resized to another image size —
+# then the block that holds any of those attentions: the MLP, stochastic depth and the pre-norm block.
 # Chapter 09 assembles them into the ConViT of Fig. 4 and its DeiT baseline.
 
 # %% tags=["parameters"]
@@ -161,6 +162,58 @@ for ax in (left, middle):
 left.set_yticks([])
 fig.tight_layout()
 plt.show()
+
+# %% [markdown]
+# ## Positional embeddings at another resolution
+#
+# `pos_embed` holds one learned vector per patch of the grid the model was built for. On an image of another
+# size the grid changes (224 → 14×14, 160 → 10×10, 224×160 → 14×10), so we view the vectors as a
+# D_emb-channel image of the old grid and resample it bicubically to the new one, as DeiT does to fine-tune at
+# 384 px. Slots that do not belong to a patch (DeiT's class and distillation tokens) are carried over as they
+# are. GPSA layers need nothing of the kind: their positional attention is computed for the new H×W grid.
+
+# %%
+#| export
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+
+def resize_pos_embed(
+    pos_embed: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int = 0
+) -> Tensor:
+    """Bicubically resample the patch slots of ``pos_embed`` (1, P + H·W, D) from grid ``old_grid`` = (H, W) to
+    ``new_grid``; the first ``num_prefix_tokens`` slots P (class/distillation tokens) are kept as they are."""
+    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
+    if pos_embed.ndim != 3 or pos_embed.shape[1] != num_prefix_tokens + old_grid[0] * old_grid[1]:
+        raise ValueError(
+            f"pos_embed of shape {tuple(pos_embed.shape)} does not hold {num_prefix_tokens} prefix slots + a "
+            f"{old_grid[0]}x{old_grid[1]} grid"
+        )
+    if old_grid == new_grid:
+        return pos_embed
+    prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    image = rearrange(patches, "b (h w) d -> b d h w", h=old_grid[0], w=old_grid[1])
+    image = F.interpolate(image.float(), size=new_grid, mode="bicubic", align_corners=False).to(pos_embed.dtype)
+    return torch.cat([prefix, rearrange(image, "b d h w -> b (h w) d")], dim=1)
+
+
+# %% [markdown]
+# A smooth embedding stays smooth: an embedding whose first channel is the row index and whose second is the
+# column index is resampled to one that still grows down the rows and is constant along each row (bicubic
+# interpolation overshoots a little at the borders, it is not exact), and the class-token slot is untouched.
+
+# %%
+rows, cols = torch.meshgrid(torch.arange(4.0), torch.arange(6.0), indexing="ij")
+plane = torch.stack([rows.flatten(), cols.flatten()], dim=-1)  # (24, 2): channel 0 = row, channel 1 = column
+pos = torch.cat([torch.full((1, 2), -7.0), plane])[None]        # one class slot + a 4x6 grid
+resized = resize_pos_embed(pos, (4, 6), (8, 12), num_prefix_tokens=1)
+print("shape", tuple(pos.shape), "->", tuple(resized.shape))
+torch.testing.assert_close(resized[0, 0], torch.tensor([-7.0, -7.0]))
+new_rows = resized[0, 1:, 0].reshape(8, 12)
+print("rows of the 4x6 grid seen on 8x12, first column:", new_rows[:, 0])
+assert torch.all(new_rows.diff(dim=0) >= 0) and torch.allclose(new_rows, new_rows[:, :1].expand(8, 12))
 
 # %% [markdown]
 # ## The MLP and stochastic depth
@@ -349,58 +402,6 @@ assert called == ["norm1", "attn", "norm2", "mlp"] and type(gpsa_block.attn).__n
 print("the forward calls", " → ".join(called))
 draw_block(gpsa_block, called)
 plt.show()
-
-# %% [markdown]
-# ## Positional embeddings at another resolution
-#
-# `pos_embed` holds one learned vector per patch of the grid the model was built for. On an image of another
-# size the grid changes (224 → 14×14, 160 → 10×10, 224×160 → 14×10), so we view the vectors as a
-# D_emb-channel image of the old grid and resample it bicubically to the new one, as DeiT does to fine-tune at
-# 384 px. Slots that do not belong to a patch (DeiT's class and distillation tokens) are carried over as they
-# are. GPSA layers need nothing of the kind: their positional attention is computed for the new H×W grid.
-
-# %%
-#| export
-import torch
-import torch.nn.functional as F
-from einops import rearrange
-from torch import Tensor
-
-
-def resize_pos_embed(
-    pos_embed: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int = 0
-) -> Tensor:
-    """Bicubically resample the patch slots of ``pos_embed`` (1, P + H·W, D) from grid ``old_grid`` = (H, W) to
-    ``new_grid``; the first ``num_prefix_tokens`` slots P (class/distillation tokens) are kept as they are."""
-    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
-    if pos_embed.ndim != 3 or pos_embed.shape[1] != num_prefix_tokens + old_grid[0] * old_grid[1]:
-        raise ValueError(
-            f"pos_embed of shape {tuple(pos_embed.shape)} does not hold {num_prefix_tokens} prefix slots + a "
-            f"{old_grid[0]}x{old_grid[1]} grid"
-        )
-    if old_grid == new_grid:
-        return pos_embed
-    prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
-    image = rearrange(patches, "b (h w) d -> b d h w", h=old_grid[0], w=old_grid[1])
-    image = F.interpolate(image.float(), size=new_grid, mode="bicubic", align_corners=False).to(pos_embed.dtype)
-    return torch.cat([prefix, rearrange(image, "b d h w -> b (h w) d")], dim=1)
-
-
-# %% [markdown]
-# A smooth embedding stays smooth: an embedding whose first channel is the row index and whose second is the
-# column index is resampled to one that still grows down the rows and is constant along each row (bicubic
-# interpolation overshoots a little at the borders, it is not exact), and the class-token slot is untouched.
-
-# %%
-rows, cols = torch.meshgrid(torch.arange(4.0), torch.arange(6.0), indexing="ij")
-plane = torch.stack([rows.flatten(), cols.flatten()], dim=-1)  # (24, 2): channel 0 = row, channel 1 = column
-pos = torch.cat([torch.full((1, 2), -7.0), plane])[None]        # one class slot + a 4x6 grid
-resized = resize_pos_embed(pos, (4, 6), (8, 12), num_prefix_tokens=1)
-print("shape", tuple(pos.shape), "->", tuple(resized.shape))
-torch.testing.assert_close(resized[0, 0], torch.tensor([-7.0, -7.0]))
-new_rows = resized[0, 1:, 0].reshape(8, 12)
-print("rows of the 4x6 grid seen on 8x12, first column:", new_rows[:, 0])
-assert torch.all(new_rows.diff(dim=0) >= 0) and torch.allclose(new_rows, new_rows[:, :1].expand(8, 12))
 
 # %% [markdown]
 # ## Exercises

@@ -216,9 +216,12 @@ print(expect_error(lambda: ModelConfig(embed_dim=200, num_heads=3)))
 # `VisionTransformer` follows the picture at the top, with the names of the official checkpoints
 # (`patch_embed.proj`, `pos_embed`, `cls_token`, `blocks.i.{norm1, attn, norm2, mlp.fc1, mlp.fc2}`, `norm`,
 # `head`). Initialization is DeiT's (normal, std 0.02, zero biases), except for the positional layers, which
-# initialized themselves (chapter 05: the same normal init, then Eq. 5, once per layer). `forward_features` can
-# also return a `ForwardRecord` of every block's attention and input, for chapters 33-34; `distilled=True` adds
-# DeiT's distillation token and head; `mask_pos_embed` drops the absolute positional embedding (SM F, Table 5).
+# initialized themselves (chapter 05: the same normal init, then Eq. 5). So Eq. 5 is applied once per layer, in one
+# place, and the model's own init leaves those layers alone instead of overwriting Eq. 5 with the normal init (a
+# model that did would have to apply Eq. 5 a second time; chapter 10 checks that a fresh ConViT-Ti's `v` is still the
+# identity). `forward_features` can also return a `ForwardRecord` of every block's attention and input, for chapters
+# 33-34; `distilled=True` adds DeiT's distillation token and head; `mask_pos_embed` drops the absolute positional
+# embedding at test time (SM F, Table 5).
 
 # %%
 #| export

@@ -305,9 +305,12 @@ assert {s for s, r in ratio.items() if abs(r - 1) > 0.02} == {"S"}, ratio  # eac
 
 # %% [markdown]
 # "GMACs" is our count without the attention matmuls, "+attn" with them, "linear" without the LayerNorms. Every Flops
-# entry matches but one: ConViT-S+'s 9.48 GMACs are printed "10G", its DeiT-S+ partner's value (9.51 G). With the
-# attention matmuls ConViT-S costs 5.76 GMACs, not 5.36: the column leaves out about 7% of the work at 224 px, more at
-# higher resolution (exercise 2). In the figure each ConViT sits at its DeiT's size but S (432 wide against 384).
+# entry matches but one: ConViT-S+'s 9.48 GMACs are printed "10G", the value of its DeiT-S+ partner (9.51 G), which
+# the ConViT undercuts a little because its GPSA layers' 196 patch tokens carry no class token. The LayerNorms matter
+# for the rounding: the linear layers alone give 5.35 G and 4.24 G for ConViT-S and DeiT-S, which would print as 5.3G
+# and 4.2G, so the paper's counter included them (the cell checks both). With the attention matmuls ConViT-S costs
+# 5.76 GMACs, not 5.36: the column leaves out about 7% of the work at 224 px, and more at higher resolution
+# (exercise 2). In the figure each ConViT sits at its DeiT's size but S (432 wide against 384).
 #
 # A profiler's FLOP counter sees less than this count on our layers; chapter 31 says why.
 
@@ -317,7 +320,8 @@ assert {s for s, r in ratio.items() if abs(r - 1) > 0.02} == {"S"}, ratio  # eac
 # A model built for 224 px runs on any image whose sides are multiples of the patch size: `PatchEmbed` returns the
 # grid, GPSA layers compute their positional attention on it (H×W, not only square), and `pos_embed` is interpolated.
 # To *train* at another size, build the model for it (`img_size=160`): `pos_embed` then has a slot per patch of that
-# grid. CIFAR-100 works either way: upsampled to 224, or at 32 px with patch size 4 (an 8×8 grid).
+# grid and nothing is interpolated. CIFAR-100 works either way: upsampled to 224, or at 32 px with patch size 4 (an
+# 8×8 grid).
 
 # %%
 torch.manual_seed(0)

@@ -411,8 +411,9 @@ print(f"rates add up to {lr_sum:.2f}, σ'(1) = {sigma_slope:.2f}: a steady push 
 # loop, `convit_edu.training.train` (this chapter's `fit`, hardened in the engineering track), not with `fit` or your
 # `my_epoch`.
 #
-# **1. Gradient clipping.** Clipping rescales *all* gradients together so that their joint 2-norm ‖g‖ (over every
-# element of every parameter) is at most `max_norm`. Write `clip_gradients(model, max_norm)`: it multiplies every
+# **1. Gradient clipping.** A long run may meet a batch with a huge gradient, and one step along it can undo many
+# epochs. Clipping rescales *all* gradients together so that their joint 2-norm ‖g‖ (over every element of every
+# parameter) is at most `max_norm`. Write `clip_gradients(model, max_norm)`: it multiplies every
 # gradient by `max_norm / ‖g‖` when ‖g‖ > `max_norm` and returns ‖g‖ before clipping (`fit` would call it between
 # `loss.backward()` and `optimizer.step()`).
 
