@@ -131,8 +131,8 @@ epoch = list(train_loader_seeded(0).batch_sampler)  # the indices of one epoch's
 used = [i for batch in epoch for i in batch]
 assert {len(batch) for batch in epoch} == {BATCH} and len(set(used)) == len(used) > len(train_set) - BATCH
 assert epoch == list(train_loader_seeded(0).batch_sampler) != list(train_loader_seeded(1).batch_sampler)
-print(f"a batch: images {tuple(images.shape)}, labels {tuple(labels.shape)}; an epoch: {len(epoch)} batches of "
-      f"{BATCH}, {len(train_set) - len(used)} images left out, the same order for the same seed")
+print(f"a batch: images {tuple(images.shape)}, labels {tuple(labels.shape)}; an epoch: full batches of {BATCH}, each "
+      f"image at most once, fewer than {BATCH} left out; the same order for the same seed, another for another")
 
 # %% [markdown]
 # ## 2. The models
