@@ -242,6 +242,12 @@ class Exercise:
         """The name ``grade`` prints the verdict under: the names, comma-separated."""
         return ", ".join(self.names)
 
+    @property
+    def placeholder(self) -> re.Pattern:
+        """The answer cell's line that a student replaces: ``NAMES = ..., ...  # your answer: ...``."""
+        dots = ", ".join(["\\.\\.\\."] * len(self.names))
+        return re.compile(rf"(?m)^{re.escape(self.label)} = {dots}  # your answer: .*$")
+
 
 def _is_grade_call(node: ast.stmt) -> bool:
     call = node.value if isinstance(node, ast.Expr) else None
@@ -299,7 +305,10 @@ def answered_notebook(nb, where: str = "the notebook"):
     nb, sites = copy.deepcopy(nb), {}
     for ex in exercises(nb, where):
         answer, check = nb.cells[ex.answer], nb.cells[ex.check]
-        answer.source, answer.outputs = ex.answer_code, []
+        answer.source, typed = ex.placeholder.subn(lambda _: ex.answer_code, answer.source)
+        if typed != 1:
+            raise NbToolsError(f"{where}, cell {ex.answer}: no line `{ex.label} = ...  # your answer: ...` to answer")
+        answer.outputs = []
         answer.metadata["tags"] = [*answer.metadata.get("tags", []), "nbval-ignore-output"]
         unanswered, correct = f"{ex.label}: not answered yet\n", f"{ex.label}: correct\n"
         streams = [o for o in check.outputs if o.get("output_type") == "stream" and unanswered in o.get("text", "")]

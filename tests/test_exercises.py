@@ -80,6 +80,19 @@ def test_no_check_reads_a_name_that_only_a_reference_answer_defines(stem):
 
 
 @pytest.mark.parametrize("stem", core_chapters())
+def test_a_reference_answer_reads_nothing_its_check_cell_or_a_later_cell_defines(stem):
+    """Typed into the answer cell, which runs before its check, a reference answer must not need the check's names
+    (a demonstration of the check left in the reference cell would: it belongs to the check cell, `demonstrate`)."""
+    nb = chapter(stem)
+    code = [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    for ex in nbt.exercises(nb, stem):
+        before = set().union(*(bound_names(s) for i, s in code if i < ex.answer))
+        after = set().union(*(bound_names(s) for i, s in code if i > ex.answer)) - before
+        needed = sorted(global_reads(ex.answer_code) & after - bound_names(ex.answer_code))
+        assert not needed, f"{stem}: the reference answer of {ex.label!r} reads {needed}, defined only after its cell"
+
+
+@pytest.mark.parametrize("stem", core_chapters())
 def test_a_check_cell_reads_the_students_answer_only_to_grade_it(stem):
     """A check that called the student's function elsewhere (to build a wrong answer from it, say) would run the
     student's code where the hint does not expect it, and the placeholder `...` where no answer was typed."""
@@ -116,9 +129,7 @@ def test_every_exercise_has_a_placeholder_a_graded_check_and_its_reference_answe
     found = nbt.exercises(nb, stem)
     assert found, f"{stem}: no exercises"
     for ex in found:
-        placeholder = f"{ex.label} = {', '.join(['...'] * len(ex.names))}  # your answer: "
-        assert re.search(f"(?m)^{re.escape(placeholder)}", nb.cells[ex.answer].source), (
-            f"{stem}: no `{placeholder}` line in the answer cell of {ex.label}")
+        assert ex.placeholder.search(nb.cells[ex.answer].source), f"{stem}: no `{ex.label} = ...` line to answer"
         assert f'grade("{ex.label}", ' in nb.cells[ex.check].source, f"{stem}: the check does not grade {ex.label}"
         reference = nb.cells[ex.reference]
         assert reference.metadata.get("jupyter", {}).get("source_hidden"), f"{stem}: {ex.label}'s answer shows"
@@ -180,6 +191,11 @@ def test_the_answered_run_types_the_reference_answer_into_the_answer_cell_and_ex
     assert "nbval-ignore-output" in cells[1].metadata.tags
     assert stdout(cells[2]) == "square: correct\n"  # what the committed "not answered yet" must become
     assert "_hints_given" in watch.source and "_missing" in reached.source
+
+
+def test_the_answer_replaces_the_placeholder_line_and_keeps_the_rest_of_the_answer_cell():
+    nb = toy_chapter(answer="BASE = 3\n" + TOY["answer"] + "\nprint(BASE)")
+    assert nbt.answered_notebook(nb, "toy").cells[2].source == "BASE = 3\ndef square(x):\n    return x * x\nprint(BASE)"
 
 
 def test_a_correct_answer_typed_into_the_answer_cell_is_graded_correct_and_every_hint_is_reached():
