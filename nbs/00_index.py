@@ -447,8 +447,9 @@ assert expect_error(lambda: expect_error(lambda: 12), AssertionError) == (
 # yours will be graded.
 #
 # The `.py` file of a chapter is its source, reference answers included, in plain text; read a chapter in its
-# `.ipynb`, where they are collapsed. What you write in an exercise stays in your notebook: the cells after it use
-# the package's own version (your `MyMHSA` is checked against `MHSA`, and chapter 02 goes on with `MHSA`).
+# `.ipynb`, where they are collapsed. What you write in an exercise stays in your notebook: the chapters after it use
+# the package's own version (your `MyMHSA` of chapter 01 is checked against `convit_edu.attention.MHSA`, and the
+# models of chapter 09 are built of `MHSA`, not of yours).
 
 # %%
 #| export
