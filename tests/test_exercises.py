@@ -61,10 +61,15 @@ def global_reads(source: str) -> set[str]:
     return found
 
 
+def python_code(nb) -> dict[int, str]:
+    """The code cells' sources by index, `%magic` lines blanked (they are IPython's, not Python's)."""
+    return {i: re.sub(r"(?m)^\s*%.*$", "", c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"}
+
+
 def reads_of_reference_names(nb, where: str) -> dict[int, list[str]]:
     """The cells (by index) that read a name which only a reference answer defines, with those names."""
     references = {ex.reference for ex in nbt.exercises(nb, where)}
-    code = {i: re.sub(r"(?m)^\s*%.*$", "", c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"}
+    code = python_code(nb)
     outside = set().union(*(bound_names(s) for i, s in code.items() if i not in references))
     only_in_answers = set().union(*(bound_names(code[i]) for i in references)) - outside - set(dir(builtins))
     readers = {i: sorted(global_reads(s) & only_in_answers) for i, s in code.items() if i not in references}
@@ -84,7 +89,7 @@ def test_a_reference_answer_reads_nothing_its_check_cell_or_a_later_cell_defines
     """Typed into the answer cell, which runs before its check, a reference answer must not need the check's names
     (a demonstration of the check left in the reference cell would: it belongs to the check cell, `demonstrate`)."""
     nb = chapter(stem)
-    code = [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    code = python_code(nb).items()
     for ex in nbt.exercises(nb, stem):
         before = set().union(*(bound_names(s) for i, s in code if i < ex.answer))
         after = set().union(*(bound_names(s) for i, s in code if i > ex.answer)) - before
