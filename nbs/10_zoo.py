@@ -325,7 +325,6 @@ assert {s for s, r in ratio.items() if abs(r - 1) > 0.02} == {"S"}, ratio  # eac
 
 # %%
 torch.manual_seed(0)
-convit_ti = create_model("convit_tiny").eval()  # (the model of the first cell: the sections from here on stand alone)
 with torch.no_grad():
     for size in [(160, 160), (288, 288), (224, 160)]:
         image = torch.randn(1, 3, *size)
@@ -399,6 +398,9 @@ def mask_at_test_time(model: VisionTransformer, *, mask_pos_embed: bool = False,
 # is the same as a zero `pos_embed`, moves the output far beyond float noise, and the model is restored on exit.
 
 # %%
+import copy
+
+
 def trainable(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
@@ -422,9 +424,7 @@ assert not any(hasattr(a, "gating_param") for a in psa.local_layers) and psa.gat
 print("trainable parameters: ConViT-Ti", f"{trainable(convit_ti):,}", "| frozen gates", f"{trainable(frozen_gates):,}",
       "| frozen GPSA", f"{trainable(frozen):,}", "| PSA", f"{trainable(psa):,}")
 images = torch.randn(2, 3, 96, 96)
-positional_only, no_pos_embed = create_model("convit_tiny").eval(), create_model("convit_tiny").eval()
-for copy in (positional_only, no_pos_embed):
-    copy.load_state_dict(convit_ti.state_dict())
+positional_only, no_pos_embed = copy.deepcopy(convit_ti), copy.deepcopy(convit_ti)  # the same weights, to change
 with torch.no_grad():
     for layer in positional_only.local_layers[:3]:
         layer.gating_param.fill_(100.0)  # σ(100) = 1 in float32
