@@ -467,7 +467,7 @@ def check_apply_factors(fn) -> None:
     layer = GPSA(24, 4)
     with torch.no_grad():
         layer.pos_proj.weight.add_(torch.randn_like(layer.pos_proj.weight))  # a non-symmetric P
-    py, px = (f.detach() for f in layer.positional_factors((3, 5)))
+    py, px = (layer.positional_softmax(grid).detach() for grid in ((3, 1), (1, 5)))  # P of a column, of a row
     v = torch.randn(2, 4, 15, 6)
     want = layer.positional_softmax((3, 5)).detach() @ v
     got = fn(py, px, v)
