@@ -364,7 +364,10 @@ def train(cfg: TrainConfig, *, model: nn.Module | None = None, datasets: tuple |
     """
     world = init_world(cfg.device)
     try:
-        return Trainer(cfg, world, model=model, datasets=datasets, teacher=teacher, callbacks=callbacks).fit()
+        result = Trainer(cfg, world, model=model, datasets=datasets, teacher=teacher, callbacks=callbacks).fit()
+        if world.owns_group:  # gloo's barrier first waits for every queued collective: no rank tears the group
+            dist.barrier()    # down while its worker threads still hold work (an abort at exit, seen 1 run in ~20)
+        return result
     finally:
         if world.owns_group:
             dist.destroy_process_group()
