@@ -4,12 +4,15 @@ Usage::
 
     python -m convit_edu._nbtools sync   [NB ...]   # pair NN_x.py <-> NN_x.ipynb (the newer one wins)
     python -m convit_edu._nbtools export [NB ...]   # write the modules they export into (see ``_nbexport``)
-    python -m convit_edu._nbtools run    [NB ...]   # execute notebooks in place (cwd nbs/, full mode)
+    python -m convit_edu._nbtools run    [NB ...]   # execute notebooks in place (cwd nbs/, full mode), as a student
+    python -m convit_edu._nbtools run --answers [NB ...]   # the same, every exercise answered by its reference
     python -m convit_edu._nbtools check             # what CI checks: pairs, clean runs, fresh exports
 
 ``NB`` may name ``nbs/01_self_attention``, its ``.py`` or its ``.ipynb``; without it, every notebook.
 The authoring loop is: edit ``nbs/NN_x.py`` -> ``sync`` -> ``export`` -> ``run`` -> commit all three.
-How the export cuts cells into modules is ``_nbexport``'s docstring.
+How the export cuts cells into modules is ``_nbexport``'s docstring. The exercises of a chapter (its cells tagged
+``solution`` and the two before each) are read by ``exercises``; ``answered_notebook`` is the chapter as a student
+who typed every reference answer into its answer cell, which CI runs (``conftest.py``).
 
 These modules import jupytext, nbformat and nbclient lazily: ``import convit_edu`` never pulls them in.
 """
@@ -17,8 +20,12 @@ These modules import jupytext, nbformat and nbclient lazily: ``import convit_edu
 from __future__ import annotations
 
 import argparse
+import ast
+import copy
 import os
+import re
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,19 +169,19 @@ def sync(stem: Path) -> str | None:
 # ---------------------------------------------------------------------------------------------- run
 
 
-def run(stem: Path, root: Path) -> None:
+def run(stem: Path, root: Path, answers: bool = False) -> None:
     """Execute a notebook in place with nbclient, cwd ``nbs/``, no timing metadata.
 
-    Full mode unless ``CONVIT_EDU_FAST`` is set, and the exercises answered by their reference answers unless
-    ``CONVIT_EDU_SOLUTIONS`` says otherwise: committed outputs come from a full, answered run (what CI compares
-    them with), and both are recorded in the notebook's metadata so ``check`` can tell.
+    Full mode unless ``CONVIT_EDU_FAST`` is set; the exercises left to the student (``CONVIT_EDU_SOLUTIONS=0``)
+    unless ``answers``, which answers each by its reference answer (``CONVIT_EDU_SOLUTIONS=1``). Committed outputs
+    come from a student's run; both settings are recorded in the notebook's metadata so ``check`` can tell.
     """
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
     env = {**os.environ, "CONVIT_EDU_FAST": os.environ.get("CONVIT_EDU_FAST", "0"),
-           "CONVIT_EDU_SOLUTIONS": os.environ.get("CONVIT_EDU_SOLUTIONS", "1")}
+           "CONVIT_EDU_SOLUTIONS": "1" if answers else "0"}
     ipynb = stem.with_suffix(".ipynb")
     if not ipynb.exists():
         raise NbToolsError(f"{rel(ipynb, root)} does not exist: run `{CMD} sync {rel(stem, root)}.py` first")
@@ -190,9 +197,138 @@ def run(stem: Path, root: Path) -> None:
         client.execute(env=env)
     except CellExecutionError as e:
         raise NbToolsError(f"{rel(ipynb, root)} failed (not saved):\n{e}") from None
-    nb.metadata["convit_edu"] = {"fast": env["CONVIT_EDU_FAST"].strip().lower() in FAST_VALUES,
-                                 "solutions": env["CONVIT_EDU_SOLUTIONS"].strip().lower() in FAST_VALUES}
+    nb.metadata["convit_edu"] = {"fast": env["CONVIT_EDU_FAST"].strip().lower() in FAST_VALUES, "solutions": answers}
     nbformat.write(nb, ipynb)
+
+
+# ---------------------------------------------------------------------------------------------- exercises
+
+
+REVEAL = re.compile(r"if reveal\((\w+(?:, \w+)*)\):")
+WATCH_HINTS = """\
+# (added by CI: each hint a check gives to a wrong answer is recorded, to see that every one can be reached)
+import sys as _sys
+
+import convit_edu.checks as _checks
+
+_hints_given, _check_answer = set(), _checks.check_answer
+
+
+def _watched_check_answer(correct, hint):
+    if not correct:
+        caller = _sys._getframe(1)
+        _hints_given.add((caller.f_code.co_name, caller.f_lineno - caller.f_code.co_firstlineno))
+    return _check_answer(correct, hint)
+
+
+_checks.check_answer = _watched_check_answer
+"""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise of a chapter: the indices in ``nb.cells`` of its answer cell, its check cell and its reference
+    cell (the cell tagged ``solution``, two after the answer cell), the names it asks for, and the reference answer
+    as the code a student would type into the answer cell (the reference cell's body without its ``grade`` calls)."""
+
+    answer: int
+    check: int
+    reference: int
+    names: tuple[str, ...]
+    answer_code: str
+
+    @property
+    def label(self) -> str:
+        """The name ``grade`` prints the verdict under: the names, comma-separated."""
+        return ", ".join(self.names)
+
+    @property
+    def placeholder(self) -> re.Pattern:
+        """The answer cell's line that a student replaces: ``NAMES = ..., ...  # your answer: ...``."""
+        dots = ", ".join(["\\.\\.\\."] * len(self.names))
+        return re.compile(rf"(?m)^{re.escape(self.label)} = {dots}  # your answer: .*$")
+
+
+def _is_grade_call(node: ast.stmt) -> bool:
+    call = node.value if isinstance(node, ast.Expr) else None
+    return isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "grade"
+
+
+def exercises(nb, where: str = "the notebook") -> list[Exercise]:
+    """The exercises of a notebook, in order; an ``NbToolsError`` naming the cell when one is not shaped as the
+    chapters' exercises are (answer cell, check cell, reference cell that starts with ``if reveal(NAMES):``)."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if "solution" not in cell.metadata.get("tags", ()):
+            continue
+        first, _, body = cell.source.partition("\n")
+        match = REVEAL.match(first)
+        if not match or i < 2 or any(nb.cells[j].cell_type != "code" for j in (i - 2, i - 1)):
+            raise NbToolsError(f"{where}, cell {i}: a reference answer starts with `if reveal(NAMES):` and follows "
+                               "the answer cell and the check cell")
+        body = textwrap.dedent(body)
+        lines = body.splitlines()
+        for node in reversed(ast.parse(body).body):
+            if _is_grade_call(node):
+                del lines[node.lineno - 1 : node.end_lineno]
+        names = tuple(match.group(1).split(", "))
+        found.append(Exercise(i - 2, i - 1, i, names, "\n".join(lines).strip("\n")))
+    return found
+
+
+def hint_sites(source: str) -> dict[tuple[str, int], str]:
+    """Every ``check_answer(...)`` call of a check cell, by (the function it is in, its line counted from that
+    function's first line) — what ``WATCH_HINTS`` records when it gives a hint — with its first source line."""
+    sites, lines = {}, source.splitlines()
+
+    def visit(node: ast.AST, function: ast.AST | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) else function
+            if (isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and child.func.id == "check_answer"
+                    and function is not None):
+                first = min([function.lineno, *(d.lineno for d in getattr(function, "decorator_list", []))])
+                sites[(getattr(function, "name", "<lambda>"), child.lineno - first)] = lines[child.lineno - 1].strip()
+            visit(child, inner)
+
+    visit(ast.parse(source), None)
+    return sites
+
+
+def answered_notebook(nb, where: str = "the notebook"):
+    """A copy of ``nb`` as a student runs it who typed every reference answer into its answer cell, with the outputs
+    that run must reproduce: the committed outputs (a student's run: every check said ``not answered yet``), each
+    check saying ``correct`` instead; the answer cells' outputs are not compared. A first cell records every hint a
+    check gives, and a last cell fails unless each ``check_answer`` of the check cells gave its hint at least once
+    (to one of the slips the check is shown on)."""
+    import nbformat
+
+    nb, sites = copy.deepcopy(nb), {}
+    for ex in exercises(nb, where):
+        answer, check = nb.cells[ex.answer], nb.cells[ex.check]
+        answer.source, typed = ex.placeholder.subn(lambda _: ex.answer_code, answer.source)
+        if typed != 1:
+            raise NbToolsError(f"{where}, cell {ex.answer}: no line `{ex.label} = ...  # your answer: ...` to answer")
+        answer.outputs = []
+        answer.metadata["tags"] = [*answer.metadata.get("tags", []), "nbval-ignore-output"]
+        unanswered, correct = f"{ex.label}: not answered yet\n", f"{ex.label}: correct\n"
+        streams = [o for o in check.outputs if o.get("output_type") == "stream" and unanswered in o.get("text", "")]
+        if len(streams) != 1:
+            raise NbToolsError(f"{where}, cell {ex.check}: the committed check of {ex.label!r} does not say "
+                               f"'not answered yet' once: commit a student's run, `{CMD} run`")
+        streams[0]["text"] = streams[0]["text"].replace(unanswered, correct)
+        for key, line in hint_sites(check.source).items():
+            if key in sites:
+                raise NbToolsError(f"{where}: two check functions named {key[0]!r} give hints: name them apart")
+            sites[key] = f"cell {ex.check}: {key[0]}: {line}"
+    if sites:
+        reached = f"""\
+# (added by CI: every hint of every check above was given to some slip of the demonstrations)
+_sites = {sites!r}
+_missing = [where for key, where in _sites.items() if key not in _hints_given]
+assert not _missing, "hints no demonstrated slip reaches: " + "; ".join(_missing)"""
+        nb.cells.insert(0, nbformat.v4.new_code_cell(WATCH_HINTS))
+        nb.cells.append(nbformat.v4.new_code_cell(reached))
+    return nb
 
 
 # ---------------------------------------------------------------------------------------------- check
@@ -235,12 +371,23 @@ def check_notebook(stem: Path, root: Path) -> list[str]:
             f"{name}.ipynb holds outputs of a FAST run; commit a full run: "
             f"`CONVIT_EDU_FAST=0 {CMD} run {name}.ipynb`"
         )
-    elif not nb.metadata.get("convit_edu", {}).get("solutions", True):
+    elif answered := answered_outputs(nb, name):
         problems.append(
-            f"{name}.ipynb holds outputs of a run without the reference answers, which CI runs: commit an "
-            f"answered run: `CONVIT_EDU_SOLUTIONS=1 {CMD} run {name}.ipynb`"
+            f"{name}.ipynb shows the answers of {answered}: commit a student's run, which leaves the exercises to the "
+            f"student: `{CMD} run {name}.ipynb` (without --answers)"
         )
     return problems
+
+
+def answered_outputs(nb, name: str) -> str:
+    """Which exercises a committed notebook shows answered ("" when none): each whose reference cell has an output
+    (it ran: a run with ``--answers``) or whose check does not say ``not answered yet``."""
+    shown = []
+    for ex in exercises(nb, f"{name}.ipynb"):
+        text = "".join(o.get("text", "") for o in nb.cells[ex.check].outputs if o.get("output_type") == "stream")
+        if nb.cells[ex.reference].outputs or f"{ex.label}: not answered yet\n" not in text:
+            shown.append(repr(ex.label))
+    return ", ".join(shown)
 
 
 def check(root: Path) -> list[str]:
@@ -248,7 +395,10 @@ def check(root: Path) -> list[str]:
     problems, unpaired = [], set()
     for stem in notebook_stems(root):
         pairing = pairing_problem(stem, root)
-        problems += [pairing] if pairing else check_notebook(stem, root)
+        try:
+            problems += [pairing] if pairing else check_notebook(stem, root)
+        except NbToolsError as e:  # an exercise not shaped as the chapters' are
+            problems.append(str(e))
         unpaired |= {rel(stem.with_suffix(".py"), root)} if pairing else set()
     try:
         modules = project_modules(root)
@@ -278,7 +428,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=CMD, description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["sync", "export", "run", "check"])
     parser.add_argument("notebooks", nargs="*", help="notebooks (default: all in nbs/)")
+    parser.add_argument("--answers", action="store_true",
+                        help="run: answer every exercise by its reference answer (CONVIT_EDU_SOLUTIONS=1)")
     args = parser.parse_args(argv)
+    if args.answers and args.command != "run":
+        parser.error("--answers is an option of run")
     try:
         root = find_root()
         if args.command == "check":
@@ -299,8 +453,9 @@ def main(argv: list[str] | None = None) -> int:
                 written = ", ".join(rel(t, root) for t in targets)
                 print(f"{stem.name}.py -> {written}" if targets else f"{stem.name}: exports nothing")
             else:
-                print(f"running {rel(stem, root)}.ipynb ...", flush=True)
-                run(stem, root)
+                print(f"running {rel(stem, root)}.ipynb{' with the reference answers' if args.answers else ''} ...",
+                      flush=True)
+                run(stem, root, answers=args.answers)
         return 0
     except NbToolsError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -4,12 +4,16 @@
 # (then run `python -m convit_edu._nbtools export`).
 
 import torch
+import torch.nn.functional as F
+from einops import rearrange
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torch import Tensor, nn
 
-__all__ = ['attention_maps', 'plot_attention_maps', 'plot_gates']
+from convit_edu.models import VisionTransformer
+
+__all__ = ['attention_maps', 'plot_attention_maps', 'plot_gates', 'position_similarity']
 
 
 # %% nbs/34_attention_maps.py 6
@@ -94,3 +98,13 @@ def plot_gates(values: Tensor, title: str = "σ(λ) per head") -> Figure:
            yticklabels=range(1, values.shape[0] + 1), xlabel="head", ylabel="layer", title=title)
     fig.tight_layout()
     return fig
+
+
+# %% nbs/34_attention_maps.py 24
+def position_similarity(model: VisionTransformer) -> Tensor:
+    """Cosine similarity of every patch's learned position embedding (``pos_embed``, without the class token's
+    slot) with every other patch's: (rows, cols, rows, cols), ``[r, c]`` the map of patch (r, c) (SM F, Table 5:
+    what masking the positional embedding removes)."""
+    rows, cols = model.config.grid_size
+    unit = F.normalize(model.pos_embed[0, model.config.pos_embed_prefix_slots:].detach().float(), dim=-1)
+    return (unit @ unit.T).reshape(rows, cols, rows, cols)

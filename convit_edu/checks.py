@@ -10,7 +10,7 @@ import operator
 import os
 from collections.abc import Callable, Iterable
 
-__all__ = ['positive_int', 'number', 'one_of', 'expect_error', 'WrongAnswer', 'check_answer', 'solutions_on', 'unanswered', 'reveal', 'grade']
+__all__ = ['positive_int', 'number', 'one_of', 'expect_error', 'WrongAnswer', 'check_answer', 'solutions_on', 'unanswered', 'reveal', 'grade', 'demonstrate']
 
 
 # %% nbs/00_index.py 21
@@ -80,10 +80,10 @@ def check_answer(correct: bool, hint: str) -> None:
 
 
 def solutions_on() -> bool:
-    """Whether the reference answers run: ``CONVIT_EDU_SOLUTIONS`` is set to a true value, or, when it is not set
-    at all, ``CI`` is (so CI runs every exercise answered and a student's "Run all" none)."""
-    value = os.environ.get("CONVIT_EDU_SOLUTIONS", os.environ.get("CI", ""))
-    return value.strip().lower() in ("1", "true", "yes", "on")
+    """Whether the reference answers run: only when ``CONVIT_EDU_SOLUTIONS`` is set to a true value, an explicit
+    request (``python -m convit_edu._nbtools run --answers``). ``CI`` does not turn them on: CI runs the chapters as a
+    student who typed the reference answers into the answer cells (``conftest.py``)."""
+    return os.environ.get("CONVIT_EDU_SOLUTIONS", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def unanswered(answer: object) -> bool:
@@ -111,3 +111,15 @@ def grade(name: str, answer: object, check: Callable[[object], None]) -> str:
             verdict = f"not yet: {e}"
     print(f"{name}: {verdict}")
     return verdict
+
+
+def demonstrate(check: Callable[[object], None], slips: dict[str, object]) -> None:
+    """Show ``check`` on known wrong answers, each named by the slip it makes (``{"the mask after the softmax":
+    answer, ...}``), under a label that says they are a demonstration, not the student's answer: each slip with the
+    hint it gets. Fails (``AssertionError``) when the check passes one of them, or fails it without a hint."""
+    if not slips:
+        raise ValueError("demonstrate needs at least one wrong answer, named by its slip")
+    print("the check on known slips (a demonstration, not your answer):")
+    for slip, wrong in slips.items():
+        hint = expect_error(lambda: check(wrong), WrongAnswer).removeprefix("WrongAnswer: ")
+        print(f"  {slip} -> not yet: {hint}")

@@ -23,14 +23,14 @@ from convit_edu.checks import one_of
 from convit_edu.config import TrainConfig
 from convit_edu.dali import dali_available
 from convit_edu.devices import autocast, resolve_precision
-from convit_edu.files import atomic_write, write_json
+from convit_edu.files import write_json, write_text
 from convit_edu.gpsa import GPSA
 from convit_edu.gpsa_reference import GPSAReference
 from convit_edu.optimisation import train_loss
 from convit_edu.run_records import versions
 from convit_edu.zoo import create_model, model_config
 
-__all__ = ['STATUSES', 'CheckSizes', 'PhaseResult', 'CheckContext', 'collect_environment', 'check_env', 'LIMITS', 'exact_fp32', 'check_step_vs_cpu', 'check_gpsa', 'run_phase', 'summary_text', 'run_check']
+__all__ = ['STATUSES', 'CheckSizes', 'PhaseResult', 'CheckContext', 'Phase', 'Verdict', 'collect_environment', 'check_env', 'LIMITS', 'exact_fp32', 'check_step_vs_cpu', 'check_gpsa', 'run_phase', 'summary_text', 'run_check']
 
 
 # %% nbs/44_gpu_correctness.py 6
@@ -39,33 +39,35 @@ STATUSES = ("PASS", "FAIL", "INFO", "SKIP")
 
 @dataclass(frozen=True)
 class CheckSizes:
-    """How much work each phase does: `full()` on one GPU, `smoke()` the same phases on a CPU in about a minute."""
+    """How much work each phase does: `full()` on one GPU, `smoke()` the same phases on a CPU in a minute or two."""
 
     mode: str
     device: str
     img_size: int
-    num_classes: int
+    num_classes: int  # of every model, and the classes of the JPEG folder
     shrink: dict  # ModelConfig overrides of every model ({}: the zoo's sizes)
     models: tuple  # the models whose training step is compared with the CPU's, and which Dynamo traces
-    step_batch: int  # the training step compared with the CPU's (GPSA layers: twice that)
-    batch: int  # the training runs and the throughput phases (the host-sync run: a quarter of it)
-    steps: int  # optimiser steps per epoch of a run on synthetic images (timed steps of a throughput: half)
-    sweep_batches: tuple  # eager ConViT-Ti
-    jpegs: tuple  # classes, training and validation images per class, width, height
+    step_batch: int  # the training step compared with the CPU's (GPSA layers: twice; graphed training: 4 times)
+    batch: int  # the training runs and the step measurements (the host-sync run: a quarter of it)
+    steps: int  # timed steps of each step measurement; optimiser steps per epoch of a run on synthetic images
+    profiled: int  # steps under the profiler
+    jpegs: tuple  # training and validation JPEGs per class, width, height
     workers: int | None  # loader processes (None: the loader's default, the CPUs less one)
     compile: bool  # on a CPU, Inductor's C++ build of even a 2-block model takes ~50 s: too long for a smoke test
+    log_every: int  # a progress line every this many steps in the JPEG runs (the data wait is read per line)
+    matmul_n: int  # side of the square bf16 matmul that measures the peak a GPU reaches
 
     @classmethod
     def full(cls) -> "CheckSizes":
-        return cls("full", "cuda", 224, 1000, {}, ("convit_tiny", "deit_tiny", "convit_small"), step_batch=8,
-                   batch=256, steps=20, sweep_batches=(64, 128, 512), jpegs=(100, 80, 10, 500, 375), workers=None,
-                   compile=True)
+        return cls("full", "cuda", 224, 100, {}, ("convit_tiny", "deit_tiny", "convit_small"), step_batch=8,
+                   batch=256, steps=20, profiled=3, jpegs=(80, 10, 500, 375), workers=None, compile=True,
+                   log_every=10, matmul_n=8192)
 
     @classmethod
     def smoke(cls) -> "CheckSizes":
-        return cls("smoke", "cpu", 32, 10, {"depth": 2, "patch_size": 8, "embed_dim": 36}, ("convit_tiny", "deit_tiny"),
-                   step_batch=2, batch=8, steps=4, sweep_batches=(4, 16), jpegs=(4, 8, 2, 64, 48), workers=1,
-                   compile=False)
+        return cls("smoke", "cpu", 32, 4, {"depth": 2, "patch_size": 8, "embed_dim": 36}, ("convit_tiny", "deit_tiny"),
+                   step_batch=2, batch=8, steps=1, profiled=1, jpegs=(8, 2, 64, 48), workers=1, compile=False,
+                   log_every=1, matmul_n=256)
 
     def model_args(self, name: str) -> dict:
         """The ModelConfig overrides of zoo model `name` here: `shrink`, keeping a ConViT's last block an SA block."""
@@ -91,19 +93,21 @@ class CheckSizes:
 
 @dataclass
 class PhaseResult:
-    """What a phase found: `status` (PASS, FAIL, INFO: a measurement, SKIP), one line of key numbers or the reason."""
+    """What a phase found: `status` (PASS, FAIL, INFO: a measurement, SKIP), one line of key numbers or the reason;
+    the seconds it took and was predicted to take."""
 
     status: str
     summary: str
     details: dict = field(default_factory=dict)
     name: str = ""
     seconds: float = 0.0
+    predicted_s: float = 0.0
 
     def __post_init__(self) -> None:
         one_of("phase status", self.status, STATUSES)
 
     def line(self) -> str:
-        return f"{self.status:<4}  {self.name:<16} {self.seconds:6.1f} s  {self.summary}"
+        return f"{self.status:<4}  {self.name:<16} {self.seconds:6.1f} s ({self.predicted_s:.0f} predicted)  {self.summary}"
 
 
 @dataclass
@@ -128,6 +132,35 @@ class CheckContext:
 
     def seconds_left(self) -> float:
         return self.started + self.budget_s - time.monotonic()
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A phase of the check: `run(ctx)`, and the seconds it is predicted to take at full size on one H100 or H200
+    (`full_s`: estimates from the H200 run of 2026-11-27, compiles included) and at smoke size on a 2-core CPU."""
+
+    run: Callable[[CheckContext], PhaseResult]
+    full_s: float = 0.0
+    smoke_s: float = 0.0
+
+    def predicted_s(self, sizes: CheckSizes) -> float:
+        return self.full_s if sizes.mode == "full" else self.smoke_s
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One of DESIGN §9's targets against what the check measured: PASS or FAIL on a GPU, INFO at the smoke's toy
+    sizes on a CPU (which the targets are not for), SKIP when no phase measured it."""
+
+    target: str
+    status: str
+    measured: str  # the value, as shown
+
+    def __post_init__(self) -> None:
+        one_of("verdict status", self.status, STATUSES)
+
+    def line(self) -> str:
+        return f"{self.status:<4}  {self.target}: {self.measured}"
 
 
 # %% nbs/44_gpu_correctness.py 8
@@ -260,11 +293,12 @@ def check_gpsa(ctx: CheckContext) -> PhaseResult:
 
 
 # %% nbs/44_gpu_correctness.py 12
-def run_phase(name: str, phase: Callable[[CheckContext], PhaseResult], ctx: CheckContext) -> PhaseResult:
-    """`phase(ctx)`, named and timed; an exception becomes a FAIL with its first line (the traceback in its details)."""
+def run_phase(name: str, phase: Phase, ctx: CheckContext) -> PhaseResult:
+    """`phase.run(ctx)`, named and timed; an exception becomes a FAIL with its first line (the traceback in its
+    details)."""
     start = time.perf_counter()
     try:
-        result = phase(ctx)
+        result = phase.run(ctx)
     except Exception as e:  # one failure must not lose the phases after it
         first = (str(e).strip().splitlines() or [""])[0]
         result = PhaseResult("FAIL", f"{type(e).__name__}: {first}", {"traceback": traceback.format_exc()[-4000:]})
@@ -272,36 +306,46 @@ def run_phase(name: str, phase: Callable[[CheckContext], PhaseResult], ctx: Chec
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return replace(result, name=name, seconds=time.perf_counter() - start)
+    return replace(result, name=name, seconds=time.perf_counter() - start, predicted_s=phase.predicted_s(ctx.sizes))
 
 
-def summary_text(ctx: CheckContext, results: list[PhaseResult]) -> str:
+def summary_text(ctx: CheckContext, results: list[PhaseResult], verdicts: list[Verdict] = ()) -> str:
     env, counts = ctx.environment, Counter(r.status for r in results)
     head = (f"convit-edu GPU check ({ctx.sizes.mode}) on {env['gpu'] or 'the CPU: ' + str(env['cpu_model'])}, torch "
             f"{env['torch']}, {env['date_utc']}: {ctx.budget_s - ctx.seconds_left():.0f} s of a {ctx.budget_s:g} s "
-            "budget")
+            f"budget ({sum(r.predicted_s for r in results):.0f} s predicted for these phases)")
+    targets = ["targets (DESIGN §9):", *(v.line() for v in verdicts)] if verdicts else []
     tail = ", ".join(f"{n} {status}" for status, n in counts.items()) + f": exit status {int('FAIL' in counts)}"
-    return "\n".join([head, *(r.line() for r in results), tail]) + "\n"
+    return "\n".join([head, *(r.line() for r in results), *targets, tail]) + "\n"
 
 
-def run_check(ctx: CheckContext, phases: dict[str, Callable[[CheckContext], PhaseResult]],
-              output: Path) -> list[PhaseResult]:
-    """Run `phases` in order under `ctx`'s budget, printing each one's line as it ends and writing `results.json` and
-    `summary.txt` after each (atomically); then print the summary."""
-    results = []
+def run_check(ctx: CheckContext, phases: dict[str, Phase], output: Path,
+              targets: Callable[[CheckContext, dict[str, PhaseResult]], list[Verdict]] | None = None
+              ) -> list[PhaseResult]:
+    """Run `phases` in order under `ctx`'s budget, each only when its predicted seconds are left, printing the plan
+    first and each phase's line as it ends; after each, judge `targets` (on the results so far, by phase name) and
+    write `results.json` and `summary.txt` (atomically); then print the summary."""
+    plan = {name: phase.predicted_s(ctx.sizes) for name, phase in phases.items()}
+    print(f"plan ({ctx.sizes.mode}): " + ", ".join(f"{n} {s:.0f} s" for n, s in plan.items())
+          + f"; {sum(plan.values()):.0f} s predicted, a {ctx.budget_s:g} s budget", flush=True)
+    results, verdicts = [], []
     for name, phase in phases.items():
         no_gpu = bool(results) and results[0].name == "env" and results[0].status == "FAIL"
-        if no_gpu or ctx.seconds_left() <= 0:
+        left = ctx.seconds_left()
+        if no_gpu or left <= 0 or left < plan[name]:
             result = PhaseResult("SKIP", "no GPU to check: env failed (--smoke runs the phases on the CPU)" if no_gpu
-                                 else f"deadline: the {ctx.budget_s:g} s budget was spent before it began", name=name)
+                                 else f"deadline: {plan[name]:.0f} s predicted, {max(left, 0):.0f} s of the "
+                                      f"{ctx.budget_s:g} s budget left", name=name, predicted_s=plan[name])
         else:
             result = run_phase(name, phase, ctx)
         results.append(result)
         print(result.line(), flush=True)
+        verdicts = targets(ctx, {r.name: r for r in results}) if targets else []
         write_json(output / "results.json", {
             "check": "convit-edu-check-gpu", "mode": ctx.sizes.mode, "budget_s": ctx.budget_s,
             "finished": len(results) == len(phases), "exit_status": int(any(r.status == "FAIL" for r in results)),
-            "environment": ctx.environment, "sizes": asdict(ctx.sizes), "phases": [asdict(r) for r in results]})
-        atomic_write(output / "summary.txt", lambda f: f.write(summary_text(ctx, results).encode()))
-    print("\n" + summary_text(ctx, results), end="")
+            "environment": ctx.environment, "sizes": asdict(ctx.sizes), "phases": [asdict(r) for r in results],
+            "targets": [asdict(v) for v in verdicts]})
+        write_text(output / "summary.txt", summary_text(ctx, results, verdicts))
+    print("\n" + summary_text(ctx, results, verdicts), end="")
     return results

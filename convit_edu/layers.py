@@ -14,7 +14,7 @@ from convit_edu.checks import one_of
 from convit_edu.gpsa import GPSA, PSA
 from convit_edu.gpsa_reference import GPSAReference
 
-__all__ = ['PatchEmbed', 'Mlp', 'DropPath', 'Block', 'resize_pos_embed']
+__all__ = ['PatchEmbed', 'resize_pos_embed', 'Mlp', 'DropPath', 'Block']
 
 
 # %% nbs/08_layers.py 6
@@ -52,7 +52,27 @@ class PatchEmbed(nn.Module):
         return rearrange(x, "b d h w -> b (h w) d"), grid
 
 
-# %% nbs/08_layers.py 10
+# %% nbs/08_layers.py 14
+def resize_pos_embed(
+    pos_embed: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int = 0
+) -> Tensor:
+    """Bicubically resample the patch slots of ``pos_embed`` (1, P + H·W, D) from grid ``old_grid`` = (H, W) to
+    ``new_grid``; the first ``num_prefix_tokens`` slots P (class/distillation tokens) are kept as they are."""
+    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
+    if pos_embed.ndim != 3 or pos_embed.shape[1] != num_prefix_tokens + old_grid[0] * old_grid[1]:
+        raise ValueError(
+            f"pos_embed of shape {tuple(pos_embed.shape)} does not hold {num_prefix_tokens} prefix slots + a "
+            f"{old_grid[0]}x{old_grid[1]} grid"
+        )
+    if old_grid == new_grid:
+        return pos_embed
+    prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    image = rearrange(patches, "b (h w) d -> b d h w", h=old_grid[0], w=old_grid[1])
+    image = F.interpolate(image.float(), size=new_grid, mode="bicubic", align_corners=False).to(pos_embed.dtype)
+    return torch.cat([prefix, rearrange(image, "b d h w -> b (h w) d")], dim=1)
+
+
+# %% nbs/08_layers.py 18
 class Mlp(nn.Module):
     """The feed-forward half of a block: Linear(D → hidden), GELU, dropout, Linear(hidden → D), dropout."""
 
@@ -87,7 +107,7 @@ class DropPath(nn.Module):
         return f"p={self.p:.3f}"
 
 
-# %% nbs/08_layers.py 14
+# %% nbs/08_layers.py 22
 class Block(nn.Module):
     """Pre-norm transformer block: ``x + DropPath(attn(LN(x)))`` then ``x + DropPath(mlp(LN(x)))``.
 
@@ -129,23 +149,3 @@ class Block(nn.Module):
         x = x + self.drop_path(y)
         x = x + self.drop_path(self.mlp(self.norm2(x)))
         return (x, attn) if return_attention else x
-
-
-# %% nbs/08_layers.py 20
-def resize_pos_embed(
-    pos_embed: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int = 0
-) -> Tensor:
-    """Bicubically resample the patch slots of ``pos_embed`` (1, P + H·W, D) from grid ``old_grid`` = (H, W) to
-    ``new_grid``; the first ``num_prefix_tokens`` slots P (class/distillation tokens) are kept as they are."""
-    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
-    if pos_embed.ndim != 3 or pos_embed.shape[1] != num_prefix_tokens + old_grid[0] * old_grid[1]:
-        raise ValueError(
-            f"pos_embed of shape {tuple(pos_embed.shape)} does not hold {num_prefix_tokens} prefix slots + a "
-            f"{old_grid[0]}x{old_grid[1]} grid"
-        )
-    if old_grid == new_grid:
-        return pos_embed
-    prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
-    image = rearrange(patches, "b (h w) d -> b d h w", h=old_grid[0], w=old_grid[1])
-    image = F.interpolate(image.float(), size=new_grid, mode="bicubic", align_corners=False).to(pos_embed.dtype)
-    return torch.cat([prefix, rearrange(image, "b d h w -> b (h w) d")], dim=1)

@@ -45,14 +45,17 @@ def run_schedule(cfg: TrainConfig, steps_per_epoch: int, global_batch: int,
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module, global_batch: int, steps_per_epoch: int,
-                    device: torch.device) -> tuple[torch.optim.AdamW, RunSchedule]:
-    """AdamW over `param_groups` (fused into one kernel on a GPU; the GPSA gates in a group of their own when
-    `cfg.gate_lr_scale` is not 1, `with_gate_group`) and the run's schedule, the rates of step 0 set."""
+                    device: torch.device, graphed: bool = False) -> tuple[torch.optim.AdamW, RunSchedule]:
+    """AdamW over `param_groups` (the GPSA gates in a group of their own when `cfg.gate_lr_scale` is not 1,
+    `with_gate_group`) and the run's schedule, the rates of step 0 set. AdamW is fused into one kernel on a GPU and
+    wherever the step is `graphed` (chapter 28: a graph replays no read of a step count back to the host), and
+    capturable (its step counts on the device) when graphed on a GPU."""
     groups = param_groups(model, cfg.weight_decay)
     scales = (1.0,) * len(groups)
     if cfg.gate_lr_scale != 1:
         groups, scales = with_gate_group(groups, model, cfg.gate_lr_scale)
-    optimizer = torch.optim.AdamW(groups, fused=device.type == "cuda")
+    gpu = device.type == "cuda"
+    optimizer = torch.optim.AdamW(groups, fused=gpu or graphed, capturable=gpu and graphed)
     schedule = run_schedule(cfg, steps_per_epoch, global_batch, scales)
     schedule.set_lr(optimizer, 0)
     return optimizer, schedule

@@ -49,8 +49,12 @@ class RunSchedule:
         """The rate at optimiser step `step` (0-based), before a group's scale."""
         return deit_lr(step, self.total_steps, self.warmup_steps, self.peak_lr, self.min_lr, self.warmup_lr)
 
-    def set_lr(self, optimizer: torch.optim.Optimizer, step: int) -> None:
-        """Set every parameter group's rate for optimiser step `step`: `lr(step)` times the group's scale."""
+    def rates(self, step: int) -> tuple[float, ...]:
+        """Every parameter group's rate at optimiser step `step`: `lr(step)` times the group's scale."""
         lr = self.lr(step)
-        for group, scale in zip(optimizer.param_groups, self.scales, strict=True):
-            group["lr"] = scale * lr
+        return tuple(scale * lr for scale in self.scales)
+
+    def set_lr(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+        """Set every parameter group's rate for optimiser step `step` (`rates`)."""
+        for group, rate in zip(optimizer.param_groups, self.rates(step), strict=True):
+            group["lr"] = rate

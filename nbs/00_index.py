@@ -108,8 +108,9 @@ print(f"a head centred on the query: {own:.2f} on the query's own patch; a ConVi
 # ## Table 1 of the paper: ConViT vs DeiT trained from scratch on ImageNet-1k
 #
 # Speed is images/s on one Quadro GP100 at batch 128. The paper does not define "Flops"; counting
-# multiply-accumulates without the attention matmuls reproduces the column (chapter 10), so that is our reading
-# of it, inferred rather than stated. Top-5 was not reported for DeiT-Ti/S/B.
+# multiply-accumulates without the attention matmuls reproduces 11 of the column's 12 entries (chapter 10 counts
+# them; the twelfth, ConViT-S+'s 9.5 G, is printed "10G", its DeiT partner's value), so that is our reading of it,
+# inferred rather than stated. Top-5 was not reported for DeiT-Ti/S/B.
 
 # %%
 TABLE_1 = [  # (name, model, heads, embed_dim, size, flops, speed img/s, top-1, top-5)
@@ -235,8 +236,8 @@ CORE = [
     ("32_first_training_run", "chapter 11's run with the production loop, and what it records"),
     ("33_locality", "nonlocality (Eq. 8) and the gates during training, Figs. 5-6"),
     ("34_attention_maps", "attention maps (Fig. 7) and masking at test time (Tables 5-6)"),
-    ("35_experiment_design", "Tables 2 and 3 at any scale; a design a CPU can run"),
-    ("36_tables", "records to Tables 2 and 3: a paired test over images and seeds; pre-conditions"),
+    ("35_experiment_design", "Tables 2 and 3 at any scale; the laptop's grid, designed"),
+    ("36_tables", "records to Tables 2 and 3: error bars that count seeds and shared test images; pre-conditions"),
     ("38_experiment_results", "what a laptop shows of the ConViT, and why: curves, Tables 2-3, Figs. 5-6, the gates"),
 ]
 ENGINEERING = [
@@ -258,18 +259,22 @@ ENGINEERING = [
     ("26_run_state", "a run's state and its checkpoint: hooks, what a checkpoint holds, resuming"),
     ("27_run_setup", "what a run is made of: data, loaders, models, DDP, the compile cache"),
     ("27_what_a_run_writes", "the run's folder: every file's name, how and when it is written, one reader; progress"),
+    ("28_cuda_graphs", "the step as one CUDA graph: what must be static, MixUp/CutMix on the device, a CPU stand-in"),
     ("28_training", "the loop of chapter 11, hardened: `Trainer` and `train`"),
+    ("29_graphed_step", "the graphed step checked: replayed against eager, a graphed run resumed bit for bit"),
     ("29_training_checks", "exact resume, hooks, a NaN, two processes: checked"),
     ("30_benchmarks", "why GPSA is slow and how to make it fast"),
     ("31_model_throughput", "whole models' training throughput; denormal numbers on a CPU"),
     ("37_experiments", "one command per grid: a fixed test split, per-image scores, resuming"),
     ("39_pilots", "the research log, 1: the first design, pilots, and the rule that picks the grid"),
-    ("40_grid_results", "the research log, 2: the registered grid's endpoint, pre-conditions and ablations"),
+    ("40_grid_results", "the research log, 2: the registered grid's endpoint, pre-conditions, ablations; the GPU runs"),
     ("41_benchmark_suite", "compile, the machine's peak, the data, the benchmark suite"),
     ("42_cli", "convit-edu train / eval / bench / experiment"),
     ("43_clusters", "launching at every scale: torchrun, many nodes, SLURM"),
     ("44_gpu_correctness", "is this GPU set up right? Phases under a deadline; the step and GPSA against the CPU"),
-    ("45_gpu_check", "how fast does it train? Compile, host syncs, throughput, JPEGs; `convit-edu-check-gpu`"),
+    ("44_gpu_time", "a step's time, the GPU's or the host's: four clocks, a CUDA graph, the profiler, MFU"),
+    ("44_gpu_training", "the loop on the GPU: breaks, syncs, graphed as eager; `train` on JPEGs, its data wait"),
+    ("45_gpu_check", "DESIGN §9's targets judged, every phase under one budget: `convit-edu check-gpu`"),
 ]
 written = sorted(p.stem for p in Path(".").glob("[0-9][0-9]_*.py") if p.stem != "00_index")
 assert sorted(stem for stem, _ in CORE + ENGINEERING) == written, "the map and nbs/ differ"
@@ -288,7 +293,12 @@ for track, chapters in (("core path", CORE), ("engineering track", ENGINEERING))
 # convit-edu data tiny-imagenet                 # the course's photographs into data/ (248 MB download, once)
 # jupyter lab nbs/                              # read and run
 # python -m convit_edu._nbtools run             # or execute every notebook in place, in full mode ([dev])
+# python -m convit_edu._nbtools run --answers   # the same, with every exercise answered by its reference answer
 # ```
+#
+# `run` leaves the exercises to you, as "Run all" does; `--answers` is the only way the reference answers run on
+# their own (it sets `CONVIT_EDU_SOLUTIONS=1`), and it overwrites the notebooks with answered ones: keep a copy of
+# your own answers first.
 #
 # Every notebook starts with a `parameters` cell that sets `FAST` from the environment variable
 # `CONVIT_EDU_FAST` (falling back to `CI`). FAST mode shrinks data and epochs so the whole course runs in a few
@@ -310,7 +320,10 @@ print("this run is in", "FAST" if FAST else "full", "mode")
 #
 # nbval re-executes each notebook and compares every cell's output with the committed one (after the regexes
 # of `nbs/nbval_sanitize.cfg`); cells whose output depends on timing, progress bars or FAST mode carry
-# `# NBVAL_IGNORE_OUTPUT`. `tests/test_project.py` also runs `python -m convit_edu._nbtools check`.
+# `# NBVAL_IGNORE_OUTPUT`. A chapter with exercises is run as a student who typed each reference answer into its
+# answer cell (`conftest.py`): its checks must then say `correct` where the committed notebook says `not answered
+# yet`, and the check on every slip must reach every hint the check can give. `tests/test_project.py` also runs
+# `python -m convit_edu._nbtools check`.
 #
 # ## How to author a chapter
 #
@@ -324,7 +337,8 @@ print("this run is in", "FAST" if FAST else "full", "mode")
 # 5. `python -m convit_edu._nbtools check`, then commit the `.py`, the `.ipynb` and the module together.
 #
 # `check` fails — and so does CI — when a pair differs, a notebook lacks its pair, a committed notebook was not
-# executed in one clean run (execution counts 1..n, no errors, full mode), or a module differs from a fresh
+# executed in one clean run (execution counts 1..n, no errors, full mode, the exercises left to the student: every
+# check says `not answered yet` and no reference answer printed anything), or a module differs from a fresh
 # export; each message names the command that fixes it.
 #
 # Conventions every chapter follows: the first code cell is the `parameters` cell; seeds are set and numbers
@@ -429,10 +443,19 @@ assert expect_error(lambda: expect_error(lambda: 12), AssertionError) == (
 # The core chapters end with a few exercises. Each has an answer cell that defines the answer's name with the
 # placeholder `...` (`masked_attention = ...`): replace it with your answer and run it. The check cell below it
 # prints `not answered yet` while the placeholder is there, a hint when your answer is wrong (what to look at, never
-# the answer), and `correct` when it is right; it never stops "Run all". It also shows the check failing once on a
-# known wrong answer, so a check that could not fail would break CI. A reference answer sits in the collapsed cell
-# after the check, and runs only when the variable `CONVIT_EDU_SOLUTIONS` is set (falling back to `CI`), and only
-# for an exercise you have not answered: CI runs every exercise answered, "Run all" on your machine none.
+# the answer), and `correct` when it is right; it never stops "Run all". Under your verdict it shows the check on the
+# commonest slips, labelled as a demonstration, not your answer: each slip with the hint it gets, so you see what the
+# check looks for, and a check that could not fail would break CI. A reference answer sits in the collapsed cell after
+# the check. It runs only when you ask for it, with the variable `CONVIT_EDU_SOLUTIONS=1`
+# (`python -m convit_edu._nbtools run --answers` sets it), and only for an exercise you have not answered: "Run all"
+# leaves every exercise to you, and so do the committed notebooks, which come from such a run. CI types each
+# reference answer into its answer cell and runs the chapter, so every reference answer is proved correct where
+# yours will be graded.
+#
+# The `.py` file of a chapter is its source, reference answers included, in plain text; read a chapter in its
+# `.ipynb`, where they are collapsed. What you write in an exercise stays in your notebook: the chapters after it use
+# the package's own version (your `MyMHSA` of chapter 01 is checked against `convit_edu.attention.MHSA`, and the
+# models of chapter 09 are built of `MHSA`, not of yours).
 
 # %%
 #| export
@@ -447,10 +470,10 @@ def check_answer(correct: bool, hint: str) -> None:
 
 
 def solutions_on() -> bool:
-    """Whether the reference answers run: ``CONVIT_EDU_SOLUTIONS`` is set to a true value, or, when it is not set
-    at all, ``CI`` is (so CI runs every exercise answered and a student's "Run all" none)."""
-    value = os.environ.get("CONVIT_EDU_SOLUTIONS", os.environ.get("CI", ""))
-    return value.strip().lower() in ("1", "true", "yes", "on")
+    """Whether the reference answers run: only when ``CONVIT_EDU_SOLUTIONS`` is set to a true value, an explicit
+    request (``python -m convit_edu._nbtools run --answers``). ``CI`` does not turn them on: CI runs the chapters as a
+    student who typed the reference answers into the answer cells (``conftest.py``)."""
+    return os.environ.get("CONVIT_EDU_SOLUTIONS", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def unanswered(answer: object) -> bool:
@@ -480,18 +503,31 @@ def grade(name: str, answer: object, check: Callable[[object], None]) -> str:
     return verdict
 
 
+def demonstrate(check: Callable[[object], None], slips: dict[str, object]) -> None:
+    """Show ``check`` on known wrong answers, each named by the slip it makes (``{"the mask after the softmax":
+    answer, ...}``), under a label that says they are a demonstration, not the student's answer: each slip with the
+    hint it gets. Fails (``AssertionError``) when the check passes one of them, or fails it without a hint."""
+    if not slips:
+        raise ValueError("demonstrate needs at least one wrong answer, named by its slip")
+    print("the check on known slips (a demonstration, not your answer):")
+    for slip, wrong in slips.items():
+        hint = expect_error(lambda: check(wrong), WrongAnswer).removeprefix("WrongAnswer: ")
+        print(f"  {slip} -> not yet: {hint}")
+
+
 # %% [markdown]
 # A check in the style of the chapters: how many distinct offsets (δ1, δ2) separate two patches of a 14 × 14
 # grid? (Chapter 02 counts them for PSA: 27 in each direction.) Graded three times: unanswered, with an answer that
-# forgets that an offset can be negative (the hint), and right.
+# forgets that an offset can be negative (the hint), and right; then shown on two slips, as every check cell does.
 
 # %%
 def check_offsets(answer: int) -> None:
+    check_answer(isinstance(answer, int), f"count the offsets: a whole number, got {answer!r}")
     offsets = {(qi - ki, qj - kj) for qi in range(14) for qj in range(14) for ki in range(14) for kj in range(14)}
     check_answer(answer == len(offsets), "an offset runs from -(14 - 1) to 14 - 1 in each of the two directions")
 
 
 verdicts = [grade("offsets", answer, check_offsets) for answer in (..., 14 * 14, 27**2)]  # unanswered, wrong, right
 assert verdicts[0] == "not answered yet" and verdicts[1].startswith("not yet: ") and verdicts[2] == "correct"
-print(expect_error(lambda: check_offsets(14 * 14), WrongAnswer))  # the check itself raises; `grade` reports it
-
+demonstrate(check_offsets, {"offsets from 0 to 13 only (14 x 14)": 14 * 14, "the answer as a float": 729.0})
+print(expect_error(lambda: demonstrate(check_offsets, {"a right answer": 27**2}), AssertionError))

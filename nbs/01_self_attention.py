@@ -307,17 +307,19 @@ for return_attention in (False, True):
     print(f"return_attention={return_attention}: samples differ, their mean is within 0.02 of the eval output")
 
 # %% [markdown]
-# The fast path is also the cheap one: the materialised path stores a (B, N_h, L, L) matrix per layer. For
-# DeiT-S at 224 px (6 heads, 197 tokens of width 384) that is more than three times the size of the layer's input,
-# measured on the layer's own returned matrix:
+# The fast path is also the cheap one: the materialised path stores a (B, N_h, L, L) matrix per layer, N_h·L²
+# numbers per image against the L·D_emb of the layer's input, N_h·L/D_emb times as many. For DeiT-S at 224 px
+# (6 heads, 197 tokens of width 384) that is 6·197/384 ≈ 3.1 times the input, and the ratio grows with L, i.e. with
+# the resolution. The sizes, read from the matrix the layer returns (one score per head, query and key):
 
 # %%
 tokens = torch.randn(1, 197, 384)
 with torch.no_grad():
     _, attn = MHSA(384, 6)(tokens, return_attention=True)
+assert attn.shape == (1, 6, 197, 197)  # every head's map, not their average
 attn_floats, token_floats = attn[0].numel(), tokens[0].numel()
-print(f"per image, fp32: attention {attn_floats * 4 / 1e6:.2f} MB, tokens {token_floats * 4 / 1e6:.2f} MB")
-assert attn_floats > 3 * token_floats
+print(f"per image, fp32: attention {attn_floats * 4 / 1e6:.2f} MB, tokens {token_floats * 4 / 1e6:.2f} MB: "
+      f"{attn_floats / token_floats:.2f} times, N_h·L/D_emb")
 
 # %% [markdown]
 # ## Self-attention knows no positions
@@ -385,7 +387,8 @@ for shape in [(197, 192), (2, 197, 96)]:
 # %% [markdown]
 # ## Exercises
 #
-# How they work (chapter 00): replace the placeholder `...` in the answer cell, then run the check below it.
+# How they work (chapter 00): replace the placeholder `...` in the answer cell, then run the check below it. What
+# you write stays in this notebook: the chapters after this one use the package's `MHSA`.
 #
 # **1. Masked attention.** Write `masked_attention(q, k, v, mask)` for tensors (..., L, d) and a boolean
 # `mask` (L, L) where `True` means "query i may look at key j": Eq. 1 with the forbidden scores set to −∞
@@ -396,25 +399,43 @@ for shape in [(197, 192), (2, 197, 96)]:
 masked_attention = ...  # your answer: def masked_attention(q, k, v, mask): ...
 
 # %%
-from convit_edu.checks import WrongAnswer, check_answer, grade, reveal
+from convit_edu.checks import check_answer, demonstrate, grade, reveal
 
 
 def check_masked_attention(fn) -> None:
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 3, 6, 8, generator=g) for _ in range(3))
-    mask = torch.ones(6, 6, dtype=torch.bool).tril()  # causal: each query sees itself and earlier keys
+    near = torch.arange(6)
+    mask = (near[:, None] - near[None, :]).abs() <= 1  # each query sees itself and its two neighbours
     out = fn(q, k, v, mask)
-    check_answer(tuple(out.shape) == (2, 3, 6, 8), f"the output should have v's shape (2, 3, 6, 8), got {tuple(out.shape)}")
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    check_answer(torch.allclose(out, want, atol=1e-5), "forbidden keys must get -inf *before* the softmax (a "
-                 "zero after it leaves rows that do not sum to 1); and keep the 1/sqrt(d) scale")
+    check_answer(tuple(out.shape) == (2, 3, 6, 8), f"the output is A·V, with v's shape (2, 3, 6, 8), got "
+                 f"{tuple(out.shape)}")
+    scores = q @ k.transpose(-2, -1)
+
+    def like(other: torch.Tensor) -> bool:
+        return torch.allclose(out, other, atol=1e-5, equal_nan=True)
+
+    check_answer(not like((scores / 8**0.5).softmax(-1) * mask @ v), "the mask is applied after the softmax: zeroing "
+                 "the forbidden weights leaves rows that do not sum to 1; set the forbidden scores to -inf before it")
+    check_answer(not like(scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v), "the scores are not scaled: "
+                 "divide q·k by √d, as Eq. 1 does, before the softmax")
+    check_answer(not like((scores / 8**0.5).masked_fill(mask, float("-inf")).softmax(-1) @ v), "the mask is read "
+                 "backwards: True means the query *may* look at the key, so fill the scores where the mask is False")
+    check_answer(like(F.scaled_dot_product_attention(q, k, v, attn_mask=mask)), "your output differs from Eq. 1 "
+                 "with the forbidden scores at -inf: softmax(q·kᵀ/√d) over the keys of each query, then times v")
 
 
 grade("masked_attention", masked_attention, check_masked_attention)
-print(expect_error(lambda: check_masked_attention(lambda q, k, v, mask: attention(q, k, v)[0]), WrongAnswer))
+demonstrate(check_masked_attention, {
+    "the attention matrix returned, not A·V": lambda q, k, v, mask: attention(q, k, v)[1],
+    "the mask after the softmax": lambda q, k, v, mask: attention(q, k, v)[1] * mask @ v,
+    "no 1/√d": lambda q, k, v, mask: (q @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf")).softmax(-1) @ v,
+    "the mask read backwards": lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=~mask),
+    "no mask at all": lambda q, k, v, mask: attention(q, k, v)[0],
+})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(masked_attention):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(masked_attention):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
         return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
@@ -432,16 +453,21 @@ split_heads = ...  # your answer: def split_heads(x, num_heads): ...
 def check_split_heads(fn) -> None:
     x = torch.arange(2 * 5 * 12.0).reshape(2, 5, 12)
     out = fn(x, 3)
-    check_answer(tuple(out.shape) == (2, 3, 5, 4), f"expected shape (2, 3, 5, 4), got {tuple(out.shape)}")
-    check_answer(torch.equal(out[1, 2, 4], x[1, 4, 8:12]), "head 2 of token 4 should hold channels 8..11 of "
-                 "that token: split the last axis as (heads, head_dim), heads first, then move heads before L")
+    check_answer(tuple(out.shape) == (2, 3, 5, 4), f"expected shape (2, 3, 5, 4), heads before the tokens, got "
+                 f"{tuple(out.shape)}")
+    check_answer(torch.equal(out[1, 2, 4], x[1, 4, 8:12]), "head 2 of token 4 should hold channels 8..11 of that "
+                 "token, consecutive: split the last axis as (heads, head_dim), heads first — (d h) deals the "
+                 "channels out to the heads in turn")
 
 
 grade("split_heads", split_heads, check_split_heads)
-print(expect_error(lambda: check_split_heads(lambda x, h: rearrange(x, "b l (d h) -> b h l d", h=h)), WrongAnswer))
+demonstrate(check_split_heads, {
+    "the heads left after the tokens": lambda x, h: rearrange(x, "b l (h d) -> b l h d", h=h),
+    "(d h) instead of (h d)": lambda x, h: rearrange(x, "b l (d h) -> b h l d", h=h),
+})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(split_heads):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(split_heads):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
         return rearrange(x, "b l (h d) -> b h l d", h=num_heads)
 
@@ -467,17 +493,46 @@ def check_my_mhsa(cls) -> None:
         yours.load_state_dict(ref.state_dict())
         x = torch.randn(2, 7, dim)
         with torch.no_grad():
-            error = (yours(x) - ref(x)).abs().max().item()
+            out, want = yours(x), ref(x)
+            q, k, v = rearrange(ref.qkv(x), "b l (three h d) -> three b h l d", three=3, h=heads)
+            unscaled = ref.proj(rearrange((q @ k.transpose(-2, -1)).softmax(-1) @ v, "b h l d -> b l (h d)"))
+            q, k, v = rearrange(ref.qkv(x), "b l (h three d) -> three b h l d", three=3, h=heads)
+            interleaved = ref.proj(rearrange(attention(q, k, v)[0], "b h l d -> b l (h d)"))
+        check_answer(not torch.allclose(out, unscaled, atol=1e-5), f"{heads} heads of width {dim // heads}: the "
+                     "scores are not scaled: divide each head's q·k by √head_dim before its softmax")
+        check_answer(not torch.allclose(out, interleaved, atol=1e-5), f"{heads} heads: qkv's output is split the wrong "
+                     "way: it is (q, k, v) one after the other, each split into heads of consecutive channels")
+        error = (out - want).abs().max().item()
         check_answer(error < 1e-5, f"{heads} heads of width {dim // heads}: your output differs by up to {error:.2f}: "
-                     "qkv's output is (q, k, v) each split into heads of consecutive channels, and every head's "
-                     "scores are scaled by 1/√head_dim before their softmax")
+                     "each head's softmax runs over the keys (the last axis), then A·V, the heads concatenated, proj")
 
 
+class Slip(nn.Module):
+    """MyMHSA's parameters, and a forward that makes the slip its subclass names: wrong answers to show the check."""
+
+    split: str  # how qkv's output is cut into q, k and v of each head
+    scale: bool  # whether the scores are divided by √head_dim
+    softmax_over: int  # the axis of the scores the softmax normalises
+
+    def __init__(self, embed_dim: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads, self.qkv, self.proj = num_heads, nn.Linear(embed_dim, 3 * embed_dim), nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = rearrange(self.qkv(x), f"b l {self.split} -> three b h l d", three=3, h=self.num_heads)
+        scores = q @ k.transpose(-2, -1) / (q.shape[-1] ** 0.5 if self.scale else 1)
+        return self.proj(rearrange(scores.softmax(self.softmax_over) @ v, "b h l d -> b l (h d)"))
+
+
+Unscaled = type("Unscaled", (Slip,), dict(split="(three h d)", scale=False, softmax_over=-1))
+Interleaved = type("Interleaved", (Slip,), dict(split="(h three d)", scale=True, softmax_over=-1))
+OverQueries = type("OverQueries", (Slip,), dict(split="(three h d)", scale=True, softmax_over=-2))
 grade("MyMHSA", MyMHSA, check_my_mhsa)
-print(expect_error(lambda: check_my_mhsa(MHSA), WrongAnswer))  # MHSA's qkv has no bias unless asked
+demonstrate(check_my_mhsa, {"qkv without its bias (MHSA's default)": MHSA, "no 1/√head_dim": Unscaled,
+                            "qkv split as (h three d)": Interleaved, "the softmax over the queries": OverQueries})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(MyMHSA):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(MyMHSA):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     class MyMHSA(nn.Module):
         def __init__(self, embed_dim: int, num_heads: int) -> None:
             super().__init__()

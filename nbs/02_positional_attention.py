@@ -363,22 +363,28 @@ print("positional_self_attention on a 6×6 grid for 35 tokens:",
 r_by_hand = ...  # your answer: r_by_hand = (..., ..., ...)
 
 # %%
-from convit_edu.checks import WrongAnswer, check_answer, grade, reveal
+from convit_edu.checks import check_answer, demonstrate, grade, reveal
 
 
 def check_r_by_hand(answer: tuple) -> None:
+    check_answer(len(answer) == 3, f"give three numbers, δx, δy and ‖δ‖², got {len(answer)}")
     rows, cols = 3, 4
-    want = rel_indices(rows, cols)[0 * cols + 0, 2 * cols + 3]  # tokens are numbered row by row
-    check_answer(len(answer) == 3, "give three numbers: δx, δy and ‖δ‖²")
-    check_answer(torch.equal(torch.tensor(answer, dtype=want.dtype), want),
-                 "δ is key − query; δx counts columns and δy rows; the third number is the squared length")
+    want_x, want_y, want_d2 = rel_indices(rows, cols)[0 * cols + 0, 2 * cols + 3].tolist()  # tokens row by row
+    dx, dy, d2 = (float(a) for a in answer)
+    check_answer((dx, dy) != (-want_x, -want_y), "δ is key − query, not query − key: the key lies below and to "
+                 "the right of the query, so both offsets are positive")
+    check_answer((dx, dy) != (want_y, want_x), "δx counts columns and δy rows: the first number is the column offset")
+    check_answer((dx, dy) == (want_x, want_y), "δ = key − query: count the columns (δx) and the rows (δy) from the "
+                 "query's patch to the key's")
+    check_answer(d2 == want_d2, "the third number is the squared length ‖δ‖² = δx² + δy², not the length")
 
 
 grade("r_by_hand", r_by_hand, check_r_by_hand)
-print(expect_error(lambda: check_r_by_hand((2, 3, 13)), WrongAnswer))
+demonstrate(check_r_by_hand, {"two numbers": (3, 2), "query − key": (-3, -2, 13), "(rows, columns)": (2, 3, 13),
+                              "a column miscounted": (4, 2, 20), "the length, not its square": (3, 2, 13**0.5)})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(r_by_hand):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(r_by_hand):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     r_by_hand = (3, 2, 13)  # δ = key − query: 3 columns right, 2 rows down
     grade("r_by_hand", r_by_hand, check_r_by_hand)
 
@@ -393,22 +399,26 @@ v_up = ...  # your answer: v_up = torch.tensor([..., ..., ...])
 
 # %%
 def check_v_up(v_pos: torch.Tensor) -> None:
+    v_pos = torch.as_tensor(v_pos, dtype=torch.float32)
+    check_answer(v_pos.numel() == 3, f"one weight per channel of r_δ = (δx, δy, ‖δ‖²): 3 numbers, got {v_pos.numel()}")
     middle = 2 * 5 + 2
     zeros = torch.zeros(1, 1, 25, 4)
-    _, attn = positional_self_attention(zeros, zeros, zeros, rel_indices(5, 5), v_pos.reshape(1, 3).float())
+    _, attn = positional_self_attention(zeros, zeros, zeros, rel_indices(5, 5), v_pos.reshape(1, 3))
     row = attn[0, 0, middle]
-    above = middle - 5
-    check_answer(int(row.argmax()) == above, f"the head looks most at token {int(row.argmax())}, not at "
-                 f"{above} (one row up): the δy term's sign decides up or down")
-    check_answer(float(row[above]) >= 0.5, f"it looks up but puts only {float(row[above]):.2f} there: make the "
-                 "bump sharper (scale all three numbers up)")
+    key_row, key_col = divmod(int(row.argmax()), 5)  # the key it favours; the query is at row 2, column 2
+    dx, dy = key_col - 2, key_row - 2
+    check_answer((dx, dy) == (0, -1), f"the head looks most at δ = ({dx}, {dy}) (columns, rows; rows grow "
+                 "downwards), not at (0, −1), the patch above: the first number weighs δx, the second δy")
+    check_answer(float(row[middle - 5]) >= 0.5, f"it looks up but puts only {float(row[middle - 5]):.2f} there: "
+                 "make the bump sharper (scale all three numbers up)")
 
 
 grade("v_up", v_up, check_v_up)
-print(expect_error(lambda: check_v_up(torch.tensor([0.0, 4.0, -2.0])), WrongAnswer))
+demonstrate(check_v_up, {"two numbers": torch.tensor([0.0, -4.0]), "δy's sign flipped": torch.tensor([0.0, 4.0, -2.0]),
+                         "(δy, δx) order": torch.tensor([-4.0, 0.0, -2.0]), "α too small": torch.tensor([0.0, -1.0, -0.5])})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(v_up):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(v_up):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     v_up = torch.tensor([0.0, -4.0, -2.0])  # = −2‖δ − (0, −1)‖² + const: a bump on δ = (0, −1), α = 2
     grade("v_up", v_up, check_v_up)
 
@@ -416,7 +426,8 @@ if reveal(v_up):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is
 # **3. PSA, yours.** Write `my_psa(q, k, v, rel, v_pos)`: Eq. 4 for queries, keys and values (B, N_h, L, D_h),
 # relative positions `rel` (L, L, 3) and one positional embedding per head `v_pos` (N_h, 3) — the content score
 # q·k/√D_h and the positional score v_posᵀ r_ij summed, *then* one softmax over the keys — returning the output
-# A·V. Compute the positional scores for all heads at once with `torch.einsum` or einops.
+# A·V. Compute the positional scores for all heads at once with `torch.einsum` or einops. (The chapters after this
+# one use `positional_self_attention`, and the modules built on it.)
 
 # %%
 my_psa = ...  # your answer: def my_psa(q, k, v, rel, v_pos): ...
@@ -428,21 +439,33 @@ def check_my_psa(fn) -> None:
     rel, v_pos = rel_indices(3, 4), torch.randn(3, 3, generator=g)
     want = positional_self_attention(q, k, v, rel, v_pos)[0]
     got = fn(q, k, v, rel, v_pos)
-    check_answer(tuple(got.shape) == tuple(want.shape), f"the output is A·V, (B, N_h, L, D_h), got {tuple(got.shape)}")
-    check_answer(torch.allclose(got, want, atol=1e-5), "the two scores are added before a single softmax (not two "
-                 "softmaxes mixed: that is Eq. 7); head h's positional score for (i, j) is v_pos[h] · rel[i, j]")
+    check_answer(tuple(got.shape) == tuple(want.shape), f"the output is A·V, (B, N_h, L, D_h) = {tuple(want.shape)}, "
+                 f"got {tuple(got.shape)}")
+    unscaled = positional_self_attention(q * 8**0.5, k, v, rel, v_pos)[0]  # content q·k, not q·k/√8
+    check_answer(not torch.allclose(got, unscaled, atol=1e-5), "the content score is q·k/√D_h, scaled as in Eq. 1, "
+                 "before the positional score is added")
+    check_answer(not torch.allclose(got, two_softmaxes(q, k, v, rel, v_pos), atol=1e-5), "two softmaxes mixed is "
+                 "Eq. 7, GPSA: PSA adds the content and the positional scores, then takes one softmax of the sum")
+    check_answer(torch.allclose(got, want, atol=1e-5), "head h's positional score for query i and key j is v_pos[h] · "
+                 "rel[i, j] (rel's first axis is the query's); it is added to the content score of (i, j)")
 
 
-def two_softmaxes(q, k, v, rel, v_pos):  # a wrong answer: GPSA's two softmaxes, averaged
+def two_softmaxes(q, k, v, rel, v_pos):  # a slip: GPSA's two softmaxes, averaged
     content = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).softmax(-1)
     return (content + torch.einsum("ijp,hp->hij", rel, v_pos).softmax(-1)) / 2 @ v
 
 
 grade("my_psa", my_psa, check_my_psa)
-print(expect_error(lambda: check_my_psa(two_softmaxes), WrongAnswer))
+demonstrate(check_my_psa, {
+    "A returned, not A·V": lambda q, k, v, rel, v_pos: positional_self_attention(q, k, v, rel, v_pos)[1],
+    "no 1/√D_h": lambda q, k, v, rel, v_pos: positional_self_attention(q * q.shape[-1] ** 0.5, k, v, rel, v_pos)[0],
+    "two softmaxes": two_softmaxes,
+    "rel read as (key, query)": lambda q, k, v, rel, v_pos: positional_self_attention(q, k, v, rel.transpose(0, 1),
+                                                                                       v_pos)[0],
+})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(my_psa):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(my_psa):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def my_psa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: torch.Tensor, v_pos: torch.Tensor):
         content = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # (B, N_h, L, L)
         position = torch.einsum("ijp,hp->hij", rel, v_pos)  # (N_h, L, L): the same for every image

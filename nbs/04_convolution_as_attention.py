@@ -292,7 +292,8 @@ assert 0.55 < block < 0.58
 #
 # **1. A Sobel filter as attention.** The horizontal Sobel kernel [[−1, 0, 1], [−2, 0, 2], [−1, 0, 1]] finds
 # vertical edges. Build `sobel_psa`, a `ConvAsPSA` that computes it (one input channel, one output channel, padding
-# 1, no bias) to within 10⁻³ on a grey 32 × 32 version of chapter 03's photograph; the solution draws what it sees.
+# 1, no bias) to within 10⁻³ on a grey 32 × 32 version of chapter 03's photograph; the reference answer draws what it
+# sees.
 
 # %%
 with cbook.get_sample_data("grace_hopper.jpg") as f:
@@ -302,27 +303,43 @@ with cbook.get_sample_data("grace_hopper.jpg") as f:
 sobel_psa = ...  # your answer: sobel_psa = ConvAsPSA(...)
 
 # %%
-from convit_edu.checks import WrongAnswer, check_answer, expect_error, grade, reveal
+from convit_edu.checks import check_answer, demonstrate, grade, reveal
+
+SOBEL_X = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]])
 
 
 def check_sobel_psa(layer: nn.Module) -> None:
-    check_answer(isinstance(layer, ConvAsPSA), "build it with ConvAsPSA(conv, locality_strength)")
+    check_answer(isinstance(layer, ConvAsPSA), f"build it with ConvAsPSA(conv, locality_strength), got a "
+                 f"{type(layer).__name__}")
     image = pil_to_tensor(photo.convert("L").resize((32, 32), Image.BICUBIC))[None].float() / 255
-    kernel = torch.tensor([[[[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]]])
     with torch.no_grad():
         out = layer(image)
-    want = F.conv2d(image, kernel, padding=1)
+    want = F.conv2d(image, SOBEL_X[None, None], padding=1)
     check_answer(out.shape == want.shape, f"output {tuple(out.shape)}, expected {tuple(want.shape)}: one input "
                  "and one output channel, padding 1")
+    check_answer(not torch.allclose(out, F.conv2d(image, SOBEL_X.T[None, None], padding=1), atol=1e-3), "this finds "
+                 "horizontal edges: the kernel is transposed; its rows run along y, its columns along x")
     error = float((out - want).abs().max())
-    check_answer(error < 1e-3, f"off by up to {error:.2g}: check the kernel's orientation (rows are y, columns x), "
-                 "the bias, and that α is large enough for each head to be one-hot on its tap")
+    check_answer(error < 1e-3, f"off by up to {error:.2g}: check the bias (none), and that α is large enough for each "
+                 "head to be one-hot on its tap (the error shrinks like e^(−α))")
+
+
+def conv3x3(kernel: torch.Tensor, out_channels: int = 1) -> nn.Conv2d:
+    """A 1-channel 3 × 3 convolution, padding 1, no bias, with `kernel` for each output channel."""
+    conv = nn.Conv2d(1, out_channels, kernel_size=3, padding=1, bias=False)
+    with torch.no_grad():
+        conv.weight.copy_(kernel.expand_as(conv.weight))
+    return conv
 
 
 grade("sobel_psa", sobel_psa, check_sobel_psa)
+demonstrate(check_sobel_psa, {"the convolution itself": conv3x3(SOBEL_X),
+                              "two output channels": ConvAsPSA(conv3x3(SOBEL_X, 2), locality_strength=20.0),
+                              "the kernel transposed": ConvAsPSA(conv3x3(SOBEL_X.T), locality_strength=20.0),
+                              "α = 1, the ConViT's": ConvAsPSA(conv3x3(SOBEL_X), locality_strength=1.0)})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(sobel_psa):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(sobel_psa):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     sobel = nn.Conv2d(1, 1, kernel_size=3, padding=1, bias=False)
     with torch.no_grad():
         sobel.weight.copy_(torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]))
@@ -338,7 +355,6 @@ if reveal(sobel_psa):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or C
         ax.set_xticks([]), ax.set_yticks([])
     plt.show()
     grade("sobel_psa", sobel_psa, check_sobel_psa)
-    print(expect_error(lambda: check_sobel_psa(ConvAsPSA(sobel, locality_strength=1.0)), WrongAnswer))
 
 # %% [markdown]
 # **2. A shift as attention.** Find the 3 × 3 kernel `shift_kernel` (a (3, 3) tensor) with which
@@ -354,10 +370,7 @@ shift_kernel, shift_head = ..., ...  # your answer: shift_kernel = ...; shift_he
 def check_shift(kernel: torch.Tensor, head: int) -> None:
     kernel = torch.as_tensor(kernel, dtype=torch.float32)
     check_answer(tuple(kernel.shape) == (3, 3), f"the kernel is a (3, 3) tensor, got shape {tuple(kernel.shape)}")
-    conv = nn.Conv2d(1, 1, kernel_size=3, padding=1, bias=False)
-    with torch.no_grad():
-        conv.weight.copy_(kernel[None, None])
-    layer = ConvAsPSA(conv, locality_strength=20.0)
+    layer = ConvAsPSA(conv3x3(kernel), locality_strength=20.0)
     image = torch.arange(1.0, 21.0).reshape(1, 1, 4, 5)
     with torch.no_grad():
         out = layer(image)
@@ -374,11 +387,19 @@ def check_shift(kernel: torch.Tensor, head: int) -> None:
                  "at (r, s) copies the pixel at (r, s − 1). ConvAsPSA gives the tap in row i, column j to head i + 3·j")
 
 
+def one_at(row: int, col: int) -> torch.Tensor:
+    """A 3 × 3 kernel with a single 1."""
+    return torch.zeros(3, 3).index_put_((torch.tensor(row), torch.tensor(col)), torch.tensor(1.0))
+
+
 grade("shift_kernel, shift_head", (shift_kernel, shift_head), lambda answer: check_shift(*answer))
-print(expect_error(lambda: check_shift(torch.tensor([[0.0, 0, 0], [0, 0, 1], [0, 0, 0]]), 5), WrongAnswer))
+demonstrate(lambda answer: check_shift(*answer), {
+    "a 2 × 2 kernel": (torch.eye(2), 0), "the kernel flipped, as a convolution would": (one_at(1, 2), 5),
+    "the 1 in the middle column (a move down)": (one_at(0, 1), 3), "a head index of 9": (one_at(1, 0), 9),
+    "the head the tap would have with a flipped kernel": (one_at(1, 0), 7)})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(shift_kernel, shift_head):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(shift_kernel, shift_head):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     # nn.Conv2d does not flip its kernel: out[r, s] = Σ w[i, j]·x[r + i − 1, s + j − 1], so w[1, 0] reads x[r, s − 1]
     shift_kernel = torch.zeros(3, 3)
     shift_kernel[1, 0] = 1.0
@@ -393,5 +414,5 @@ if reveal(shift_kernel, shift_head):  # a reference answer, run when CONVIT_EDU_
         moved = ConvAsPSA(shift, locality_strength=20.0)(small)
     print(small[0, 0].int())
     print(moved[0, 0].round().int())  # error ~ e^(−20): rounding gives the exact shifted image
-    grade("shift_kernel, shift_head", (shift_kernel, shift_head), lambda answer: check_shift(*answer))
     print(f"shift_head = {shift_head}, centred at Δ = {tuple(int(c) for c in ConvAsPSA(shift, 20.0).centres[shift_head])}")
+    grade("shift_kernel, shift_head", (shift_kernel, shift_head), lambda answer: check_shift(*answer))

@@ -38,7 +38,7 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 import matplotlib.pyplot as plt
 import torch
 
-from convit_edu.checks import WrongAnswer, check_answer, expect_error
+from convit_edu.checks import check_answer, expect_error
 from convit_edu.conv_init import head_centres
 
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -401,13 +401,34 @@ print("every head peaks within half a patch of query + Δ_h")
 # `layer` on tokens `x` (B, L, D) of a rows × cols grid, from Eq. 6-7 and the layer's weights (`layer.qk`,
 # `layer.v`, `layer.pos_proj`, `layer.gating_param`, `layer.proj`), with the relative positions r_ij =
 # (δx, δy, ‖δ‖²), δ = key − query (δx the column offset, tokens row by row), built by hand — no
-# `rel_indices`, no method of the layer. The content scores carry the 1/√D_h.
+# `rel_indices`, no method of the layer. The content scores carry the 1/√D_h. (Chapter 07 builds the fast GPSA
+# the models use; your layer is checked against this chapter's reference.)
 
 # %%
 my_gpsa = ...  # your answer: def my_gpsa(layer, x, rows, cols): ...
 
 # %%
-from convit_edu.checks import grade, reveal
+import copy
+import functools
+import math
+
+from convit_edu.checks import demonstrate, grade, reveal
+
+
+@torch.no_grad()
+def as_if(layer: GPSAReference, x: torch.Tensor, rows: int, cols: int, slip: str = "") -> torch.Tensor:
+    """The output of a copy of `layer` changed so that its forward makes `slip` (none: the layer's own output)."""
+    layer = copy.deepcopy(layer)
+    w = layer.pos_proj.weight
+    if slip == "no 1/√D_h":
+        layer.head_dim = 1  # the forward divides the scores by √head_dim
+    elif slip == "σ on the content":
+        layer.gating_param.neg_()  # σ(−λ) = 1 − σ(λ)
+    elif slip == "δ = query − key":
+        w[:, :2] = -w[:, :2]
+    elif slip == "δx from the rows":
+        w[:, :2] = w[:, [1, 0]].clone()
+    return layer(x, grid_size=(rows, cols))
 
 
 def check_gpsa(fn) -> None:
@@ -416,28 +437,29 @@ def check_gpsa(fn) -> None:
         random = GPSAReference(48, 4, locality_strength=1.0).eval()
         with torch.no_grad():  # random positional weights and gates, so that every term counts
             random.pos_proj.weight.normal_(), random.gating_param.normal_()
-        x = torch.randn(2, rows * cols, 48)
-        with torch.no_grad():
-            err = ((fn(random, x, rows, cols) - random(x, grid_size=(rows, cols))).norm() /
-                   random(x, grid_size=(rows, cols)).norm()).item()
-        check_answer(err < 1e-5, f"on a {rows} × {cols} grid your output differs by more than a relative 1e-5: check "
-                     "δ = key − query with δx the column offset, the 1/√D_h on the content scores, and which of "
-                     "the two softmaxes σ(λ) weighs (σ → 1 is positional)")
+            x = torch.randn(2, rows * cols, 48)
+            got = fn(random, x, rows, cols)
 
+        def like(slip: str = "") -> bool:
+            want = as_if(random, x, rows, cols, slip)
+            return ((got - want).norm() / want.norm()).item() < 1e-5
 
-def unscaled(layer: GPSAReference, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:  # a wrong answer: no 1/√D_h
-    saved = layer.head_dim
-    layer.head_dim = 1  # my_gpsa divides by √head_dim: 1 leaves the content scores unscaled
-    try:
-        return my_gpsa(layer, x, rows, cols)
-    finally:
-        layer.head_dim = saved
+        check_answer(not like("no 1/√D_h"), "the content scores are q·k/√D_h: divide by the square root of the head's "
+                     "width before the softmax")
+        check_answer(not like("σ on the content"), "σ(λ) weighs the positional softmax and 1 − σ(λ) the content one "
+                     "(σ → 1 is a convolution-like head)")
+        check_answer(not like("δ = query − key"), "δ is key − query: the positional score of a key to the right of "
+                     "the query uses δx > 0")
+        check_answer(like(), f"on a {rows} × {cols} grid your output differs by more than a relative 1e-5: δx is the "
+                     "column offset and δy the row offset of tokens numbered row by row")
 
 
 grade("my_gpsa", my_gpsa, check_gpsa)
+demonstrate(check_gpsa, {slip: lambda layer, x, rows, cols, slip=slip: as_if(layer, x, rows, cols, slip)
+                         for slip in ("no 1/√D_h", "σ on the content", "δ = query − key", "δx from the rows")})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(my_gpsa):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(my_gpsa):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def my_gpsa(layer: GPSAReference, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
         h = layer.num_heads
         q, k = rearrange(layer.qk(x), "b l (two h d) -> two b h l d", two=2, h=h)
@@ -454,8 +476,6 @@ if reveal(my_gpsa):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI)
         return layer.proj(rearrange(attn @ v, "b h l d -> b l (h d)"))
 
     grade("my_gpsa", my_gpsa, check_gpsa)
-    print("my_gpsa equals GPSAReference's forward to a relative 1e-5, on a square and a non-square grid")
-    print(expect_error(lambda: check_gpsa(unscaled), WrongAnswer))
 
 # %% [markdown]
 # **2. The query's own tap at init.** A fresh head h is a *blurred* tap of a convolution: how much of a query's
@@ -468,24 +488,55 @@ if reveal(my_gpsa):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI)
 tap_share = ...  # your answer: def tap_share(rows, cols, query, offset, alpha, sigma): ...
 
 # %%
+@functools.cache
+def layer_attention(rows: int, cols: int, alpha: float, sigma: float) -> torch.Tensor:
+    """The attention of a 9-head GPSA layer on a rows × cols grid whose content attention is uniform (q, k = 0)."""
+    layer = GPSAReference(72, 9, locality_strength=alpha)
+    with torch.no_grad():
+        layer.qk.weight.zero_(), layer.gating_param.fill_(math.log(sigma / (1 - sigma)) if sigma < 1 else math.inf)
+        return layer(torch.randn(1, rows * cols, 72), grid_size=(rows, cols), return_attention=True)[1][0]
+
+
+def layer_share(rows: int, cols: int, query: tuple[int, int], offset: tuple, alpha: float, sigma: float) -> float:
+    """What a right answer computes, measured on the layer: the share of the tap query + offset."""
+    head = head_centres(9).tolist().index([float(offset[0]), float(offset[1])])
+    tap = (query[0] + int(offset[1])) * cols + query[1] + int(offset[0])
+    return layer_attention(rows, cols, alpha, sigma)[head, query[0] * cols + query[1], tap].item()
+
+
 def check_tap_share(fn) -> None:
-    for alpha, lam in ((1.0, 1.0), (2.0, 0.0)):  # at init, then a sharper head with its gate at 1/2
-        layer = GPSAReference(72, 9, locality_strength=alpha)
-        with torch.no_grad():
-            layer.qk.weight.zero_(), layer.gating_param.fill_(lam)  # equal content scores: uniform attention
-            attn = layer(torch.randn(1, 196, 72), return_attention=True)[1][0]
-        for h, (dx, dy) in enumerate(head_centres(9).tolist()):
+    at_init = torch.sigmoid(torch.tensor(1.0)).item()
+    for alpha, sigma in ((1.0, at_init), (2.0, 0.5)):  # at init, then a sharper head with its gate at 1/2
+        for dx, dy in head_centres(9).tolist():
             for row, col in ((7, 7), (1, 1), (12, 6)):  # mid-grid, and two queries whose softmax the border cuts
-                want = attn[h, row * 14 + col, int(row + dy) * 14 + int(col + dx)].item()
-                got = fn(14, 14, (row, col), (dx, dy), alpha, torch.sigmoid(torch.tensor(lam)).item())
-                check_answer(abs(got - want) < 1e-5, f"head {h}, query {(row, col)}: {got:.4f}, the layer gives "
-                             f"{want:.4f}: Eq. 7 mixes σ·positional with (1 − σ)·content, content 1/L per key")
+                want = layer_share(14, 14, (row, col), (dx, dy), alpha, sigma)
+                got = fn(14, 14, (row, col), (dx, dy), alpha, sigma)
+                where = f"head centred at {(dx, dy)}, query {(row, col)}, α = {alpha}: {got:.3f}, the layer gives {want:.3f}"
+                if alpha != 1.0:
+                    check_answer(abs(got - want) < 1e-5, f"{where}: use the α and σ you are given (the check also "
+                                 "tries a sharper head with its gate at 1/2)")
+                elif (row, col) == (7, 7):
+                    check_answer(abs(got - want) < 1e-5, f"{where}: Eq. 7 mixes σ·(positional share) with "
+                                 "(1 − σ)·(content share), the content share 1/L for each of the L keys")
+                else:
+                    check_answer(abs(got - want) < 1e-5, f"{where}: near the border fewer keys share the positional "
+                                 "softmax: normalise over the keys on the grid only")
+
+
+def plane_share(rows, cols, query, offset, alpha, sigma):  # a slip: the positional softmax over the whole plane
+    positional = layer_share(rows + 16, cols + 16, (query[0] + 8, query[1] + 8), offset, alpha, 1.0)
+    return sigma * positional + (1 - sigma) / (rows * cols)
 
 
 grade("tap_share", tap_share, check_tap_share)
+demonstrate(check_tap_share, {
+    "the content part left out": lambda *a: layer_share(*a) - (1 - a[-1]) / (a[0] * a[1]),
+    "the positional softmax over the whole plane": plane_share,
+    "σ(1) and α = 1 taken as fixed": lambda *a: layer_share(*a[:4], 1.0, torch.sigmoid(torch.tensor(1.0)).item()),
+})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(tap_share):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(tap_share):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def tap_share(rows: int, cols: int, query: tuple[int, int], offset: tuple, alpha: float, sigma: float) -> float:
         r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
         dx, dy = (c - query[1]).flatten().double(), (r - query[0]).flatten().double()  # δ = key − query
@@ -493,7 +544,6 @@ if reveal(tap_share):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or C
         tap = (query[0] + int(offset[1])) * cols + query[1] + int(offset[0])
         return sigma * scores.softmax(0)[tap].item() + (1 - sigma) / (rows * cols)  # Eq. 7, content uniform
 
-    grade("tap_share", tap_share, check_tap_share)
     share, positional = (tap_share(14, 14, (7, 7), (0, 0), 1.0, s) for s in (torch.sigmoid(torch.tensor(1.0)).item(), 1.0))
     print(f"the query's own tap at init: {share:.2f} of its head's attention, about a quarter (softmax: {positional:.2f})")
-    print(expect_error(lambda: check_tap_share(lambda *args: tap_share(*args[:-1], 1.0)), WrongAnswer))
+    grade("tap_share", tap_share, check_tap_share)

@@ -43,7 +43,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from convit_edu.checks import WrongAnswer, check_answer, expect_error
+from convit_edu.checks import check_answer
 from convit_edu.conv_init import head_centres
 from convit_edu.gpsa_reference import GPSAReference
 
@@ -95,38 +95,63 @@ print("share of the attention on the 4 patches around query + Δ_h, per σ:", sh
 # %% [markdown]
 # Eq. 7 is a straight line in σ: every map above is the two end maps, σ = 0 and σ = 1, mixed. So is the share of
 # the bump, which falls from 0.73's value to the content map's as σ goes to 0 — training moves σ, and with it
-# how convolutional the head is, along that line.
-#
+# how convolutional the head is, along that line. Checked on the layer's own maps, to 10⁻⁶:
+
+# %%
+for sigma in sigmas:
+    torch.testing.assert_close(mixed[sigma], torch.lerp(mixed[0.0], mixed[1.0], sigma), rtol=0, atol=1e-6)
+    assert abs(mixed[sigma][bump].sum() - torch.lerp(mixed[0.0][bump].sum(), mixed[1.0][bump].sum(), sigma)) < 1e-6
+print(f"the maps at σ = {', '.join(map(str, sigmas[1:-1]))} are the two end maps mixed by Eq. 7, to 1e-6, and so are "
+      "their shares of the bump")
+
+# %% [markdown]
 # ## Exercises
 #
-# **1. Any σ from the two ends.** Write `mixed_at(sigma, content, position)`: a head's gated attention at gate
-# σ, from its content map (σ = 0) and its positional map (σ = 1), by Eq. 7 — no layer involved.
+# **1. The gate, read off a map.** Training moves σ; an attention map shows where a head looks. Write
+# `sigma_of(attn, content, position)`: the gate σ of a head whose gated attention map is `attn`, given its content
+# map (σ = 0) and its positional map (σ = 1), three tensors of the same shape. Use every key, not one (a key where the
+# two end maps nearly agree says little about σ).
 
 # %%
-mixed_at = ...  # your answer: def mixed_at(sigma, content, position): ...
+sigma_of = ...  # your answer: def sigma_of(attn, content, position): ...
 
 # %%
-from convit_edu.checks import grade, reveal
+from convit_edu.checks import demonstrate, grade, reveal
 
 
-def check_mixed_at(fn) -> None:
-    for sigma in (0.27, 0.5, 0.73):
-        got = fn(sigma, mixed[0.0], mixed[1.0])
-        check_answer(torch.allclose(got, mixed[sigma], rtol=0, atol=1e-6), f"at σ = {sigma} your map differs from "
-                     "the layer's by up to {:.2f}: Eq. 7 weighs the positional map by σ and the content map by "
-                     "1 − σ".format((got - mixed[sigma]).abs().max().item()))
+def check_sigma_of(fn) -> None:
+    for sigma in (0.1, 0.45, 0.9):
+        layer.gate_override = sigma
+        with torch.no_grad():
+            attn = layer(tokens, return_attention=True)[1][0, head, query]
+        layer.gate_override = None
+        got = fn(attn, mixed[0.0], mixed[1.0])
+        check_answer(torch.as_tensor(got).numel() == 1, f"σ is one number for the whole map, got a tensor of shape "
+                     f"{tuple(torch.as_tensor(got).shape)}")
+        got = float(got)
+        check_answer(abs(got - (1 - sigma)) > 1e-4, f"at σ = {sigma} you find {got:.3f} = 1 − σ: σ weighs the "
+                     "positional map, 1 − σ the content map")
+        check_answer(abs(got - sigma) < 1e-4, f"at σ = {sigma} you find {got:.3f}: the map is (1 − σ)·content + "
+                     "σ·position, so attn − content = σ·(position − content); fit σ over every key")
 
 
-grade("mixed_at", mixed_at, check_mixed_at)
-print("every σ's map is the two end maps mixed by Eq. 7, to 1e-6")
-print(expect_error(lambda: check_mixed_at(lambda s, c, p: s * c + (1 - s) * p), WrongAnswer))
+grade("sigma_of", sigma_of, check_sigma_of)
+demonstrate(check_sigma_of, {
+    "one σ per key": lambda attn, content, position: (attn - content) / (position - content),
+    "the weights swapped": lambda attn, content, position: 1 - ((attn - content) @ (position - content))
+    / (position - content).square().sum(),
+    "the content part forgotten (attn / position)": lambda attn, content, position: (attn @ position)
+    / position.square().sum(),
+})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(mixed_at):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
-    def mixed_at(sigma: float, content: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        return (1 - sigma) * content + sigma * position
+if reveal(sigma_of):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
+    def sigma_of(attn: torch.Tensor, content: torch.Tensor, position: torch.Tensor) -> float:
+        # attn − content = σ·(position − content): the least-squares σ over every key
+        direction = position - content
+        return float((attn - content) @ direction / (direction @ direction))
 
-    grade("mixed_at", mixed_at, check_mixed_at)
+    grade("sigma_of", sigma_of, check_sigma_of)
 
 # %% [markdown]
 # **2. The gate at which a head is half convolutional.** Write `sigma_for_share(target, content, position, bump)`:
@@ -138,8 +163,10 @@ sigma_for_share = ...  # your answer: def sigma_for_share(target, content, posit
 
 # %%
 def check_sigma_for_share(fn) -> None:
-    for target in (0.5, 0.25):
-        layer.gate_override = fn(target, mixed[0.0], mixed[1.0], bump)
+    for target in (0.25, 0.5):
+        sigma = fn(target, mixed[0.0], mixed[1.0], bump)
+        check_answer(0 <= sigma <= 1, f"σ = σ(λ) lies between 0 and 1, got {sigma:.3f} for the share {target} (a λ?)")
+        layer.gate_override = sigma
         with torch.no_grad():
             got = layer(tokens, return_attention=True)[1][0, head, query][bump].sum().item()
         layer.gate_override = None
@@ -147,15 +174,21 @@ def check_sigma_for_share(fn) -> None:
                      "share is (1 − σ)·(content's share) + σ·(position's share); solve that for σ")
 
 
+def as_lambda(target, content, position, bump):  # a slip: the gate's parameter λ, not σ(λ)
+    low, high = content[bump].sum().item(), position[bump].sum().item()
+    sigma = (target - low) / (high - low)
+    return math.log(sigma / (1 - sigma))
+
+
 grade("sigma_for_share", sigma_for_share, check_sigma_for_share)
-print(expect_error(lambda: check_sigma_for_share(lambda target, *maps: target), WrongAnswer))
+demonstrate(check_sigma_for_share, {"the target itself as σ": lambda target, *maps: target, "λ, not σ": as_lambda})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(sigma_for_share):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(sigma_for_share):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def sigma_for_share(target: float, content: torch.Tensor, position: torch.Tensor, bump: list[int]) -> float:
         low, high = content[bump].sum().item(), position[bump].sum().item()  # the share at σ = 0 and at σ = 1
         return (target - low) / (high - low)  # the share is linear in σ
 
-    grade("sigma_for_share", sigma_for_share, check_sigma_for_share)
     half = sigma_for_share(0.5, mixed[0.0], mixed[1.0], bump)
     print(f"half the attention on the bump at σ = {half:.3f} (λ = {math.log(half / (1 - half)):.2f}); at init σ = 0.731")
+    grade("sigma_for_share", sigma_for_share, check_sigma_for_share)

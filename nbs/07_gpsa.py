@@ -38,11 +38,14 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # gated_attention.
 
 # %%
+import math
+
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 
-from convit_edu.checks import WrongAnswer, check_answer, expect_error
+from convit_edu.checks import check_answer
 from convit_edu.gpsa_reference import GPSAReference
 
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -370,7 +373,8 @@ for ax, image, title in zip(axes, (py[0, i][:, None], px[0, j][None], kron[0, i 
                             (f"Py[{i}]", f"Px[{j}]", f"P's row for query ({i}, {j}) = Py[{i}] ⊗ Px[{j}]")):
     ax.imshow(image.detach(), cmap="viridis"), ax.set_title(title, fontsize=9), ax.set_xticks([]), ax.set_yticks([])
 plt.show()
-assert torch.isinf(torch.tensor(89.0).exp()) and torch.isinf(torch.tensor(12.0).exp().half())  # e^λ's overflows
+print(f"e^89 in fp32: {torch.tensor(89.0).exp().item()}; e^12 in fp16: {torch.tensor(12.0).exp().half().item()} "
+      f"(facts of the formats, shown: the largest fp16 number is 65504)")
 
 # %% [markdown]
 # ## Speed and memory
@@ -384,13 +388,14 @@ assert torch.isinf(torch.tensor(89.0).exp()) and torch.isinf(torch.tensor(12.0).
 # **1. The fast form by hand.** Write `mix(content, pos_attn, v, sigma)`: given the content attention's output
 # `content` = softmax(QKᵀ/√d)·V and the values `v`, both (B, N_h, L, d), the positional attention `pos_attn`
 # (N_h, L, L, the same for every image) and the gates `sigma` (N_h,), return Eq. 7's output per head,
-# (1 − σ)·content + σ·(P·V), as (B, N_h, L, d) — without making a copy of P per image.
+# (1 − σ)·content + σ·(P·V), as (B, N_h, L, d) — without making a copy of P per image. (The models use the
+# package's `GPSA`, whose forward does this with one product of P for the whole batch and a `lerp`.)
 
 # %%
 mix = ...  # your answer: def mix(content, pos_attn, v, sigma): ...
 
 # %%
-from convit_edu.checks import grade, reveal
+from convit_edu.checks import demonstrate, grade, reveal
 
 
 def check_mix(fn) -> None:
@@ -400,19 +405,35 @@ def check_mix(fn) -> None:
         ref.gating_param.copy_(torch.tensor([-2.0, 0.0, 1.0, 3.0]))
         x = torch.randn(2, 16, 32)
         q, k, v = ref._projections(x)
-        got = ref._output(fn(F.scaled_dot_product_attention(q, k, v), ref.positional_softmax((4, 4)), v, ref.gate()))
+        content, pos_attn, sigma = F.scaled_dot_product_attention(q, k, v), ref.positional_softmax((4, 4)), ref.gate()
+        heads = fn(content, pos_attn, v, sigma)
+        check_answer(heads.shape == v.shape, f"mix returns one output per head, (B, N_h, L, d) = {tuple(v.shape)}, "
+                     f"got {tuple(heads.shape)}")
+        got = ref._output(heads)
+        ref.gating_param.neg_()  # σ(−λ) = 1 − σ(λ): the layer with the weights of its two parts swapped
+        swapped = ref(x)
+        ref.gating_param.neg_()
+        transposed = ref._output(torch.lerp(content, pos_attn.transpose(-2, -1) @ v, sigma.view(-1, 1, 1)))
         want = ref(x)
-    check_answer(got.shape == want.shape, f"mix should return (B, N_h, L, d); the layer's output came out "
-                 f"{tuple(got.shape)}")
-    check_answer(torch.allclose(got, want, atol=1e-5), "each head's σ weighs the positional part and 1 − σ the "
-                 "content part; P·V multiplies over the key axis of P and the token axis of V")
+    check_answer(not torch.allclose(got, swapped, atol=1e-5), "σ weighs the positional part and 1 − σ the content "
+                 "part (σ → 1 is the convolution-like head)")
+    check_answer(not torch.allclose(got, transposed, atol=1e-5), "P·V sums over P's *key* axis: the output of query i "
+                 "is Σ_j P[h, i, j]·V[b, h, j], P's rows are the queries")
+    check_answer(torch.allclose(got, want, atol=1e-5), "your output differs from the layer's: (1 − σ_h)·content + "
+                 "σ_h·(P_h·V), each head h with its own gate and its own P")
 
 
 grade("mix", mix, check_mix)
-print(expect_error(lambda: check_mix(lambda c, p, v, s: torch.lerp(c, p @ v, 1 - s.view(-1, 1, 1))), WrongAnswer))
+demonstrate(check_mix, {
+    "the heads merged, (B, L, N_h·d)": lambda c, p, v, s: rearrange(torch.lerp(c, p @ v, s.view(-1, 1, 1)),
+                                                                    "b h l d -> b l (h d)"),
+    "σ on the content": lambda c, p, v, s: torch.lerp(c, p @ v, 1 - s.view(-1, 1, 1)),
+    "P transposed": lambda c, p, v, s: torch.lerp(c, p.transpose(-2, -1) @ v, s.view(-1, 1, 1)),
+    "one gate for all heads": lambda c, p, v, s: torch.lerp(c, p @ v, s.mean()),
+})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(mix):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(mix):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def mix(content: torch.Tensor, pos_attn: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         position = torch.einsum("hqk,bhkd->bhqd", pos_attn, v)  # P is shared by the batch
         return torch.lerp(content, position, sigma.view(-1, 1, 1))
@@ -429,37 +450,47 @@ if reveal(mix):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is 
 psa_attend = ...  # your answer: def psa_attend(q, k, v, scores): ...
 
 # %%
-from convit_edu.positional import rel_indices
-
-
 def check_psa_attend(fn) -> None:
     torch.manual_seed(1)
     q, k, v = torch.randn(3, 2, 4, 12, 8).unbind(0)  # B = 2, N_h = 4, L = 12, d = 8
     scores = torch.randn(12, 12, 4) * 3
-    want = (q @ k.transpose(-2, -1) / 8**0.5 + scores.permute(2, 0, 1)).softmax(-1) @ v
+    masks = scores.permute(2, 0, 1)  # (N_h, query, key)
+    want = (q @ k.transpose(-2, -1) / 8**0.5 + masks).softmax(-1) @ v
     got = fn(q, k, v, scores)
-    check_answer(got.shape == want.shape, f"psa_attend should return (B, N_h, L, d) = {tuple(want.shape)}, "
-                 f"got {tuple(got.shape)}")
-    check_answer(torch.allclose(got, want, atol=1e-5), "SDPA scales Q·Kᵀ by 1/√d itself and adds the mask as it is; "
-                 "the mask of head h is scores[:, :, h], (query, key)")
-    layer = PSA(32, 4)  # the same computation as the module's forward, on a 3 × 4 grid
-    x = torch.randn(2, 12, 32)
-    with torch.no_grad():
-        got, want = layer._output(fn(*layer._projections(x), layer.pos_proj(rel_indices(3, 4)))), layer(x, (3, 4))
-    check_answer(torch.allclose(got, want, atol=1e-5), "with a PSA layer's own scores, your output is not its forward")
+    check_answer(got.shape == want.shape, f"psa_attend returns one output per head, (B, N_h, L, d) = "
+                 f"{tuple(want.shape)}, got {tuple(got.shape)}")
+    check_answer(not torch.allclose(got, F.scaled_dot_product_attention(q, k, v, attn_mask=masks / 8**0.5), atol=1e-5),
+                 "SDPA adds the mask as it is, after scaling Q·Kᵀ: the positional scores are not divided by √d")
+    check_answer(not torch.allclose(got, F.scaled_dot_product_attention(q, k, v, attn_mask=masks.transpose(-2, -1)),
+                                    atol=1e-5), "the mask of head h is scores[:, :, h] with its first axis the query "
+                 "and its second the key, as rel_indices is laid out: (N_h, query, key)")
+    check_answer(torch.allclose(got, want, atol=1e-5), "SDPA scales Q·Kᵀ by 1/√d itself: pass q, k and v as they are")
 
 
 grade("psa_attend", psa_attend, check_psa_attend)
+demonstrate(check_psa_attend, {
+    "the heads merged": lambda q, k, v, s: rearrange(F.scaled_dot_product_attention(q, k, v, attn_mask=s.permute(2, 0, 1)),
+                                                     "b h l d -> b l (h d)"),
+    "the positional scores scaled too": lambda q, k, v, s: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=s.permute(2, 0, 1) / q.shape[-1] ** 0.5),
+    "(N_h, key, query)": lambda q, k, v, s: F.scaled_dot_product_attention(q, k, v, attn_mask=s.permute(2, 1, 0)),
+    "q scaled by hand as well": lambda q, k, v, s: F.scaled_dot_product_attention(
+        q / q.shape[-1] ** 0.5, k, v, attn_mask=s.permute(2, 0, 1)),
+})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(psa_attend):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(psa_attend):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def psa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=scores.permute(2, 0, 1))  # (N_h, L, L): one per head
 
+    from convit_edu.positional import rel_indices
+
+    layer, x = PSA(32, 4), torch.randn(2, 12, 32)  # the same computation as the module's forward, on a 3 × 4 grid
+    with torch.no_grad():
+        same = torch.allclose(layer._output(psa_attend(*layer._projections(x), layer.pos_proj(rel_indices(3, 4)))),
+                              layer(x, (3, 4)), atol=1e-5)
+    print(f"psa_attend with a PSA layer's own scores gives its forward: {same}")
     grade("psa_attend", psa_attend, check_psa_attend)
-    print("psa_attend equals softmax(QKᵀ/√d + scores)·V, and PSA's forward")
-    print(expect_error(lambda: check_psa_attend(lambda q, k, v, s: psa_attend(q, k, v, s / q.shape[-1] ** 0.5)),
-                       WrongAnswer))
 
 # %% [markdown]
 # **3. P as two factors.** Write `apply_factors(py, px, v)`: P·V for every image and head, where
@@ -471,6 +502,11 @@ if reveal(psa_attend):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or 
 apply_factors = ...  # your answer: def apply_factors(py, px, v): ...
 
 # %%
+def kron(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """first ⊗ second for every head: (N_h, a, a) and (N_h, b, b) give (N_h, a·b, a·b), the L × L matrix."""
+    return torch.einsum("hik,hjl->hijkl", first, second).flatten(3, 4).flatten(1, 2)
+
+
 def check_apply_factors(fn) -> None:
     torch.manual_seed(7)
     layer = GPSA(24, 4)
@@ -481,20 +517,24 @@ def check_apply_factors(fn) -> None:
     want = layer.positional_softmax((3, 5)).detach() @ v
     got = fn(py, px, v)
     check_answer(isinstance(got, torch.Tensor) and got.shape == want.shape,
-                 f"apply_factors should return (B, N_h, L, d) = {tuple(want.shape)}")
+                 f"apply_factors returns (B, N_h, L, d) = {tuple(want.shape)}: flatten the grid back into L")
+    check_answer(not torch.allclose(got, kron(py.transpose(-2, -1), px.transpose(-2, -1)) @ v, atol=1e-5),
+                 "the factors are applied transposed: P^y[h, i, k] takes key row k into query row i, summing over k")
     check_answer(torch.allclose(got, want, atol=1e-5), "token t = row·W + col: P^y mixes the rows (query row i, key "
                  "row k), P^x the columns, each head with its own factors")
 
 
 grade("apply_factors", apply_factors, check_apply_factors)
+demonstrate(check_apply_factors, {
+    "the grid not flattened": lambda py, px, v: (kron(py, px) @ v).unflatten(2, (py.shape[-1], px.shape[-1])),
+    "the factors transposed": lambda py, px, v: kron(py.transpose(-2, -1), px.transpose(-2, -1)) @ v,
+    "the rows not mixed": lambda py, px, v: kron(torch.eye(py.shape[-1]).expand_as(py), px) @ v,
+})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(apply_factors):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(apply_factors):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def apply_factors(py: torch.Tensor, px: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         grid = v.unflatten(2, (py.shape[-1], px.shape[-1]))  # (B, N_h, H, W, d)
         return torch.einsum("hik,hjl,bhkld->bhijd", py, px, grid).flatten(2, 3)
 
     grade("apply_factors", apply_factors, check_apply_factors)
-    print("apply_factors equals P @ V on a 3 x 5 grid")
-    print(expect_error(lambda: check_apply_factors(lambda py, px, v: apply_factors(torch.eye(3).expand_as(py), px, v)),
-                       WrongAnswer))  # the rows not mixed

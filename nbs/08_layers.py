@@ -17,8 +17,9 @@
 # # The layers of a vision transformer: patches, MLP, stochastic depth, the block
 #
 # Chapters 01-07 built the attention layers: DeiT's `MHSA` and the ConViT's `GPSA`. This chapter builds the
-# other layers a vision transformer is made of — the patch embedding, the MLP, stochastic depth, the pre-norm
-# block that holds any of those attentions — and resizes a positional embedding to another image size.
+# other layers a vision transformer is made of: first the way in, from an image to its tokens — the patch
+# embedding, shown on one of the course's photographs, and a positional embedding resized to another image size —
+# then the block that holds any of those attentions: the MLP, stochastic depth and the pre-norm block.
 # Chapter 09 assembles them into the ConViT of Fig. 4 and its DeiT baseline.
 
 # %% tags=["parameters"]
@@ -32,7 +33,9 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # positional embedding resized to another grid.
 
 # %%
+import matplotlib.pyplot as plt
 import torch
+from einops import rearrange
 
 from convit_edu.checks import expect_error
 
@@ -100,6 +103,117 @@ patches = rearrange(img, "b c (h p) (w q) -> b (h w) (c p q)", p=4, q=4)  # row-
 by_hand = patches @ embed.proj.weight.flatten(1).T + embed.proj.bias
 print("tokens", tuple(tokens.shape), "grid", grid, "| one patch flattened:", tuple(patches.shape))
 torch.testing.assert_close(tokens, by_hand)
+
+# %% [markdown]
+# ### A photograph cut into patches and tokens
+#
+# The same on one of the course's photographs, the way chapter 11's models see it: a 64 × 64 image from Tiny
+# ImageNet, cut into 8-px patches (an 8 × 8 grid), each patch embedded as a token of width 96. The photographs come
+# through the package's own data path, `convit_edu.datasets.tiny_imagenet` (chapter 14 builds it; `convit-edu data
+# tiny-imagenet` fetches them once, before chapter 01), read by torchvision's `ImageFolder` as in chapter 11.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (says whether the photographs were found or extracted now)
+from convit_edu.datasets import tiny_imagenet
+
+data_root = tiny_imagenet("../data")
+
+# %% [markdown]
+# The patch grid on the photograph (patch t at row t // 8, column t % 8), the patches in token order (row by row, the
+# order `rel_indices` assumes), and the tokens the first block reads: 64 rows of 96 numbers, one row per patch. The
+# cell checks that row t of the tokens is the embedding of patch t alone.
+
+# %%
+from torchvision import datasets, transforms
+
+photos = datasets.ImageFolder(data_root / "train", transforms.ToTensor())
+photo, label = photos[0]  # the first photograph of the first class, (3, 64, 64) in [0, 1]
+names = dict(line.split("\t") for line in (data_root / "classes.txt").read_text().splitlines())
+torch.manual_seed(0)
+stem = PatchEmbed(patch_size=8, in_chans=3, embed_dim=96)  # chapter 11's models: 8-px patches, width 96
+with torch.no_grad():
+    tokens, grid = stem(photo[None])
+    patches = rearrange(photo, "c (h p) (w q) -> (h w) c p q", p=8, q=8)  # (64, 3, 8, 8), row by row
+    torch.testing.assert_close(tokens[0], stem.proj(patches).flatten(1))  # token t = the embedding of patch t
+assert photo.shape == (3, 64, 64) and grid == (8, 8) and tokens.shape == (1, 64, 96)
+print(f"a {tuple(photo.shape[1:])} photograph of a {names[photos.classes[label]].split(',')[0]} -> a {grid} grid of "
+      f"8-px patches -> {tokens.shape[1]} tokens of width {tokens.shape[2]}; token t is the embedding of patch t")
+
+fig = plt.figure(figsize=(11, 3.2), dpi=80)
+left, middle, right = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 2.2, 1.1]})
+left.imshow(photo.permute(1, 2, 0))
+for line in range(1, 8):
+    left.axhline(8 * line - 0.5, color="white", lw=0.8), left.axvline(8 * line - 0.5, color="white", lw=0.8)
+for t in (0, 1, 7, 8, 63):
+    left.text(8 * (t % 8) + 3.5, 8 * (t // 8) + 3.5, str(t), color="yellow", ha="center", va="center", fontsize=8)
+left.set_title("the photograph, an 8 × 8 grid of patches", fontsize=9)
+strip = torch.ones(3, 4 * 9 - 1, 16 * 9 - 1)  # the 64 patches in token order, 16 a row, 1-px gaps
+for t, patch in enumerate(patches):
+    strip[:, 9 * (t // 16) : 9 * (t // 16) + 8, 9 * (t % 16) : 9 * (t % 16) + 8] = patch
+middle.imshow(strip.permute(1, 2, 0))
+middle.set_yticks([9 * r + 3.5 for r in range(4)], [f"tokens {16 * r}–{16 * r + 15}" for r in range(4)], fontsize=7)
+middle.set_title("the patches in token order: row by row", fontsize=9)
+right.imshow(tokens[0], aspect="auto", cmap="RdBu")
+right.set(xlabel="channel (96)", ylabel="token (64)")
+right.set_title("the tokens (an untrained embedding)", fontsize=9)
+for ax in (left, middle):
+    ax.set_xticks([])
+left.set_yticks([])
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Positional embeddings at another resolution
+#
+# `pos_embed` holds one learned vector per patch of the grid the model was built for. On an image of another
+# size the grid changes (224 → 14×14, 160 → 10×10, 224×160 → 14×10), so we view the vectors as a
+# D_emb-channel image of the old grid and resample it bicubically to the new one, as DeiT does to fine-tune at
+# 384 px. Slots that do not belong to a patch (DeiT's class and distillation tokens) are carried over as they
+# are. GPSA layers need nothing of the kind: their positional attention is computed for the new H×W grid.
+
+# %%
+#| export
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+
+def resize_pos_embed(
+    pos_embed: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int = 0
+) -> Tensor:
+    """Bicubically resample the patch slots of ``pos_embed`` (1, P + H·W, D) from grid ``old_grid`` = (H, W) to
+    ``new_grid``; the first ``num_prefix_tokens`` slots P (class/distillation tokens) are kept as they are."""
+    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
+    if pos_embed.ndim != 3 or pos_embed.shape[1] != num_prefix_tokens + old_grid[0] * old_grid[1]:
+        raise ValueError(
+            f"pos_embed of shape {tuple(pos_embed.shape)} does not hold {num_prefix_tokens} prefix slots + a "
+            f"{old_grid[0]}x{old_grid[1]} grid"
+        )
+    if old_grid == new_grid:
+        return pos_embed
+    prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    image = rearrange(patches, "b (h w) d -> b d h w", h=old_grid[0], w=old_grid[1])
+    image = F.interpolate(image.float(), size=new_grid, mode="bicubic", align_corners=False).to(pos_embed.dtype)
+    return torch.cat([prefix, rearrange(image, "b d h w -> b (h w) d")], dim=1)
+
+
+# %% [markdown]
+# A smooth embedding stays smooth: an embedding whose first channel is the row index and whose second is the
+# column index is resampled to one that still grows down the rows and is constant along each row (bicubic
+# interpolation overshoots a little at the borders, it is not exact), and the class-token slot is untouched.
+
+# %%
+rows, cols = torch.meshgrid(torch.arange(4.0), torch.arange(6.0), indexing="ij")
+plane = torch.stack([rows.flatten(), cols.flatten()], dim=-1)  # (24, 2): channel 0 = row, channel 1 = column
+pos = torch.cat([torch.full((1, 2), -7.0), plane])[None]        # one class slot + a 4x6 grid
+resized = resize_pos_embed(pos, (4, 6), (8, 12), num_prefix_tokens=1)
+print("shape", tuple(pos.shape), "->", tuple(resized.shape))
+torch.testing.assert_close(resized[0, 0], torch.tensor([-7.0, -7.0]))
+new_rows = resized[0, 1:, 0].reshape(8, 12)
+print("rows of the 4x6 grid seen on 8x12, first column:", new_rows[:, 0])
+assert torch.all(new_rows.diff(dim=0) >= 0) and torch.allclose(new_rows, new_rows[:, :1].expand(8, 12))
 
 # %% [markdown]
 # ## The MLP and stochastic depth
@@ -250,18 +364,17 @@ with torch.no_grad():
 torch.testing.assert_close(silent(x, grid_size=(3, 4)), x)
 
 # %% [markdown]
-# The block as a picture: its boxes are the module's own children, in the forward's order (a list written by hand,
-# `path` below, not read from the forward):
+# The block as a picture: its boxes are the module's own children, in the order its forward calls them, recorded
+# with forward hooks on one call (the residual arrows are the two additions the cell above checks):
 
 # %%
-import matplotlib.pyplot as plt
 from matplotlib.patches import FancyBboxPatch
 
 
-def draw_block(block: Block) -> list[str]:
+def draw_block(block: Block, path: list[str]) -> None:
     """A pre-norm block: x → norm1 → attn → + x → norm2 → mlp → + (the residual paths drawn above)."""
     children = dict(block.named_children())
-    path = ["norm1", "attn", "+", "norm2", "mlp", "+"]
+    path = [path[0], path[1], "+", path[2], path[3], "+"]
     labels = {"norm1": "LayerNorm", "norm2": "LayerNorm", "+": "+", "mlp": "MLP\n(fc1, GELU, fc2)",
               "attn": type(children["attn"]).__name__}
     fig, ax = plt.subplots(figsize=(9, 1.9), dpi=80)
@@ -276,65 +389,19 @@ def draw_block(block: Block) -> list[str]:
                     arrowprops=dict(arrowstyle="->", connectionstyle="arc3,rad=-0.3", color="crimson"))
     ax.set(xlim=(-0.2, 7 * 1.3), ylim=(-0.2, 2.0))
     ax.axis("off")
-    return [name for name in path if name != "+"]
 
 
-order = draw_block(gpsa_block)
-children = [name for name, _ in gpsa_block.named_children() if name != "drop_path"]  # as the module registers them
-assert order == children and type(gpsa_block.attn).__name__ == "GPSA", (order, children)
+called = []
+hooks = [module.register_forward_hook(lambda module, args, out, name=name: called.append(name))
+         for name, module in gpsa_block.named_children() if name != "drop_path"]
+with torch.no_grad():
+    gpsa_block(x, grid_size=(3, 4))
+for hook in hooks:
+    hook.remove()
+assert called == ["norm1", "attn", "norm2", "mlp"] and type(gpsa_block.attn).__name__ == "GPSA", called
+print("the forward calls", " → ".join(called))
+draw_block(gpsa_block, called)
 plt.show()
-
-# %% [markdown]
-# ## Positional embeddings at another resolution
-#
-# `pos_embed` holds one learned vector per patch of the grid the model was built for. On an image of another
-# size the grid changes (224 → 14×14, 160 → 10×10, 224×160 → 14×10), so we view the vectors as a
-# D_emb-channel image of the old grid and resample it bicubically to the new one, as DeiT does to fine-tune at
-# 384 px. Slots that do not belong to a patch (DeiT's class and distillation tokens) are carried over as they
-# are. GPSA layers need nothing of the kind: their positional attention is computed for the new H×W grid.
-
-# %%
-#| export
-import torch
-import torch.nn.functional as F
-from einops import rearrange
-from torch import Tensor
-
-
-def resize_pos_embed(
-    pos_embed: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int = 0
-) -> Tensor:
-    """Bicubically resample the patch slots of ``pos_embed`` (1, P + H·W, D) from grid ``old_grid`` = (H, W) to
-    ``new_grid``; the first ``num_prefix_tokens`` slots P (class/distillation tokens) are kept as they are."""
-    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
-    if pos_embed.ndim != 3 or pos_embed.shape[1] != num_prefix_tokens + old_grid[0] * old_grid[1]:
-        raise ValueError(
-            f"pos_embed of shape {tuple(pos_embed.shape)} does not hold {num_prefix_tokens} prefix slots + a "
-            f"{old_grid[0]}x{old_grid[1]} grid"
-        )
-    if old_grid == new_grid:
-        return pos_embed
-    prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
-    image = rearrange(patches, "b (h w) d -> b d h w", h=old_grid[0], w=old_grid[1])
-    image = F.interpolate(image.float(), size=new_grid, mode="bicubic", align_corners=False).to(pos_embed.dtype)
-    return torch.cat([prefix, rearrange(image, "b d h w -> b (h w) d")], dim=1)
-
-
-# %% [markdown]
-# A smooth embedding stays smooth: an embedding whose first channel is the row index and whose second is the
-# column index is resampled to one that still grows down the rows and is constant along each row (bicubic
-# interpolation overshoots a little at the borders, it is not exact), and the class-token slot is untouched.
-
-# %%
-rows, cols = torch.meshgrid(torch.arange(4.0), torch.arange(6.0), indexing="ij")
-plane = torch.stack([rows.flatten(), cols.flatten()], dim=-1)  # (24, 2): channel 0 = row, channel 1 = column
-pos = torch.cat([torch.full((1, 2), -7.0), plane])[None]        # one class slot + a 4x6 grid
-resized = resize_pos_embed(pos, (4, 6), (8, 12), num_prefix_tokens=1)
-print("shape", tuple(pos.shape), "->", tuple(resized.shape))
-torch.testing.assert_close(resized[0, 0], torch.tensor([-7.0, -7.0]))
-new_rows = resized[0, 1:, 0].reshape(8, 12)
-print("rows of the 4x6 grid seen on 8x12, first column:", new_rows[:, 0])
-assert torch.all(new_rows.diff(dim=0) >= 0) and torch.allclose(new_rows, new_rows[:, :1].expand(8, 12))
 
 # %% [markdown]
 # ## Exercises
@@ -349,21 +416,24 @@ assert torch.all(new_rows.diff(dim=0) >= 0) and torch.allclose(new_rows, new_row
 grid, num_tokens = ..., ...  # your answer: grid, num_tokens = (..., ...), ...
 
 # %%
-from convit_edu.checks import WrongAnswer, check_answer, grade, reveal
+from convit_edu.checks import check_answer, demonstrate, grade, reveal
 
 
 def check_patches(grid: tuple[int, int], num_tokens: int) -> None:
     tokens, want_grid = PatchEmbed(16, 3, 8)(torch.zeros(1, 3, 96, 160))
-    check_answer(tuple(grid) == tuple(want_grid), "the grid is (rows, columns): the height is cut into rows, "
-                 "the width into columns, each 16 px")
-    check_answer(num_tokens == tokens.shape[1], "one token per patch of the grid")
+    check_answer(tuple(grid) == tuple(want_grid), "the grid is (rows, columns) of patches: the height is cut into "
+                 "rows, the width into columns, each 16 px")
+    check_answer(num_tokens == tokens.shape[1], "one token per patch of the grid (a model's class token joins later, "
+                 "not in the patch embedding)")
 
 
 grade("grid, num_tokens", (grid, num_tokens), lambda answer: check_patches(*answer))
-print(expect_error(lambda: check_patches((10, 6), 60), WrongAnswer))
+demonstrate(lambda answer: check_patches(*answer), {"(columns, rows)": ((10, 6), 60),
+                                                    "pixels, not patches": ((96, 160), 15360),
+                                                    "the class token counted": ((6, 10), 61)})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(grid, num_tokens):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(grid, num_tokens):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     grid, num_tokens = (96 // 16, 160 // 16), (96 // 16) * (160 // 16)  # (6, 10): 60 tokens, row-major
     grade("grid, num_tokens", (grid, num_tokens), lambda answer: check_patches(*answer))
 
@@ -377,16 +447,18 @@ block_params = ...  # your answer: block_params = ...
 
 # %%
 def check_block_params(answer: int) -> None:
+    check_answer(isinstance(answer, int) and not isinstance(answer, bool), f"a count is a whole number, got {answer!r}")
     want = sum(p.numel() for p in Block(192, 3, qkv_bias=True).parameters())
     check_answer(answer == want, f"{'too many' if answer > want else 'too few'}: every linear map has a bias "
-                 "(the qkv one too, in DeiT), and each LayerNorm has a weight and a bias of width D")
+                 "(the qkv one too, in DeiT), each LayerNorm has a weight and a bias of width D, and the MLP is 4·D wide")
 
 
 grade("block_params", block_params, check_block_params)
-print(expect_error(lambda: check_block_params(12 * 192 * 192), WrongAnswer))
+demonstrate(check_block_params, {"the weight matrices alone, 12·D²": 12 * 192**2, "as a float": 12 * 192**2 * 1.0,
+                                 "an MLP of width D": 6 * 192**2 + 10 * 192})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(block_params):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(block_params):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     D = 192
     block_params = (2 * 2 * D  # two LayerNorms, a weight and a bias each
                     + 3 * D * D + 3 * D + D * D + D  # qkv (with bias) and the output projection
@@ -399,29 +471,49 @@ if reveal(block_params):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (o
 # so stochastic depth is off) on tokens `x`, from its parts — `block.norm1`, `block.attn`, `block.norm2`,
 # `block.mlp` — with the two residual branches of the picture at the top. A GPSA block's attention takes the
 # patch grid, `block.attn(h, grid_size=grid)`; an MHSA block's takes the tokens alone (`block.is_positional` says
-# which).
+# which). (Chapter 09's models are built of the package's `Block`.)
 
 # %%
 my_block = ...  # your answer: def my_block(block, x, grid): ...
 
 # %%
+def attend(block: Block, h: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """The block's attention on normalised tokens `h`: GPSA with the grid, MHSA without."""
+    return block.attn(h, grid_size=grid) if block.is_positional else block.attn(h)
+
+
 def check_my_block(fn) -> None:
     torch.manual_seed(0)
     for attention, tokens in (("gpsa", 16), ("mhsa", 17)):  # a GPSA block on a 4 x 4 grid; MHSA with a class token
         block = Block(48, 4, attention=attention, drop_path=0.5).eval()
         x = torch.randn(2, tokens, 48)
         with torch.no_grad():
-            error = (fn(block, x, (4, 4)) - block(x, (4, 4))).abs().max().item()
-        check_answer(error < 1e-5, f"{attention.upper()} block: off by up to {error:.2f}: each branch "
-                     "normalises its input first and adds its output to the stream: x + attn(norm1(x)), then "
-                     "that + mlp(norm2(that))")
+            got, want = fn(block, x, (4, 4)), block(x, (4, 4))
+            branches = block.mlp(block.norm2(attend(block, block.norm1(x), (4, 4))))  # no residual connection
+            parallel = x + attend(block, block.norm1(x), (4, 4)) + block.mlp(block.norm2(x))
+        check_answer(not torch.allclose(got, branches, atol=1e-5), f"{attention.upper()} block: no residual connection: "
+                     "each branch adds its output to the stream it read (x + ...)")
+        check_answer(not torch.allclose(got, parallel, atol=1e-5), f"{attention.upper()} block: the MLP branch reads "
+                     "the stream after the attention branch has been added to it, not x")
+        error = (got - want).abs().max().item()
+        check_answer(error < 1e-5, f"{attention.upper()} block: off by up to {error:.2f}: each branch normalises its "
+                     "input first (pre-norm): x + attn(norm1(x)), then that + mlp(norm2(that))")
+
+
+def post_norm(block: Block, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:  # a slip: the original Transformer's
+    x = block.norm1(x + attend(block, x, grid))
+    return block.norm2(x + block.mlp(x))
 
 
 grade("my_block", my_block, check_my_block)
-print(expect_error(lambda: check_my_block(lambda b, x, g: b.norm2(b.mlp(b.norm1(x)))), WrongAnswer))
+demonstrate(check_my_block, {
+    "no residual connections": lambda b, x, g: b.mlp(b.norm2(attend(b, b.norm1(x), g))),
+    "the two branches in parallel": lambda b, x, g: x + attend(b, b.norm1(x), g) + b.mlp(b.norm2(x)),
+    "post-norm": post_norm,
+})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(my_block):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(my_block):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def my_block(block: Block, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         h = block.norm1(x)
         x = x + (block.attn(h, grid_size=grid) if block.is_positional else block.attn(h))

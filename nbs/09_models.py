@@ -216,9 +216,12 @@ print(expect_error(lambda: ModelConfig(embed_dim=200, num_heads=3)))
 # `VisionTransformer` follows the picture at the top, with the names of the official checkpoints
 # (`patch_embed.proj`, `pos_embed`, `cls_token`, `blocks.i.{norm1, attn, norm2, mlp.fc1, mlp.fc2}`, `norm`,
 # `head`). Initialization is DeiT's (normal, std 0.02, zero biases), except for the positional layers, which
-# initialized themselves (chapter 05: the same normal init, then Eq. 5, once per layer). `forward_features` can
-# also return a `ForwardRecord` of every block's attention and input, for chapters 33-34; `distilled=True` adds
-# DeiT's distillation token and head; `mask_pos_embed` drops the absolute positional embedding (SM F, Table 5).
+# initialized themselves (chapter 05: the same normal init, then Eq. 5). So Eq. 5 is applied once per layer, in one
+# place, and the model's own init leaves those layers alone instead of overwriting Eq. 5 with the normal init (a
+# model that did would have to apply Eq. 5 a second time; chapter 10 checks that a fresh ConViT-Ti's `v` is still the
+# identity). `forward_features` can also return a `ForwardRecord` of every block's attention and input, for chapters
+# 33-34; `distilled=True` adds DeiT's distillation token and head; `mask_pos_embed` drops the absolute positional
+# embedding at test time (SM F, Table 5).
 
 # %%
 #| export
@@ -438,13 +441,14 @@ plt.show()
 # **1. The forward pass, yours.** Write `my_forward(model, images)`: the logits of a ConViT `model` (eval mode, not
 # distilled) from its parts — `model.patch_embed` (it returns the tokens and the grid), `model.pos_embed`,
 # `model.cls_token`, `model.blocks` (each called as `block(tokens, grid)`), `model.norm`, `model.head` reading the
-# class token — which joins the patch tokens after the last GPSA block (`model.config.local_up_to_layer`).
+# class token — which joins the patch tokens after the last GPSA block (`model.config.local_up_to_layer`). (Chapter
+# 10's zoo builds the package's `VisionTransformer`; your forward is checked against its logits.)
 
 # %%
 my_forward = ...  # your answer: def my_forward(model, images): ...
 
 # %%
-from convit_edu.checks import WrongAnswer, check_answer, grade, reveal
+from convit_edu.checks import check_answer, demonstrate, grade, reveal
 
 
 def check_my_forward(fn) -> None:
@@ -454,16 +458,44 @@ def check_my_forward(fn) -> None:
                                               local_up_to_layer=gpsa_blocks, num_classes=10)).eval()
         images = torch.randn(2, 3, 32, 32)
         with torch.no_grad():
-            got, want = fn(model, images), model(images)
+            got, want, without_pos_embed = fn(model, images), model(images), no_pos_embed(model, images)
+        check_answer(got.shape == want.shape, f"the logits are (images, classes) = {tuple(want.shape)}, got "
+                     f"{tuple(got.shape)}: the head maps the class token's features to the classes")
+        check_answer(not torch.allclose(got, without_pos_embed, atol=1e-5), "pos_embed is added to the patch tokens, "
+                     "once, before the first block (it has one slot per patch, none for the class token)")
         check_answer(torch.allclose(got, want, atol=1e-5), f"with {gpsa_blocks} GPSA blocks your logits differ: they "
-                     "see the 16 patch tokens alone (pos_embed added), and the class token joins right after them")
+                     "see the 16 patch tokens alone, the class token joins in front of them right after the last GPSA "
+                     "block, and the head reads it (position 0) after the final norm")
+
+
+def joined_late(model: VisionTransformer, images: torch.Tensor) -> torch.Tensor:  # a slip: one block too late
+    tokens, grid = model.patch_embed(images)
+    tokens = tokens + model.pos_embed
+    for i, block in enumerate(model.blocks):
+        if i == model.config.local_up_to_layer + 1:
+            tokens = torch.cat([model.cls_token.expand(len(tokens), -1, -1), tokens], dim=1)
+        tokens = block(tokens, grid)
+    return model.head(model.norm(tokens)[:, 0])
+
+
+def no_pos_embed(model: VisionTransformer, images: torch.Tensor) -> torch.Tensor:  # a slip: pos_embed forgotten
+    model.mask_pos_embed = True  # the model's own switch (SM F): its forward without pos_embed
+    try:
+        return model(images)
+    finally:
+        model.mask_pos_embed = False
 
 
 grade("my_forward", my_forward, check_my_forward)
-print(expect_error(lambda: check_my_forward(lambda m, x: m.head(m.norm(m.patch_embed(x)[0]).mean(1))), WrongAnswer))
+demonstrate(check_my_forward, {
+    "the class token's features, not its logits": lambda m, x: m.forward_features(x)[:, 0],
+    "pos_embed forgotten": no_pos_embed,
+    "the tokens averaged, no class token": lambda m, x: m.head(m.norm(m.patch_embed(x)[0]).mean(1)),
+    "the class token joined one block late": joined_late,
+})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(my_forward):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(my_forward):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def my_forward(model: VisionTransformer, images: torch.Tensor) -> torch.Tensor:
         tokens, grid = model.patch_embed(images)
         tokens = tokens + model.pos_embed  # (B, L, D): no slot for the class token
@@ -492,9 +524,10 @@ def check_expected_skipped(answer: float) -> None:
 
 
 grade("expected_skipped", expected_skipped, check_expected_skipped)
-print(expect_error(lambda: check_expected_skipped(0.6), WrongAnswer))
+demonstrate(check_expected_skipped, {"every branch at the last block's rate (24 × 0.1)": 2.4,
+                                     "one branch a block": 0.6})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(expected_skipped):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(expected_skipped):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     expected_skipped = 2 * sum(0.1 * i / 11 for i in range(12))  # 0 to 0.1, linear in depth; two branches a block
     grade("expected_skipped", expected_skipped, check_expected_skipped)

@@ -149,6 +149,7 @@ from convit_edu.models import ModelConfig
 from convit_edu.zoo import model_config
 
 PROGRESS = ("auto", "bar", "lines", "none")
+CUDA_GRAPHS = ("auto", "on", "off")  # auto: on with compile on a CUDA device, in one process (chapter 28)
 RUN_OWNED = {"img_size": "img_size", "num_classes": "the dataset's classes", "distilled": "distill_teacher",
              "drop_path_rate": "drop_path_rate"}  # ModelConfig / AugConfig fields the run sets, and what sets them
 
@@ -212,6 +213,8 @@ class TrainConfig:
     precision: str = setting("auto", "auto (bf16 on GPUs that have it, else fp16; on CPUs bf16 where native, else "
                                      "fp32), fp32, bf16 or fp16")
     compile: bool = setting(False, "torch.compile the model")
+    cuda_graphs: str = setting("auto", "capture the whole training step in a CUDA graph and replay it (auto: on with "
+                                       "--compile on a GPU in one process; on; off); on a CPU, on runs a stand-in")
     seed: int = setting(0, "seed of every random draw (shuffling, augmentation, mixing, drop path)")
     device: str = setting("auto", "auto (cuda:LOCAL_RANK if available, else mps, else cpu), cpu, cuda or mps")
     output: str = setting("runs/run", "run folder: checkpoints, logs, run.json, curves.png")
@@ -239,6 +242,7 @@ class TrainConfig:
         check_fraction(self.fraction)
         check_device(self.device)
         for what, value, choices in (("precision", self.precision, PRECISIONS), ("progress", self.progress, PROGRESS),
+                                     ("cuda_graphs", self.cuda_graphs, CUDA_GRAPHS),
                                      ("dataset", self.data, DATASETS), ("loader", self.loader, LOADERS)):
             one_of(what, value, choices)
         if self.data == "fake" and self.data_root != TrainConfig.data_root:  # a folder named, then not read

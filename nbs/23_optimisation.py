@@ -116,11 +116,15 @@ class RunSchedule:
         """The rate at optimiser step `step` (0-based), before a group's scale."""
         return deit_lr(step, self.total_steps, self.warmup_steps, self.peak_lr, self.min_lr, self.warmup_lr)
 
-    def set_lr(self, optimizer: torch.optim.Optimizer, step: int) -> None:
-        """Set every parameter group's rate for optimiser step `step`: `lr(step)` times the group's scale."""
+    def rates(self, step: int) -> tuple[float, ...]:
+        """Every parameter group's rate at optimiser step `step`: `lr(step)` times the group's scale."""
         lr = self.lr(step)
-        for group, scale in zip(optimizer.param_groups, self.scales, strict=True):
-            group["lr"] = scale * lr
+        return tuple(scale * lr for scale in self.scales)
+
+    def set_lr(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+        """Set every parameter group's rate for optimiser step `step` (`rates`)."""
+        for group, rate in zip(optimizer.param_groups, self.rates(step), strict=True):
+            group["lr"] = rate
 
 
 # %%
@@ -149,14 +153,17 @@ def run_schedule(cfg: TrainConfig, steps_per_epoch: int, global_batch: int,
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module, global_batch: int, steps_per_epoch: int,
-                    device: torch.device) -> tuple[torch.optim.AdamW, RunSchedule]:
-    """AdamW over `param_groups` (fused into one kernel on a GPU; the GPSA gates in a group of their own when
-    `cfg.gate_lr_scale` is not 1, `with_gate_group`) and the run's schedule, the rates of step 0 set."""
+                    device: torch.device, graphed: bool = False) -> tuple[torch.optim.AdamW, RunSchedule]:
+    """AdamW over `param_groups` (the GPSA gates in a group of their own when `cfg.gate_lr_scale` is not 1,
+    `with_gate_group`) and the run's schedule, the rates of step 0 set. AdamW is fused into one kernel on a GPU and
+    wherever the step is `graphed` (chapter 28: a graph replays no read of a step count back to the host), and
+    capturable (its step counts on the device) when graphed on a GPU."""
     groups = param_groups(model, cfg.weight_decay)
     scales = (1.0,) * len(groups)
     if cfg.gate_lr_scale != 1:
         groups, scales = with_gate_group(groups, model, cfg.gate_lr_scale)
-    optimizer = torch.optim.AdamW(groups, fused=device.type == "cuda")
+    gpu = device.type == "cuda"
+    optimizer = torch.optim.AdamW(groups, fused=gpu or graphed, capturable=gpu and graphed)
     schedule = run_schedule(cfg, steps_per_epoch, global_batch, scales)
     schedule.set_lr(optimizer, 0)
     return optimizer, schedule

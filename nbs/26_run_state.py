@@ -351,8 +351,8 @@ def resume_checkpoint(resume: str | None, last: Path, world: World) -> tuple[dic
 #| export
 RESUME_MAY_CHANGE = {  # settings a resumed run may change without changing what it computes (the global batch,
     # which batch_size, accum_steps and global_batch set together, is checked on its own)
-    "num_workers", "batch_size", "accum_steps", "global_batch", "compile", "device", "output", "resume",
-    "ckpt_every", "log_every", "progress", "eval_every"}
+    "num_workers", "batch_size", "accum_steps", "global_batch", "compile", "cuda_graphs", "device", "output",
+    "resume", "ckpt_every", "log_every", "progress", "eval_every"}
 RESUME_MAY_FIX = (  # settings a resumed run may change to mend or extend it: printed, recorded in invocations.jsonl
     "lr", "min_lr", "clip_grad", "precision", "data_root", "epochs")
 

@@ -79,6 +79,7 @@ from torch.optim.swa_utils import AveragedModel
 
 from convit_edu.augment import DeviceTransforms, MixupCutmix, build_mixup, finish_batch
 from convit_edu.config import TrainConfig
+from convit_edu.cuda_graphs import MIX_NUMBERS, StepGraph, fill, graph_ready, mix_numbers, mix_on_device, step_graphed
 from convit_edu.devices import autocast, resolve_precision
 from convit_edu.distributed import StopSignals, World, all_reduce, init_world
 from convit_edu.evaluation import evaluate
@@ -160,7 +161,8 @@ def build_run_data(cfg: TrainConfig, world: World, datasets: tuple | None = None
 def new_train_state(cfg: TrainConfig, world: World, model: nn.Module, data: RunData, precision: str) -> TrainState:
     """A run's state at step 0: `model`'s optimiser and schedule, fp16's loss scaler, and the EMA — a copy of the
     model as it is now, so load resumed weights first."""
-    optimizer, schedule = build_optimizer(cfg, model, data.global_batch, data.steps_per_epoch, world.device)
+    optimizer, schedule = build_optimizer(cfg, model, data.global_batch, data.steps_per_epoch, world.device,
+                                          graphed=step_graphed(cfg, world))
     scaler = torch.amp.GradScaler(world.device.type, enabled=precision == "fp16")
     ema = AveragedModel(model, use_buffers=True) if cfg.ema_decay else None  # see `update_ema`
     return TrainState(cfg, model, optimizer, world.rank, world.world_size, data.steps_per_epoch, schedule, scaler,
@@ -178,9 +180,15 @@ def new_train_state(cfg: TrainConfig, world: World, model: nn.Module, data: RunD
 #
 # **`step(batches)`**, one optimiser step: `accum_steps` micro-batches, each finished on the device, mixed
 # (MixUp/CutMix) and run under autocast beside the teacher; DDP synchronises the gradients on the last one only.
-# Then the scaler, the clipping, the rate of this step (the schedule's, a function of the global step: chapter
-# 23), the optimiser and the EMA. Every random draw in it is seeded from (seed, rank, epoch, step) first (chapter
-# 23), so a resumed run draws the same.
+# Then the scaler, the clipping, the optimiser at the rate of this step (the schedule's, a function of the global
+# step: chapter 23) and the EMA. Every random draw in it is seeded from (seed, rank, epoch, step) first (chapter
+# 23), so a resumed run draws the same. The host does only what must come from it — the batches, the MixUp/CutMix
+# draw and the rate — and `step.on_device` the rest, reading nothing back: so that, when `cuda_graphs` says so
+# (`step_graphed`), it can be captured in a CUDA graph and replayed (`28_cuda_graphs`, the chapter before), the
+# batches copied into the graph's static buffers and the draw and the rate written into its tensors before each
+# replay. The optimiser is then put in the form a graph replays (`graph_ready`) at the process's first step, after
+# any resume, and the graph is captured after `GRAPH_WARMUP` eager steps: what it holds is what the checkpoint
+# restored.
 #
 # **`step.read_back`**: the step's loss and whether it was finite stay **on the device**. Reading a number back
 # (`.item()`, `.tolist()`) makes the CPU wait for the GPU to finish everything queued, and a GPU that waits
@@ -214,7 +222,8 @@ def epoch_scores(state: TrainState, data: RunData, device: torch.device, precisi
 
 class TrainStep:
     """A run's optimiser step, called as `step(batches)`, and the read-back of its losses: the models (bare, wrapped
-    for DDP, compiled), the data's device end and the state's schedule, optimiser, scaler and EMA."""
+    for DDP, compiled), the data's device end and the state's schedule, optimiser, scaler and EMA; when
+    `step_graphed`, the step on the device replayed from a CUDA graph (`StepGraph`, chapter 28's `28_cuda_graphs`)."""
 
     def __init__(self, cfg: TrainConfig, world: World, model: nn.Module, teacher: nn.Module | None, data: RunData,
                  state: TrainState, precision: str):
@@ -222,42 +231,63 @@ class TrainStep:
         self.state, self.precision = state, precision
         self.wrapped, self.step_model = wrap_model(model, world, cfg.compile)
         self.unread: list[torch.Tensor] = []  # (loss, non-finite) of each step not read back yet, on the device
+        self.mixing = (torch.zeros(cfg.accum_steps, len(MIX_NUMBERS), device=world.device)
+                       if data.mixup is not None else None)  # each micro-batch's MixUp/CutMix draw, on the device
+        self.graph = StepGraph(self.on_device, world.device) if step_graphed(cfg, world) else None
 
     def __call__(self, batches: Iterator) -> float:
         """One optimiser step over the next `accum_steps` micro-batches of `batches`; its loss stays on the device
         (in `self.unread`) until `read_back`. Returns the seconds the host waited for the loader."""
-        cfg, s, data, device = self.cfg, self.state, self.data, self.world.device
+        cfg, s, data = self.cfg, self.state, self.data
         seed_step(cfg.seed, self.world.rank, s.epoch, s.step)  # Mixup/CutMix and drop path: a function of the place
-        losses, waited = [], 0.0
-        for micro in range(cfg.accum_steps):
+        inputs, waited = [], 0.0
+        for _ in range(cfg.accum_steps):
             t0 = time.perf_counter()
-            images, labels = next(batches)
+            inputs += next(batches)  # (images, labels)
             waited += time.perf_counter() - t0  # the host blocked on the loader: a starving device
-            images, targets = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-            images = finish_batch(images, data.device_transforms, train=True)
-            if data.mixup is not None:
-                images, targets = data.mixup(images, targets)
+        if self.mixing is not None:  # drawn on the host, read on the device
+            for numbers, images in zip(self.mixing, inputs[::2]):
+                fill(numbers.unbind(), mix_numbers(data.mixup, *images.shape[-2:]))
+        if self.graph is None:
+            s.schedule.set_lr(s.optimizer, s.global_step)
+            self.unread.append(self.on_device(*(t.to(self.world.device, non_blocking=True) for t in inputs)))
+        else:
+            if self.graph.calls == 0:  # the optimiser as loaded (a resume's, see `graph_ready`), before the capture
+                graph_ready(s.optimizer, self.world.device)
+            fill([group["lr"] for group in s.optimizer.param_groups], s.schedule.rates(s.global_step))
+            self.unread.append(self.graph(*inputs))
+        s.step, s.global_step = s.step + 1, s.global_step + 1
+        return waited
+
+    def on_device(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The step's work on the device, from its micro-batches (images, labels, images, labels, ...) on the device
+        to the weights' and EMA's update: what a graph captures, so it reads nothing back and takes every number that
+        changes between steps from a tensor. Returns (loss, non-finite) as one tensor."""
+        cfg, s, data = self.cfg, self.state, self.data
+        losses = []
+        for micro in range(cfg.accum_steps):
+            images = finish_batch(inputs[2 * micro], data.device_transforms, train=True)
+            targets = inputs[2 * micro + 1]
+            if self.mixing is not None:
+                images, targets = mix_on_device(images, targets, self.mixing[micro], data.mixup)
             sync = micro == cfg.accum_steps - 1 or self.wrapped is self.model  # DDP: all-reduce the last one's gradients
             with contextlib.nullcontext() if sync else self.wrapped.no_sync():
-                with autocast(device, self.precision):
+                with autocast(self.world.device, self.precision):
                     with torch.no_grad():
                         teacher_logits = self.teacher(images) if self.teacher is not None else None
                     loss = train_loss(self.step_model(images), targets, teacher_logits, data.smoothing)
                 s.scaler.scale(loss / cfg.accum_steps).backward()
             losses.append(loss.detach().float())
         loss = torch.stack(losses).mean()
-        self.unread.append(torch.stack([loss, (~torch.isfinite(loss)).float()]))
         if cfg.clip_grad:
             s.scaler.unscale_(s.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
-        s.schedule.set_lr(s.optimizer, s.global_step)
         s.scaler.step(s.optimizer)
         s.scaler.update()
         s.optimizer.zero_grad(set_to_none=True)
-        if s.ema is not None:
+        if s.ema is not None:  # (a graph is captured after its warm-up: never at the first step)
             update_ema(s.ema, self.model, cfg.ema_decay, first=s.global_step == 0)
-        s.step, s.global_step = s.step + 1, s.global_step + 1
-        return waited
+        return torch.stack([loss, (~torch.isfinite(loss)).float()])
 
     def read_back(self, received: bool, last_good: Callable[[], str]) -> bool:
         """The one host sync of a logging interval: the losses of the steps since the last one, summed over the
@@ -432,7 +462,10 @@ def train(cfg: TrainConfig, *, model: nn.Module | None = None, datasets: tuple |
     """
     world = init_world(cfg.device)
     try:
-        return Trainer(cfg, world, model=model, datasets=datasets, teacher=teacher, callbacks=callbacks).fit()
+        result = Trainer(cfg, world, model=model, datasets=datasets, teacher=teacher, callbacks=callbacks).fit()
+        if world.owns_group:  # gloo's barrier first waits for every queued collective: no rank tears the group
+            dist.barrier()    # down while its worker threads still hold work (an abort at exit, seen 1 run in ~20)
+        return result
     finally:
         if world.owns_group:
             dist.destroy_process_group()

@@ -16,7 +16,8 @@
 # %% [markdown]
 # # A first training run: a small ConViT and DeiT in minutes
 #
-# Chapter 11 trained a small ConViT and DeiT with the loop you wrote. This chapter trains the same pair the same way
+# Chapter 11 trained a small ConViT and DeiT with `fit`, the loop whose epoch you wrote there as `my_epoch`. This
+# chapter trains the same pair the same way
 # (classes, images, crop and flip, epochs, batch, learning rates, seed) with the production loop (chapter 11's,
 # hardened) used as a tool: one config in, one folder of records out. Only the random draws differ (it seeds the
 # shuffling, crops and initial weights its own way), so the two chapters' scores should differ by no more than a
@@ -33,7 +34,7 @@ import json
 import math
 import re
 import shutil
-import time
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -82,9 +83,9 @@ deit_cfg = TrainConfig(model="deit_tiny", model_args=size, img_size=64, **data, 
                        aug_args=chapter_11_aug, drop_path_rate=0.0,
                        fraction=0.1 if FAST else 1.0, epochs=2 if FAST else 4, batch_size=64,
                        lr=8e-3, warmup_epochs=1, precision="fp32", num_workers=2, seed=0,
-                       output=str(RUNS / "28_deit"))
+                       output=str(RUNS / "32_deit"))
 convit_cfg = replace(deit_cfg, model="convit_tiny", model_args={**size, "local_up_to_layer": 5},
-                     output=str(RUNS / "28_convit"))
+                     output=str(RUNS / "32_convit"))
 configs = {"DeiT": deit_cfg, "ConViT": convit_cfg}
 print(convit_cfg)
 
@@ -98,18 +99,16 @@ print(convit_cfg)
 # ## Training
 #
 # `train(cfg)` builds the data, model and optimiser from the config, trains, evaluates after every epoch, and
-# returns the model and the history. (Committed times: an AMD EPYC, AVX2, 2 cores, nothing else running.)
+# returns the model and the history.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-results, seconds = {}, {}
+results = {}
 for name, cfg in configs.items():
     shutil.rmtree(cfg.output, ignore_errors=True)  # a fresh run, not the continuation of an old one
-    t0 = time.perf_counter()
     results[name] = train(cfg)
-    seconds[name] = time.perf_counter() - t0
 for name, r in results.items():
-    print(f"{name}: {seconds[name]:.0f} s, val top-1 after {len(r.history)} epochs: {r.history[-1]['val_top1']:.1f} %")
+    print(f"{name}: val top-1 after {len(r.history)} epochs: {r.history[-1]['val_top1']:.1f} %")
 
 # %% [markdown]
 # The two models have the same size to within 0.3 % (the ConViT adds GPSA's positional projections and gates,
@@ -117,8 +116,8 @@ for name, r in results.items():
 
 # %%
 counts = {name: sum(p.numel() for p in r.model.parameters()) for name, r in results.items()}
-assert abs(counts["ConViT"] - counts["DeiT"]) < 0.003 * counts["DeiT"] and 650_000 < counts["DeiT"] < 750_000
-print(f"ConViT − DeiT: {counts['ConViT'] - counts['DeiT']:+,} parameters, of about 0.7 million")
+print(f"ConViT − DeiT: {counts['ConViT'] - counts['DeiT']:+,} parameters, of {counts['DeiT'] / 1e6:.1f} million")
+assert abs(counts["ConViT"] - counts["DeiT"]) < 0.003 * counts["DeiT"]
 
 # %% [markdown]
 # ## What a run writes
@@ -180,10 +179,13 @@ plt.show()
 
 # %% [markdown]
 # **The same run as chapter 11's?** Its last top-1s on the same 500 validation images are read from its committed
-# notebook below. A top-1 near 47 % on 500 images has a standard error of 2.2 points, a difference between two
-# independent ones 3.2; a seed changes the weights, the order and the crops, so the two chapters' scores should
-# differ by less than two of those (6.3 points) — and would not, had the production loop quietly trained another
-# recipe (its default, DeiT's full augmentation, scored 31–33 % here on half the images).
+# notebook below. Both chapters score on the *same* images, so the images add nothing to their difference: what
+# separates two trainings of one recipe is the seed, which changes the weights, the order and the crops. How far
+# apart does that put two runs? The course's experiment grid measured it (chapter 38's, four seeds of each of its
+# models, scored on 500 dev images): a model's final dev top-1 spreads over its seeds by about 1.6 points (the
+# standard deviation, pooled over its eight arms). Two runs of one recipe then differ by about √2 × 1.6 ≈ 2.3 points,
+# and by more than twice that rarely. That grid trains other models with another recipe, so this is a scale, not
+# this run's own spread; a gap well beyond it would say that the two loops trained different recipes.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -191,19 +193,28 @@ chapter_11 = "".join(text for cell in json.loads(Path("11_fit.ipynb").read_text(
                      for output in cell.get("outputs", []) for text in output.get("text", []))
 CHAPTER_11 = {name: float(top1) for name, top1 in  # the top-1 after its 4 epochs (nbs/11_fit.ipynb)
               re.findall(r"^(ConViT|DeiT)\n(?:epoch [1-3]/4: .*\n)*epoch 4/4: .* top-1 ([\d.]+) %$", chapter_11, re.M)}
-se_diff = 100 * math.sqrt(2 * 0.47 * 0.53 / 500)
+grid = json.loads(Path("results/second-design/summary.json").read_text())
+arms = {}  # the grid's dev top-1 by arm: an ablation (or the model) and a fraction, one value per seed
+for r in grid:
+    arms.setdefault((r["ablation"] or r["model"], r["fraction"]), []).append(r["val_top1"])
+df = sum(len(v) - 1 for v in arms.values() if len(v) > 1)
+seed_sd = math.sqrt(sum((len(v) - 1) * statistics.variance(v) for v in arms.values() if len(v) > 1) / df)
+two_runs = math.sqrt(2) * seed_sd  # the spread of a difference between two seeds of one recipe
+print(f"the grid's seed spread of a dev top-1: {seed_sd:.1f} points ({df} df); of two runs' difference {two_runs:.1f}")
 for name in configs:
     ours = rows[name][-1]["val_top1"]
-    print(f"{name}: {ours:.1f} % here, {CHAPTER_11[name]:.1f} % in chapter 11 ({ours - CHAPTER_11[name]:+.1f} points; "
-          f"two standard errors of a difference: {2 * se_diff:.1f})")
+    print(f"{name}: {ours:.1f} % here, {CHAPTER_11[name]:.1f} % in chapter 11 ({ours - CHAPTER_11[name]:+.1f} points)")
+chance_se = 100 * math.sqrt(0.1 * 0.9 / 500)  # a top-1 at chance (10 classes) on 500 images varies by this much
 if not FAST:  # FAST mode trains 2 classes for 2 epochs: nothing to compare
-    assert all(abs(rows[name][-1]["val_top1"] - CHAPTER_11[name]) < 2 * se_diff for name in configs)
+    assert all(abs(rows[name][-1]["val_top1"] - CHAPTER_11[name]) < 2 * two_runs for name in configs)
+    assert all(rows[name][-1]["val_top1"] > 10 + 4 * chance_se for name in rows)  # above chance, beyond noise
 
 # %% [markdown]
 # **What these runs can and cannot show.** The loop at work and how to read its records: the schedule, the
-# losses, both models well above chance (10 %) after 312 steps, as in chapter 11. Not which model is better, nor
-# the paper's head start: one seed, 500 validation images, 312 steps; two seeds of the *same* model differ by a few
-# points, as much as any gap between the models — compare the two chapters.
+# losses, both models well above chance (10 %, whose top-1 on 500 images would vary by 1.3 points: the cell above
+# asks four of those) after 312 steps, as in chapter 11. Not which model is better, nor the paper's head start: one
+# seed, 500 validation images, 312 steps; two seeds of the *same* model differ by a few points, as much as any gap
+# between the models — compare the two chapters.
 #
 # ## The gates during training
 #
@@ -220,74 +231,12 @@ from convit_edu.optimisation import learning_rate_sum, scaled_lr
 assert all(len(r["gates"]) == 5 for r in rows["ConViT"])  # one mean gate per GPSA layer
 assert all(r["gates"] == [] for r in rows["DeiT"])
 sigma_slope = math.exp(-1) / (1 + math.exp(-1)) ** 2  # σ'(1) = σ(1)(1 − σ(1))
-assert round(sigma_slope, 1) == 0.2 and math.isclose(scaled_lr(5e-4, 64), 6.25e-5)  # DeiT's rate at our batch
 lr_sum = learning_rate_sum(convit_cfg, steps_per_epoch)
 moved = max(abs(g - 1 / (1 + math.exp(-1))) for r in rows["ConViT"] for g in r["gates"])
-print(f"{convit_cfg.epochs * steps_per_epoch} rates sum to {lr_sum:.3f}: σ(λ) may move about {sigma_slope * lr_sum:.3f}; "
-      f"the most any layer's mean gate moved: {moved:.3f}")
+print(f"σ'(1) = {sigma_slope:.2f}; {convit_cfg.epochs * steps_per_epoch} rates sum to {lr_sum:.3f}: σ(λ) may move "
+      f"about {sigma_slope * lr_sum:.3f}; the most any layer's mean gate moved: {moved:.3f}")
 assert moved <= sigma_slope * lr_sum  # no mean gate moved further than its learning rates typically allow
-if not FAST:  # the prose's numbers are those of the full run
-    assert (convit_cfg.epochs * steps_per_epoch, round(lr_sum, 2), round(sigma_slope * lr_sum, 2)) == (312, 0.16, 0.03)
-    assert all(rows[name][-1]["val_top1"] > 20 for name in rows)  # both well above chance (10 %)
 
-# %% [markdown]
-# ## Longer runs: a head start? (Fig. 8b)
-#
-# In the paper's Fig. 8b the GPSA layers' boost is largest early: after 20 of 300 epochs, 9 GPSA layers almost
-# double the top-1 of none, a "head start" from the convolutional initialization. Runs long enough to look for it
-# do not fit in a notebook, so we read committed ones, chapter 39's pilots: a ConViT and a DeiT of the experiments'
-# shape (width 72, 9 heads, 6 blocks, the ConViT's first 4 GPSA) on 48-px images in 4-px patches (a 12 × 12 grid),
-# with chapter 35's light recipe (crops, flips, label smoothing), for the optimiser steps of 60 000 images at batch
-# 32, on 350 training images (f = 0.1) or 3 500 (f = 1), scored along the way on the 500 dev images; one seed each.
-
-# %%
-PILOTS = {"f = 0.1": Path("results/pilots/grid12"), "f = 1": Path("results/pilots/grid12-f1")}
-folders = {(f, name): PILOTS[f] / f"{name.lower()}_f{f[4:]}_s0" for f in PILOTS for name in ("DeiT", "ConViT")}
-log = {k: [json.loads(line) for line in (d / "log.jsonl").read_text().splitlines()] for k, d in folders.items()}
-for (f, name), rs in log.items():
-    print(f"{name:>6} {f:<7} dev top-1 at steps {rs[0]['step']}..{rs[-1]['step']}: {[r['val_top1'] for r in rs]}")
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-fig, axes = plt.subplots(1, 3, figsize=(12, 3), dpi=80)
-for ax, f in zip(axes, PILOTS):
-    for name in ("DeiT", "ConViT"):
-        ax.plot([r["step"] for r in log[f, name]], [r["val_top1"] for r in log[f, name]], "o-", ms=3, label=name)
-    ax.set(title=f, xlabel="optimiser steps", ylabel="dev top-1 (%)")
-    ax.legend(fontsize=8)
-for f, style in zip(PILOTS, ("-", "--")):
-    for layer in range(4):
-        axes[2].plot([0] + [r["step"] for r in log[f, "ConViT"]], [1 / (1 + math.exp(-1))] + [r["gates"][layer]
-                     for r in log[f, "ConViT"]], style, color=f"C{layer}", label=f"layer {layer + 1}, {f}")
-axes[2].set(title="ConViT: mean σ(λ) per GPSA layer", xlabel="optimiser steps")
-axes[2].legend(fontsize=6, ncol=2)
-fig.tight_layout()
-plt.show()
-
-# %% [markdown]
-# **What the pilots show.** A head start, small and brief: at the first evaluation (about 110 steps, 6 % of each
-# run) the ConViT leads by 3.4 points at f = 0.1 (27.0 % against 23.6 %) and by 3.6 at f = 1 (27.4 against 23.8),
-# 14 and 15 % more, where the paper's 9 GPSA layers almost double the top-1. With 3 500 images the lead is gone at
-# step 327; with 350 the ConViT leads at 16 of 17 evaluations. Every gap is within the noise of a difference of two
-# top-1s on 500 images (3 points), with one seed per run: consistent with the paper's head start, not a test of it
-# (chapter 38 reads four seeds). The gates, flat in the short runs, now move the paper's way: every GPSA layer's
-# mean gate falls from 0.731 to 0.707–0.717, by at most 0.024 — 13 % of the 0.18 that the run's learning rates
-# (summing to 0.93) would allow. (The cell below reads these numbers from the records, to keep the prose in step
-# with them; it is bookkeeping, not evidence.)
-
-# %%
-gap = {f: [round(c["val_top1"] - d["val_top1"], 1) for c, d in zip(log[f, "ConViT"], log[f, "DeiT"])] for f in PILOTS}
-first = {f: (log[f, "ConViT"][0]["val_top1"], log[f, "DeiT"][0]["val_top1"]) for f in PILOTS}
-pilot_run = json.loads((folders["f = 0.1", "ConViT"] / "run.json").read_text())
-assert first == {"f = 0.1": (27.0, 23.6), "f = 1": (27.4, 23.8)} and [r[0]["step"] for r in log.values()] == [110] * 2 + [109] * 2
-assert [round(c / d - 1, 2) for c, d in first.values()] == [0.14, 0.15] and round(100 * 110 / 1850) == 6
-assert [sum(g > 0 for g in gap[f]) for f in PILOTS] == [16, 4] and gap["f = 1"][2] < 0 < gap["f = 1"][1]
-assert log["f = 1", "DeiT"][2]["step"] == 327 and round(100 * math.sqrt(2 * 0.25 / 500)) == 3
-ends = [g for f in PILOTS for g in log[f, "ConViT"][-1]["gates"]]
-pilot_lr_sum = learning_rate_sum(TrainConfig(**pilot_run["config"]), pilot_run["steps_per_epoch"])
-fall, allowed = 1 / (1 + math.exp(-1)) - min(ends), sigma_slope * pilot_lr_sum
-assert (round(min(ends), 3), round(max(ends), 3), round(pilot_lr_sum, 2)) == (0.707, 0.717, 0.93)
-assert (round(fall, 3), round(allowed, 2), round(fall / allowed, 2)) == (0.024, 0.18, 0.13)
 
 # %% [markdown]
 # ## Exercises
@@ -396,6 +345,69 @@ if reveal(best_epoch):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or 
     grade("best_epoch", best_epoch, check_best_epoch)
 
 # %% [markdown]
+# ## Longer runs: a head start? (Fig. 8b)
+#
+# In the paper's Fig. 8b the GPSA layers' boost is largest early: after 20 of 300 epochs, 9 GPSA layers almost
+# double the top-1 of none, a "head start" from the convolutional initialization. Runs long enough to look for it
+# do not fit in a notebook, so we read committed ones, chapter 39's pilots: a ConViT and a DeiT of the experiments'
+# shape (width 72, 9 heads, 6 blocks, the ConViT's first 4 GPSA) on 48-px images in 4-px patches (a 12 × 12 grid),
+# with chapter 35's light recipe (crops, flips, label smoothing), for the optimiser steps of 60 000 images at batch
+# 32, on 350 training images (f = 0.1) or 3 500 (f = 1), scored along the way on the 500 dev images; one seed each.
+
+# %%
+PILOTS = {"f = 0.1": Path("results/pilots/grid12"), "f = 1": Path("results/pilots/grid12-f1")}
+folders = {(f, name): PILOTS[f] / f"{name.lower()}_f{f[4:]}_s0" for f in PILOTS for name in ("DeiT", "ConViT")}
+log = {k: [json.loads(line) for line in (d / "log.jsonl").read_text().splitlines()] for k, d in folders.items()}
+for (f, name), rs in log.items():
+    print(f"{name:>6} {f:<7} dev top-1 at steps {rs[0]['step']}..{rs[-1]['step']}: {[r['val_top1'] for r in rs]}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig, axes = plt.subplots(1, 3, figsize=(12, 3), dpi=80)
+for ax, f in zip(axes, PILOTS):
+    for name in ("DeiT", "ConViT"):
+        ax.plot([r["step"] for r in log[f, name]], [r["val_top1"] for r in log[f, name]], "o-", ms=3, label=name)
+    ax.set(title=f, xlabel="optimiser steps", ylabel="dev top-1 (%)")
+    ax.legend(fontsize=8)
+for f, style in zip(PILOTS, ("-", "--")):
+    for layer in range(4):
+        axes[2].plot([0] + [r["step"] for r in log[f, "ConViT"]], [1 / (1 + math.exp(-1))] + [r["gates"][layer]
+                     for r in log[f, "ConViT"]], style, color=f"C{layer}", label=f"layer {layer + 1}, {f}")
+axes[2].set(title="ConViT: mean σ(λ) per GPSA layer", xlabel="optimiser steps")
+axes[2].legend(fontsize=6, ncol=2)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# **What the pilots show.** A head start, small and brief: at the first evaluation (about 110 steps, 6 % of each
+# run) the ConViT leads by 3.4 points at f = 0.1 (27.0 % against 23.6 %) and by 3.6 at f = 1 (27.4 against 23.8),
+# 14 and 15 % more, where the paper's 9 GPSA layers almost double the top-1. With 3 500 images the lead is gone by
+# the third evaluation (step 327); with 350 the ConViT leads at most evaluations. One seed per run: both early leads
+# are within two of the spread two seeds of one model show (2.3 points, above), so this is consistent with the
+# paper's head start, not a test of it (chapter 38 reads four seeds on two sets of classes, and finds the early lead
+# within noise). The gates, flat in the short runs, now move the paper's way: every GPSA layer's mean gate falls
+# from 0.731, to 0.707–0.717, by at most 0.024 — well under the 0.18 that the run's learning rates (summing to
+# 0.93) would allow.
+
+# %%
+gap = {f: [c["val_top1"] - d["val_top1"] for c, d in zip(log[f, "ConViT"], log[f, "DeiT"])] for f in PILOTS}
+first = {f: (log[f, "ConViT"][0]["val_top1"], log[f, "DeiT"][0]["val_top1"]) for f in PILOTS}
+pilot_run = json.loads((folders["f = 0.1", "ConViT"] / "run.json").read_text())
+ends = [g for f in PILOTS for g in log[f, "ConViT"][-1]["gates"]]
+pilot_lr_sum = learning_rate_sum(TrainConfig(**pilot_run["config"]), pilot_run["steps_per_epoch"])
+fall, allowed = 1 / (1 + math.exp(-1)) - min(ends), sigma_slope * pilot_lr_sum
+for f, (c, d) in first.items():
+    print(f"{f}: first evaluation (step {log[f, 'ConViT'][0]['step']} of {log[f, 'ConViT'][-1]['step']}) ConViT {c} "
+          f"against DeiT {d} % ({c - d:+.1f} points, {c / d - 1:+.0%}); ConViT ahead at {sum(g > 0 for g in gap[f])} of "
+          f"{len(gap[f])} evaluations")
+print(f"gates at the end {min(ends):.3f}-{max(ends):.3f}: fell by {fall:.3f} at most, of the {allowed:.2f} that a "
+      f"learning-rate sum of {pilot_lr_sum:.2f} allows")
+assert all(c - d > 0 for c, d in first.values()) and all(c - d < 2 * two_runs for c, d in first.values())
+assert gap["f = 1"][2] < 0 < gap["f = 1"][1] and log["f = 1", "DeiT"][2]["step"] == 327  # gone at the third
+assert sum(g > 0 for g in gap["f = 0.1"]) > len(gap["f = 0.1"]) / 2  # with 350 images: ahead at most evaluations
+assert max(ends) < 1 / (1 + math.exp(-1)) and fall < allowed / 2  # every layer's mean gate fell, well inside its room
+
+# %% [markdown]
 # ## An experiment: how many GPSA layers? (Fig. 8a)
 #
 # In the paper's Fig. 8a (ConViT-S+, 300 epochs on 100 ImageNet classes) the final top-1 rises with the number of
@@ -481,20 +493,17 @@ if not FAST:  # only the full run writes the committed result
 
 # %% [markdown]
 # **What the sweep shows, and what it cannot.** After 150 steps the four models end within 2.8 points of each
-# other (k = 0, 1, 3, 5: 35.0, 37.6, 35.4, 34.8 %), top-1 does not rise with k, and after the first epoch all
-# four are within 3 points. A top-1 near 36 % on 500 images has a standard error of 2.1 points, a difference 3:
-# every gap is inside the noise, and the gates stayed within 0.002 of σ(1). So this neither confirms nor
+# other (k = 0, 1, 3, 5: 35.0, 37.6, 35.4, 34.8 %), top-1 does not rise with k, and after the first epoch all four
+# are within 3 points. One seed each: every gap is within two of the spread two seeds of one model show (2.3 points
+# on the grid's 500 dev images, above), and the gates stayed within 0.002 of σ(1). So this neither confirms nor
 # contradicts Fig. 8a (300 epochs on 100 ImageNet classes): at this budget one seed cannot see an effect of a few
 # points. To look for one: train longer, repeat each k over seeds, score on more images, vary α too.
 
 # %%
 committed = json.loads(Path("results/gpsa-layers/sweep.json").read_text())  # the full run's, in both modes
 final, epoch1 = ({int(k): r["dev_top1"][i] for k, r in committed["runs"].items()} for i in (-1, 0))
-se = 100 * math.sqrt(0.36 * 0.64 / committed["dev_images"])  # the standard error of one top-1 near 36 %
-print(f"dev top-1 after {committed['steps']} steps: {final}; after the first epoch: {epoch1}; one top-1's standard "
-      f"error {se:.1f} points, a difference's {se * math.sqrt(2):.1f}")
-# the prose's numbers, kept in step with the committed record (bookkeeping, not evidence)
-assert (committed["train_images"], committed["dev_images"], committed["steps"]) == (1000, 500, 150)
-assert final == {0: 35.0, 1: 37.6, 3: 35.4, 5: 34.8} and (round(se, 1), round(se * math.sqrt(2))) == (2.1, 3)
-assert max(final.values()) - min(final.values()) < se * 2**0.5 and max(epoch1.values()) - min(epoch1.values()) <= 3
+print(f"{committed['train_images']} training images, {committed['dev_images']} dev images, {committed['steps']} steps; "
+      f"dev top-1 at the end {final}, after the first epoch {epoch1}")
+assert max(final.values()) - min(final.values()) < 2 * two_runs and final[max(final)] <= final[0] + two_runs
+assert max(epoch1.values()) - min(epoch1.values()) <= 3  # all four within 3 points after the first epoch
 assert all(abs(g - 1 / (1 + math.exp(-1))) < 0.002 for r in committed["runs"].values() for g in r["gates"])

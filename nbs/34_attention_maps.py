@@ -47,6 +47,7 @@ from convit_edu.datasets import build_datasets, tiny_imagenet
 from convit_edu.evaluation import evaluate, format_masking, masking_table
 from convit_edu.locality import (gates, model_nonlocality, nonlocality, plot_gate_history, plot_nonlocality_history,
                                  read_locality)
+from convit_edu.optimisation import learning_rate_sum
 from convit_edu.zoo import create_model, mask_at_test_time
 
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -162,11 +163,11 @@ plot_attention_maps({"ConViT (init)": convit0}, images[:1], layers=[0, 4])
 # %% [markdown]
 # ## Longer-trained models: the experiments' runs on all the data
 #
-# The experiments of chapters 35-40 train a wider DeiT and ConViT — width 72, **9 heads** (a 3 × 3 kernel with one head
-# on the query patch), 6 blocks, the ConViT's first 4 GPSA — for 3 744 optimiser steps of 32 images (24 epochs of the
-# 5 000 images, f = 100 %, seed 0), and records both instruments about 20 times per run with this chapter's
-# `LocalityRecorder`, on 16 validation images (`locality.json` beside each run's logs). Figs. 5 and 6 from those
-# records:
+# The experiments' models (chapter 35) are a wider DeiT and ConViT — width 72, **9 heads** (a 3 × 3 kernel with one
+# head on the query patch), 6 blocks, the ConViT's first 4 GPSA. The first version of their grid (chapter 39) trained
+# them at 64 px in 8-px patches for 3 744 optimiser steps of 32 images (24 epochs of the 5 000 images, f = 100 %,
+# seed 0), recording both instruments about 20 times per run with chapter 33's `LocalityRecorder`, on 16 validation
+# images (`locality.json` beside each run's logs). Figs. 5 and 6 from those records:
 
 # %%
 RESULTS = Path("results/sample-efficiency")  # the first design's committed runs (chapter 39)
@@ -243,7 +244,9 @@ plot_gates(g, title="σ(λ) after 24 epochs of 5 000 images")
 # ### The official logging's bug on trained models
 #
 # The nonlocality per layer measured on the embedded patches (chapter 33's approximation of the official logging)
-# against the blocks' true inputs, on the 64 probe images. Block 1 agrees by construction; the deeper blocks do not:
+# against the blocks' true inputs, on the 64 probe images. For block 1 the two are one computation (its true input
+# *is* the embedded patches); the deeper blocks differ (full mode checks it below, on the whole validation set's
+# probe):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -255,7 +258,6 @@ for name, model in loaded.items():
     bug[name] = (true_in, official)
     print(f"{name:>6}  true input: " + " ".join(f"{v:5.2f}" for v in true_in))
     print(f"{'':>6}  embeddings: " + " ".join(f"{v:5.2f}" for v in official))
-    torch.testing.assert_close(true_in[0], official[0])
 
 # %% [markdown]
 # ### Fig. 7: attention maps, DeiT and ConViT side by side
@@ -273,6 +275,77 @@ plot_attention_maps(loaded, probe[:1], layers=[1, 5], show_image=probe[0] * std 
 
 # %%
 plot_attention_maps(loaded, probe, layers=[0, 5])
+
+# %% [markdown]
+# ### The learned positional embedding (Table 5 made concrete)
+#
+# Both models add a learned embedding `pos_embed` to every patch before the first block (the DeiT has one more slot,
+# its class token's, left out here). What position does it encode? For each patch, the cosine similarity of its
+# embedding with every other patch's, drawn as a small 8 × 8 map at that patch's place: an 8 × 8 grid of maps. An
+# untrained embedding (random, σ = 0.02) has no structure, every map flat near 0; a learned one that codes position
+# makes each patch most like its neighbours.
+
+# %%
+#| export
+import torch.nn.functional as F
+from einops import rearrange
+
+from convit_edu.models import VisionTransformer
+
+
+def position_similarity(model: VisionTransformer) -> Tensor:
+    """Cosine similarity of every patch's learned position embedding (``pos_embed``, without the class token's
+    slot) with every other patch's: (rows, cols, rows, cols), ``[r, c]`` the map of patch (r, c) (SM F, Table 5:
+    what masking the positional embedding removes)."""
+    rows, cols = model.config.grid_size
+    unit = F.normalize(model.pos_embed[0, model.config.pos_embed_prefix_slots:].detach().float(), dim=-1)
+    return (unit @ unit.T).reshape(rows, cols, rows, cols)
+
+
+# %%
+import matplotlib.pyplot as plt
+
+from convit_edu.locality import patch_distances
+
+torch.manual_seed(0)
+untrained = create_model("deit_tiny", img_size=64, patch_size=8, embed_dim=72, num_heads=9, depth=6, num_classes=10)
+similarity = {"untrained": position_similarity(untrained), **{name: position_similarity(m) for name, m in loaded.items()}}
+fig, axes = plt.subplots(1, 3, figsize=(12, 4.2), dpi=80)
+for ax, (name, sim) in zip(axes, similarity.items()):
+    ax.imshow(rearrange(sim, "r c r2 c2 -> (r r2) (c c2)"), cmap="viridis", vmin=-1, vmax=1)
+    for k in range(1, 8):
+        ax.axhline(8 * k - 0.5, color="white", linewidth=0.5)
+        ax.axvline(8 * k - 0.5, color="white", linewidth=0.5)
+    ax.set(title=f"{name}: pos_embed similarity", xticks=[], yticks=[])
+fig.tight_layout()
+plt.show()
+
+# %%
+distance = patch_distances((8, 8))
+rings = {"1": (0.5, 1.01), "√2": (1.01, 1.5), "2": (1.5, 2.01), "2-3": (2.01, 3.0), "3-5": (3.0, 5.0)}
+by_distance = {name: {ring: sim.reshape(64, 64)[(distance > lo) & (distance <= hi)].mean().item()
+                      for ring, (lo, hi) in rings.items()} for name, sim in similarity.items()}
+nearest = {}
+for name, sim in similarity.items():  # the distance from each patch to the patch whose embedding is most like its own
+    others = sim.reshape(64, 64).masked_fill(torch.eye(64, dtype=torch.bool), -2)
+    nearest[name] = (distance.gather(1, others.argmax(1, keepdim=True)) <= 1).float().mean().item()
+assert all(abs(v) < 0.1 for v in by_distance["untrained"].values())
+print("untrained: mean similarity within ±0.1 of 0 at every distance")
+for name in loaded:
+    print(f"{name:>10}: mean similarity at distance " + ", ".join(f"{k} {v:+.2f}" for k, v in by_distance[name].items())
+          + f"; most similar patch a neighbour for {nearest[name]:.0%} of patches")
+for name in loaded:
+    values = list(by_distance[name].values())
+    assert values[0] > 0.5 and all(a > b for a, b in zip(values, values[1:4]))  # falls with distance
+assert nearest["ConViT"] > nearest["DeiT"]
+
+# %% [markdown]
+# Both trained embeddings code position the same way: a patch is most like its neighbours (similarity about 0.6 at
+# one patch, falling through √2 and 2 to about 0 at 2–3 patches and below it further out), and the maps show a second
+# code, centre against border: the border patches resemble one another across the image, most in the DeiT, where
+# for fewer patches the most similar one is a neighbour. One seed of each: a picture of what these two runs learned,
+# not a comparison of the models. It is what masking the embedding removes in Table 5, next: for the DeiT the only
+# position it has; for the ConViT one of two, its GPSA layers attending by relative position besides.
 
 # %% [markdown]
 # ### Tables 5 and 6: masking at test time
@@ -318,12 +391,15 @@ assert all(layer.gate_override is None for layer in model.local_layers) and not 
 #   final GPSA layers escape locality strongly, but so does its first, while the intermediate ones (the second
 #   most) stay more local. None of it comes near the paper's swings.
 # * **Gates (Fig. 6).** In the paper σ(λ) falls in every layer, to about 0 in the last ones. Ours fell by
-#   0.01 to 0.025 from σ(1) = 0.731 (chapter 39: 0.02 to 0.06 at f = 10 %). In logit units a layer's mean
-#   gate moved by at most 0.12 of the 1.89 that this schedule's learning rates would let AdamW move it: the
-#   gradient on λ is small, not the room to move. The ConViT's GPSA layers are still mostly positional, close to
-#   their convolutional start: each head a blurred shift of its channel group, one tap of a 3 × 3 kernel, then the
-#   trained 1 × 1 `proj` (chapter 04). Escaping the convolutional start is slow, which is why GPSA needs its gate (App. A) and
-#   many epochs.
+#   0.01 to 0.025 from σ(1) = 0.731 (chapter 39: 0.02 to 0.06 at f = 10 %). A head's gate is σ(λ_h), so its λ_h is
+#   the gate's logit: a layer's mean λ moved from 1 by at most 0.12, of the 1.89 that this schedule's learning rates
+#   sum to (chapter 23's `learning_rate_sum`, about how far AdamW can move a parameter): the gradient on λ is small,
+#   not the room to move. The ConViT's GPSA layers are still mostly positional, close to their convolutional start:
+#   each head a blurred shift, one tap of a 3 × 3 kernel, of the values, then the trained 1 × 1 `proj` (chapter 04).
+#   The values are no longer each head's own channel group, though: W_v, the identity at initialization
+#   (chapter 03), has moved by a quarter to a third of the identity's norm, and about a quarter of its norm now
+#   brings in other heads' channels (the cell below). Escaping the convolutional start is slow, which is why GPSA
+#   needs its gate (App. A) and many epochs.
 # * **The logging bug** (as chapter 33 approximates it) changes the measured nonlocality of the deeper layers by
 #   about a tenth of a patch
 #   (the DeiT's block 4: 4.10 on its true input, 4.22 on the embeddings); on models whose attention depends
@@ -338,12 +414,16 @@ assert all(layer.gate_override is None for layer in model.local_layers) and not 
 #   opposite of the paper's Table 6, where content is what the late layers need — because our gates are
 #   still at 0.72: the heads have not yet learned to rely on content.
 #
-# The checks below hold these statements to the records of both seeds and to the numbers above (the masking
-# ones in full mode, where the whole validation set is used).
+# The cells below check these statements on the records of both seeds and print the numbers they quote (the
+# masking ones in full mode, where the whole validation set is used).
 
 # %%
 def layer_nonlocality(record: dict) -> Tensor:
     return torch.tensor(record["nonlocality"]).mean(1)
+
+
+run = json.loads((RESULTS / RUNS["ConViT"] / "run.json").read_text())
+lr_sum = learning_rate_sum(TrainConfig.from_dict(run["config"]), run["steps_per_epoch"])
 
 
 for seed in (0, 1):
@@ -353,12 +433,25 @@ for seed in (0, 1):
     assert ((drift > 0.02) & (drift < 0.2)).all()  # every SA layer drifts local, by 0.03 to 0.19 patch
     rise = (layer_nonlocality(convit_rec[-1]) - layer_nonlocality(convit_rec[0]))[:4]
     assert ((rise > 0.1) & (rise < 0.2)).all() and rise[2:].min() > rise[:2].max()  # later layers most
-    end = torch.tensor(convit_rec[-1]["gates"]).mean(1)
-    fall = torch.sigmoid(torch.tensor(1.0)) - end
-    assert ((fall > 0.005) & (fall < 0.03)).all()
-    assert (1 - torch.logit(end)).max() < 0.13  # λ (a layer's mean) moved by 0.12 at most
-    assert round(layer_nonlocality(convit_rec[0])[:4].mean().item(), 2) == 1.98  # the local start
-    print(f"seed {seed}: GPSA nonlocality rise {rise.numpy().round(2)}, gate fall {fall.numpy().round(3)}")
+    gates_end = torch.tensor(convit_rec[-1]["gates"], dtype=torch.float64)  # (layers, heads): σ(λ_h)
+    fall = torch.sigmoid(torch.tensor(1.0, dtype=torch.float64)) - gates_end.mean(1)
+    lam_moved = (1 - torch.logit(gates_end).mean(1)).abs().max().item()  # each head's λ, a layer's mean
+    assert ((fall > 0.005) & (fall < 0.03)).all() and lam_moved < lr_sum / 10  # a small part of its room
+    local_start = layer_nonlocality(convit_rec[0])[:4]
+    assert (local_start < layer_nonlocality(deit_rec[0]).min() / 2).all()  # the GPSA layers start local
+    print(f"seed {seed}: GPSA nonlocality {local_start.mean():.2f} at the start, rise {rise.numpy().round(2)}; gate "
+          f"fall {fall.numpy().round(3)}; a layer's mean λ moved {lam_moved:.2f} of {lr_sum:.2f}")
+convit = loaded["ConViT"]
+heads, head_dim = convit.config.num_heads, convit.config.embed_dim // convit.config.num_heads
+own_group = torch.block_diag(*[torch.ones(head_dim, head_dim)] * heads).bool()  # each head's own channels
+v_moved, v_other = [], []
+for block in convit.blocks[:convit.config.local_up_to_layer]:
+    w, identity = block.attn.v.weight.detach(), torch.eye(convit.config.embed_dim)
+    v_moved.append(((w - identity).norm() / identity.norm()).item())
+    v_other.append(((w * ~own_group).norm() / w.norm()).item())
+print(f"W_v per GPSA layer: moved {[round(v, 2) for v in v_moved]} of the identity's norm; norm outside each "
+      f"head's own channels {[round(v, 2) for v in v_other]}")
+assert min(v_moved) > 0.2 and min(v_other) > 0.2  # trained: not each head's own channel group alone
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -370,7 +463,7 @@ def top1_se(top1: float, n: int) -> float:
 
 if not FAST:
     true_in, official = bug["DeiT"]
-    assert (true_in[1:] - official[1:]).abs().max() > 0.05
+    assert 0.05 < (true_in[1:] - official[1:]).abs().max() < 0.2  # about a tenth of a patch
     deit_t, convit_t = tables["DeiT"], tables["ConViT"]
     diff_se = 2 * top1_se(convit_t["no mask"], len(eval_set))  # four top-1s, as if independent
     deit_drop = deit_t["no mask"] - deit_t["mask pos embed"]
@@ -381,10 +474,8 @@ if not FAST:
     assert position_drop - content_drop > 2 * diff_se  # position matters more here, beyond noise
     print(f"pos embed masked: DeiT -{deit_drop:.1f}, ConViT -{convit_drop:.1f} points; all 4 GPSA layers: "
           f"position -{position_drop:.1f}, content -{content_drop:.1f}; SE of a difference of drops {diff_se:.1f}")
-    # the prose's numbers, as printed: 5.6 / 2.4 / 15 / 1.6 points, 4.10 / 4.22 patches for the DeiT's block 4
-    assert (round(deit_drop, 1), round(convit_drop, 1), round(position_drop), round(content_drop, 1)) == (
-        5.6, 2.4, 15, 1.6)
-    assert (round(float(true_in[3]), 2), round(float(official[3]), 2)) == (4.10, 4.22)
+    print(f"the DeiT's block 4: {float(true_in[3]):.2f} patches on its true input, {float(official[3]):.2f} on the "
+          "embeddings")
 
 # %% [markdown]
 # ## Exercises

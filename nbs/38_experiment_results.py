@@ -17,17 +17,20 @@
 # # What a laptop shows of the ConViT, and why
 #
 # The paper's central experiment (its Table 2) trains a DeiT and a ConViT on a fraction f of ImageNet: the
-# ConViT's lead grows as the data shrinks, from +2 % (relative) on all of it to +24 % on 10 %. Chapters 35–37
-# built a miniature of it for this course's CPU and ran it. This chapter reads its results, pictures first, says
-# what reproduces, what does not, and why (each reason measured), then tests the likeliest reason. How the design
-# came to be is the research log, chapters 39 and 40, in the engineering track.
+# ConViT's lead grows as the data shrinks, from +2 % (relative) on all of it to +24 % on 10 %. Chapter 35 designed a
+# miniature of it for this course's CPU, chapter 36 the rule that judges its differences, and the grid ran. This
+# chapter reads its results, pictures first, and says by that rule what reproduces and what does not; then why,
+# with the reasons it can measure measured, and tests the likeliest one. (How the design came to be, and how the
+# GPU runs were engineered, is the research log, chapters 39 and 40.)
 #
-# **The grid** (`results/second-design/`, its command in `grid.sh`). The first 10 classes of Tiny ImageNet at
-# 48 px in 4-px patches (12 × 12 tokens). Models of width 72 in **9 heads of 8 channels**, depth 6, the ConViT's
-# first 4 blocks GPSA: 0.39 M parameters, from the zoo's `convit_tiny` and `deit_tiny` but not ConViT-Ti (5.7 M,
-# heads of 48). Every run makes the optimiser steps of 60 000 images at batch 32 (1 850 steps), on 350 training
-# images (f = 0.1) or 3 500 (f = 1); four seeds per cell, all scored on the same 1 500 test images, so two models
-# of one seed are compared image by image (chapter 36's paired bootstrap). Table 3's ablations: f = 0.1, seeds 1, 3.
+# **The grids** (chapter 35's design; each folder's command is its `grid.sh`). Two **class sets** so far: the first
+# 10 classes of the course's Tiny ImageNet (`results/second-design/`) and the next 10 (`results/other-classes/`),
+# each its own 10-way task with its own 1 500 test images. At 48 px in 4-px patches (12 × 12 tokens), models of
+# width 72 in **9 heads of 8 channels**, depth 6, the ConViT's first 4 blocks GPSA: 0.39 M parameters, from the
+# zoo's `convit_tiny` and `deit_tiny` but not ConViT-Ti (5.7 M, heads of 48). Every run makes the optimiser steps of
+# 60 000 images at batch 32 (1 850 steps), on 350 training images (f = 0.1) or 3 500 (f = 1). The first set: f = 0.1
+# and f = 1, seeds 1–4, and Table 3's ablations at f = 0.1 with seeds 1 and 3; the next: f = 0.1, seeds 1–4, and
+# the frozen GPSA and App. A's PSA with seeds 1 and 2.
 
 # %% tags=["parameters"]
 import os
@@ -40,7 +43,6 @@ import json
 import math
 import re
 import statistics
-from datetime import datetime
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -48,46 +50,67 @@ import torch
 
 from convit_edu.checks import WrongAnswer, check_answer, expect_error, grade, reveal
 from convit_edu.config import TrainConfig
-from convit_edu.benchmarks import measure_model
 from convit_edu.experiment_design import sample_efficiency_grid, sample_efficiency_scale
 from convit_edu.experiments import locality_histories, run_budget
 from convit_edu.models import VisionTransformer
-from convit_edu.locality import plot_gate_history, plot_nonlocality_history, read_locality
+from convit_edu.locality import plot_gate_history, plot_nonlocality_history
 from convit_edu.optimisation import learning_rate_sum
-from convit_edu.tables import paired_bootstrap, plot_table_2, plot_table_3, relative_gain
-from convit_edu.zoo import count_macs, create_model, model_config
+from convit_edu.tables import (compare, difference, format_table_2, format_table_3, plot_table_2, plot_table_3,
+                               pool_class_sets, relative_gain, run_spread, table_2, table_3, test_top1)
+from convit_edu.zoo import create_model
 
-GRID = Path("results/second-design")  # nbs/results/second-design: the committed records
-grid = json.loads((GRID / "summary.json").read_text())
-by_name = {r["name"]: r for r in grid}
-logs = {name: [json.loads(line) for line in (GRID / name / "log.jsonl").read_text().splitlines()] for name in by_name}
-print(f"{len(grid)} runs:", ", ".join(sorted(by_name)))
+CLASS_SETS = {  # the lesson's class sets, one results folder each: a set that lands is one more line here
+    "classes 0-9": Path("results/second-design"),
+    "classes 10-19": Path("results/other-classes"),
+}
+records = {name: json.loads((folder / "summary.json").read_text()) for name, folder in CLASS_SETS.items()}
+spreads = {name: run_spread(runs) for name, runs in records.items()}  # each set's pooled run-to-run spread
+
+
+def arm(class_set: str, name: str, fraction: float = 0.1) -> list[dict]:
+    """The runs of one arm (an ablation, or the plain ConViT or DeiT) of a class set, by seed."""
+    return sorted((r for r in records[class_set] if (r["ablation"] or r["model"]) == name
+                   and r["fraction"] == fraction), key=lambda r: r["seed"])
+
+
+def rule(class_set: str, a: str, b: str, fraction: float = 0.1) -> dict:
+    """Chapter 36's rule for a − b on one class set: all seeds of each arm, SE_total, the verdict."""
+    return compare(arm(class_set, a, fraction), arm(class_set, b, fraction), spreads[class_set])
+
+
+for name, runs in records.items():
+    print(f"{name}: {len(runs)} runs, pooled run-to-run SD {spreads[name]['sd']:.2f} points "
+          f"({spreads[name]['df']} df)")
 
 # %% [markdown]
 # ## The learning curves
 #
-# Top-1 on the 500 dev images along training, the mean over the seeds (line) and their range (band): at f = 0.1
-# the DeiT, the ConViT, the ConViT with its GPSA layers frozen at their convolutional initialization (Table 3's
-# row f) and App. A's PSA (Eq. 4, no gate); at f = 1 the DeiT and the ConViT.
+# Top-1 on the 500 dev images of the first class set along training, the mean over the seeds (line) and their range
+# (band): at f = 0.1 the DeiT, the ConViT, the ConViT with its GPSA layers frozen at their convolutional
+# initialization (Table 3's row f) and App. A's PSA (Eq. 4, no gate); at f = 1 the DeiT and the ConViT.
 
 # %%
+FIRST, NEXT = list(CLASS_SETS)[:2]  # the two sets the prose reads
+GRID = CLASS_SETS[FIRST]
 CURVES = {0.1: ("deit", "convit", "frozen_gpsa", "psa"), 1.0: ("deit", "convit")}
-LABELS = {"deit": "DeiT", "convit": "ConViT", "frozen_gpsa": "GPSA frozen at init", "psa": "PSA (App. A)"}
+LABELS = {"deit": "DeiT", "convit": "ConViT", "frozen_gate": "frozen gate", "no_conv_init": "no conv init",
+          "frozen_gpsa": "GPSA frozen at init", "psa": "PSA (App. A)"}
 
 
-def curves(model: str, fraction: float) -> tuple[list[int], torch.Tensor]:
-    """The evaluation steps and the dev top-1 of every seed of ``model`` at ``fraction``: (seeds, evaluations)."""
-    names = sorted(n for n in by_name if n.startswith(f"{model}_f{fraction:g}_s"))
-    return [r["step"] for r in logs[names[0]]], torch.tensor([[r["val_top1"] for r in logs[n]] for n in names])
+def dev_log(folder: Path, run: dict) -> list[dict]:
+    """The log rows of a run of ``folder``: its dev top-1 at each evaluation."""
+    return [json.loads(line) for line in (folder / run["name"] / "log.jsonl").read_text().splitlines()]
 
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), dpi=80, sharey=True)
 for ax, (fraction, models) in zip(axes, CURVES.items()):
     for model in models:
-        steps, top1 = curves(model, fraction)
-        line, = ax.plot(steps, top1.mean(0), label=f"{LABELS[model]} ({len(top1)} seeds)")
-        ax.fill_between(steps, top1.min(0).values, top1.max(0).values, color=line.get_color(), alpha=0.15)
-    ax.set(title=f"f = {fraction:g}: {by_name[f'deit_f{fraction:g}_s1']['train_images']} training images",
+        logs = [dev_log(GRID, r) for r in arm(FIRST, model, fraction)]
+        top1 = torch.tensor([[row["val_top1"] for row in log] for log in logs])
+        line, = ax.plot([row["step"] for row in logs[0]], top1.mean(0), label=f"{LABELS[model]} ({len(logs)} seeds)")
+        ax.fill_between([row["step"] for row in logs[0]], top1.min(0).values, top1.max(0).values,
+                        color=line.get_color(), alpha=0.15)
+    ax.set(title=f"f = {fraction:g}: {arm(FIRST, 'deit', fraction)[0]['train_images']} training images",
            xlabel="optimiser steps", ylabel="dev top-1 (%)")
     ax.legend(fontsize=7)
 fig.tight_layout()
@@ -96,48 +119,68 @@ if not FAST:  # the README shows this figure
 plt.show()
 
 # %% [markdown]
-# **A head start, and where it goes.** At the first evaluation (110 steps, 6 % of the run) the ConViT leads the
-# DeiT of the same seed at f = 0.1 in all four seeds, as in the paper's Fig. 8b (on these classes: see the last
-# section), and the lead is gone by the end; at f = 1 there is no consistent lead even early. The two models with
-# a *fixed* local attention, frozen GPSA and PSA, end above both at f = 0.1. The cell measures these leads.
+# **A head start?** In the paper's Fig. 8b the GPSA layers' boost is largest early: after 20 of 300 epochs, 9 GPSA
+# layers almost double the top-1 of none. Here the ConViT is ahead of the DeiT at the first evaluation (110 steps,
+# 6 % of the run) in four seeds of four on the first class set and two of four on the next, at f = 0.1. By
+# chapter 36's rule on the dev images, both arms' spreads and the 500 dev images that every seed shares (σ_b² as
+# on the test images: the dev records keep no per-image answers), the leads are within noise on each set and
+# pooled over both, and so is the difference between the sets: "on the first 10 classes only" would read noise.
+# At f = 1 there is no lead even early. A lead of 1–1.6 points on 25–30 % is 3–6 % more, where the paper's is
+# about 100 %. At the end of training the dev images agree with the test images below: no lead on the first set,
+# one beyond noise on the next.
 
 # %%
-def leads(a: str, b: str, fraction: float, at: int) -> torch.Tensor:
-    """Dev top-1 of ``a`` minus ``b`` of the same seed, at evaluation ``at``, for every seed both ran."""
-    seeds = [s for s in (1, 2, 3, 4) if f"{a}_f{fraction:g}_s{s}" in by_name and f"{b}_f{fraction:g}_s{s}" in by_name]
-    return torch.tensor([logs[f"{a}_f{fraction:g}_s{s}"][at]["val_top1"] - logs[f"{b}_f{fraction:g}_s{s}"][at]["val_top1"]
-                         for s in seeds])
+def dev_difference(class_set: str, fraction: float, at: int) -> dict:
+    """ConViT − DeiT dev top-1 at evaluation ``at`` by the rule, σ_b² taken from the same arms' test answers."""
+    convit, deit = (arm(class_set, m, fraction) for m in ("convit", "deit"))
+    top1 = [[dev_log(CLASS_SETS[class_set], r)[at]["val_top1"] for r in runs] for runs in (convit, deit)]
+    shared = compare(convit, deit, spreads[class_set])["shared"]
+    return {**difference(*top1, shared, 500, spreads[class_set]), "deit_top1": statistics.fmean(top1[1]),
+            "ahead": sum(c > d for c, d in zip(*top1))}
 
 
-mean_se = lambda values: (values.mean().item(), (values.std() / math.sqrt(len(values))).item())  # over seeds
-head_start = {f: leads("convit", "deit", f, 0) for f in CURVES}
-for f, lead in head_start.items():
-    m, se = mean_se(lead)
-    end_m, end_se = mean_se(leads("convit", "deit", f, -1))
-    print(f"f = {f:g}: ConViT - DeiT at the first evaluation {[round(v, 1) for v in lead.tolist()]} -> "
-          f"{m:+.1f} ± {se:.1f} points; at the end {end_m:+.1f} ± {end_se:.1f}")
-assert (head_start[0.1] > 0).all() and (head_start[1.0] < 0).any()  # every seed at f = 0.1, not at f = 1
+head_start = {(s, f, at): dev_difference(s, f, at) for s in (FIRST, NEXT) for f in CURVES for at in (0, -1)
+              if arm(s, "convit", f)}
+for (s, f, at), d in head_start.items():
+    print(f"{s}, f = {f:g}, {'first' if at == 0 else 'last'} evaluation: ConViT - DeiT {d['diff']:+.1f} ± "
+          f"{d['se']:.1f} dev points ({100 * d['diff'] / d['deit_top1']:+.0f} %), ahead in {d['ahead']} of 4 seeds: "
+          f"{d['verdict']}")
+starts = [head_start[s, 0.1, 0] for s in (FIRST, NEXT)]
+both = pool_class_sets(starts)
+apart = starts[0]["diff"] - starts[1]["diff"], math.hypot(starts[0]["se"], starts[1]["se"])
+print(f"first evaluation, f = 0.1, pooled over the class sets: {both['diff']:+.1f} ± {both['se']:.1f}, "
+      f"{both['verdict']}; first set minus next: {apart[0]:+.1f} ± {apart[1]:.1f}")
+assert all(d["verdict"] == "within noise" for (s, f, at), d in head_start.items() if at == 0 or s == FIRST)
+assert head_start[NEXT, 0.1, -1]["verdict"] == "larger" and both["verdict"] == "within noise"
+assert abs(apart[0]) < 2 * apart[1] and [d["ahead"] for d in starts] == [4, 2]
+assert all(d["diff"] / d["deit_top1"] < 0.1 for d in starts)  # not Fig. 8b's doubling: under 10 % more
 
 # %% [markdown]
-# ## Tables 2 and 3, with their paired standard errors
+# ## Tables 2 and 3 by chapter 36's rule
 #
-# Table 2: every run's test top-1 (dots) and the ConViT's relative gain over the DeiT ± 2 paired standard errors,
-# beside the paper's (DeiT-S, ConViT-S). Table 3 at f = 0.1: each row minus the ConViT of its seeds ± 2 paired
-# standard errors, beside the paper's at 10 % (its S+ models; App. A gives the PSA no number at 10 %).
+# Each class set's tables, then the first set's as pictures beside the paper's: every run's test top-1 (dots) and
+# the ConViT's relative gain ± 2 SE_total (DeiT-S and ConViT-S in the paper); Table 3 at f = 0.1, each row minus the
+# ConViT, all seeds of both, ± 2 SE_total, beside the paper's at 10 % (its S+ models; App. A gives the PSA no number
+# at 10 %).
 
 # %%
-plot_table_2(grid, {0.1: relative_gain(59.6, 48.0), 1.0: relative_gain(81.4, 79.9)})
+for name, runs in records.items():
+    print(f"{name}\n{format_table_2(table_2(runs))}\n\n{format_table_3(table_3(runs, 0.1))}\n")
+
+# %%
+plot_table_2(records[FIRST], {0.1: relative_gain(59.6, 48.0), 1.0: relative_gain(81.4, 79.9)})
 
 # %%
 PAPER_TABLE_3_VS_CONVIT = {"frozen_gate": 57.4 - 59.7, "no_conv_init": 56.9 - 59.7, "frozen_gpsa": 54.3 - 59.7,
                            "deit": 47.8 - 59.7}  # the paper's S+ models at 10 % of ImageNet
-plot_table_3(grid, 0.1, PAPER_TABLE_3_VS_CONVIT)
+plot_table_3(records[FIRST], 0.1, PAPER_TABLE_3_VS_CONVIT)
 
 # %% [markdown]
 # ## Figs. 5 and 6 from the grid
 #
 # The nonlocality of each layer along training (Eq. 8, the mean attention distance in patches) for the DeiT and
-# the ConViT at f = 0.1, seed 1, then its gates σ(λ) per head; the cell after them checks all four seeds.
+# the ConViT at f = 0.1, seed 1 of the first set, then its gates σ(λ) per head; the cell after them checks every
+# seed of both sets.
 
 # %%
 histories = locality_histories(GRID, 0.1, 1)
@@ -147,73 +190,133 @@ plot_nonlocality_history(histories, x="step")
 plot_gate_history(histories["ConViT"], x="step")
 
 # %%
-def check_figs_5_6(folder: Path, seed: int) -> None:
-    """The pictures' claims on one seed's runs at f = 0.1: the DeiT's attention stays spread (each layer's mean
-    nonlocality within 5 % of its start), and every GPSA layer widens."""
+def check_figs_5_6(folder: Path, seed: int) -> float:
+    """One seed's runs at f = 0.1 against Figs. 5 and 6: every GPSA layer widens (the paper's), each DeiT layer's
+    mean nonlocality stays within 5 % of its start (the paper's DeiT becomes local first); returns the largest
+    fall of a layer's mean gate."""
     h = locality_histories(folder, 0.1, seed)
     deit_start, deit_end = (torch.tensor(h["DeiT"][i]["nonlocality"]).mean(-1) for i in (0, -1))
     gpsa_start, gpsa_end = (torch.tensor(h["ConViT"][i]["nonlocality"]).mean(-1)[:4] for i in (0, -1))
-    print(f"seed {seed}: DeiT layers {deit_start.min():.2f}-{deit_start.max():.2f} -> {deit_end.min():.2f}-"
-          f"{deit_end.max():.2f} patches; GPSA layers {gpsa_start.min():.2f} -> {gpsa_end.min():.2f}-{gpsa_end.max():.2f}")
-    assert ((deit_end - deit_start).abs() < 0.05 * deit_start).all()
-    assert (gpsa_end > gpsa_start).all()
+    gates = [torch.tensor(h["ConViT"][i]["gates"]).mean(-1) for i in (0, -1)]
+    print(f"{folder.name}, seed {seed}: GPSA layers {gpsa_start.min():.2f} -> {gpsa_end.min():.2f}-"
+          f"{gpsa_end.max():.2f} patches; DeiT layers {deit_start.min():.2f}-{deit_start.max():.2f} -> "
+          f"{deit_end.min():.2f}-{deit_end.max():.2f}; mean gates {gates[0].min():.2f} -> {gates[1].min():.2f}-"
+          f"{gates[1].max():.2f}")
+    assert (gpsa_end > gpsa_start).all() and ((deit_end - deit_start).abs() < 0.05 * deit_start).all()
+    assert (gates[1] < gates[0]).all()  # every layer's mean gate falls, as in Fig. 6
+    return (gates[0] - gates[1]).max().item()
 
 
-for seed in (1, 2, 3, 4):
-    check_figs_5_6(GRID, seed)
+falls = [check_figs_5_6(CLASS_SETS[name], r["seed"]) for name in (FIRST, NEXT) for r in arm(name, "convit")]
+print(f"the largest fall of a layer's mean gate: {max(falls):.2f}")
+assert max(falls) < 0.1  # Fig. 6's late layers fall from 0.73 to about 0
 
 # %% [markdown]
 # ## What reproduces, and what does not
 #
-# Each comparison is a paired difference of test top-1 on the 1 500 test images with its standard error: a
-# difference beyond two standard errors, *within noise* otherwise. The claims are the table `CLAIMS`, checked.
+# Every comparison below is chapter 36's rule on one class set: all seeds of each arm, SE_total with the pooled
+# run-to-run SD for an arm of two seeds (marked `*` in the tables above), "larger" or "smaller" beyond two SE_total,
+# "within noise" otherwise. The claims are the table `CLAIMS`, checked; each line also prints the seed-level Welch t
+# and the seed-paired mean that earlier tables of one pair per seed reported.
 
 # %%
-def verdict(d: dict) -> str:
-    """How the prose may word a paired difference ``d``: beyond two standard errors, or within noise."""
-    z = d["diff"] / d["diff_se"]
-    return "larger" if z > 2 else "smaller" if z < -2 else "within noise"
-
-
-def paired(a: str, b: str, seeds: tuple[int, ...], fraction: float = 0.1, runs: dict = by_name) -> dict:
-    return paired_bootstrap([runs[f"{a}_f{fraction:g}_s{s}"]["test_correct"] for s in seeds],
-                            [runs[f"{b}_f{fraction:g}_s{s}"]["test_correct"] for s in seeds])
-
-
-CLAIMS = {  # (a, b, seeds, fraction): what the prose says of a − b
-    ("convit", "deit", (1, 2, 3, 4), 0.1): "within noise", ("convit", "deit", (1, 2, 3, 4), 1.0): "within noise",
-    ("frozen_gpsa", "convit", (1, 3), 0.1): "larger", ("psa", "convit", (1, 3), 0.1): "larger",
-    ("frozen_gpsa", "deit", (1, 3), 0.1): "within noise", ("psa", "deit", (1, 3), 0.1): "within noise"}
-for (a, b, seeds, f), said in CLAIMS.items():
-    d = paired(a, b, seeds, f)
-    z = d["diff"] / d["diff_se"]
-    print(f"f = {f:g}, seeds {seeds}: {LABELS[a]} - {LABELS[b]} = {d['diff']:+.1f} ± {d['diff_se']:.1f} points "
-          f"({z:+.1f} SE): {said}")
-    assert verdict(d) == said, (a, b, z)
+CLAIMS = {  # (class set, a, b, fraction): what the prose says of a − b
+    (FIRST, "convit", "deit", 0.1): "within noise", (FIRST, "convit", "deit", 1.0): "within noise",
+    (NEXT, "convit", "deit", 0.1): "larger",
+    (FIRST, "frozen_gpsa", "deit", 0.1): "larger", (FIRST, "psa", "deit", 0.1): "larger",
+    (NEXT, "frozen_gpsa", "deit", 0.1): "larger", (NEXT, "psa", "deit", 0.1): "larger",
+    (FIRST, "frozen_gpsa", "convit", 0.1): "larger", (FIRST, "psa", "convit", 0.1): "larger",
+    (NEXT, "frozen_gpsa", "convit", 0.1): "within noise", (NEXT, "psa", "convit", 0.1): "within noise",
+    (FIRST, "frozen_gate", "convit", 0.1): "within noise", (FIRST, "no_conv_init", "convit", 0.1): "larger",
+    (FIRST, "no_conv_init", "deit", 0.1): "larger", (FIRST, "frozen_gate", "deit", 0.1): "within noise",
+    (FIRST, "no_conv_init", "frozen_gpsa", 0.1): "within noise"}
+verdicts = {}
+for (s, a, b, f), said in CLAIMS.items():
+    c = verdicts[s, a, b, f] = rule(s, a, b, f)
+    paired = c["paired"]
+    print(f"{s}, f = {f:g}: {LABELS[a]} - {LABELS[b]} = {c['diff']:+.1f} ± {c['se']:.1f}{'*' * any(c['pooled'])} "
+          f"({c['z']:+.1f} SE): {c['verdict']}; Welch t {c['t']:+.1f} on {c['df']:.0f} df; seed-paired "
+          f"{paired['mean']:+.1f} (seeds {', '.join(map(str, paired['seeds']))})")
+    assert c["verdict"] == said, (s, a, b, f, c["z"])
 
 # %% [markdown]
-# **Table 2 depends on the classes.** On these 10 the ConViT does not beat the DeiT at f = 0.1 or at f = 1; both
-# differences are within noise, where the paper's are +11.6 and +1.5 points. On the next 10 classes it does at
-# f = 0.1, beyond two standard errors but far below the paper (the last section).
+# **Table 2 depends on the classes.** On the first 10 the ConViT does not beat the DeiT at f = 0.1 (−0.3 ± 0.7
+# points) or at f = 1 (−1.1 ± 0.6); both are within noise, where the paper's are +11.6 and +1.5 points. On the next
+# 10 it does at f = 0.1, +2.6 ± 0.8 points, beyond two SE_total; the seed-level Welch t is 4.4 on 6 df, the
+# seed-paired t 3.4 on 3 df (p = 0.04): past the bar, far below the paper. Pooled over the 20 classes (below)
+# the gap is about a point, at the edge of two standard errors.
 #
-# **Reproduces, in direction, on both sets of classes:**
-# - *A fixed convolutional prior at least matches learned attention where data is scarce* (Table 3's row f,
-#   App. A). Here the frozen GPSA and the PSA end above the trained ConViT, beyond two standard errors, and level
-#   with the DeiT (two seeds; the ConViT of seeds 1 and 3 is the weaker pair of its four). On the next 10 classes
-#   both end above the DeiT and level with the ConViT (seeds 1 and 2).
-# - *The GPSA layers escape locality while the DeiT's attention stays spread* (Figs. 5–6), in every seed, smaller
-#   than the paper's.
+# **Reproduces, in direction, on both class sets: a fixed convolutional prior beats the DeiT where data is scarce**
+# (Table 3's row f, App. A). The frozen GPSA and the PSA end 1.9 to 2.7 points above the DeiT, beyond two SE_total
+# (two seeds each, with the pooled SD; the paper's frozen GPSA leads its DeiT by 6.5 at 10 %).
 #
-# **On these classes only: the head start** (Fig. 8b): the ConViT ahead at the first evaluation in all four seeds
-# at f = 0.1, gone by the end; on the next 10 classes, in two seeds of four.
+# **Does not reproduce: what Table 3 credits to the trained ConViT.** Nothing the paper removes costs anything here.
+# On the first 10 classes the frozen gate is level with the trained ConViT, and removing the convolutional
+# initialization (row c, +1.8 ± 0.7), freezing the GPSA layers (+2.1) and the PSA (+2.8) end *above* it, beyond two
+# SE_total, where the paper has rows c and f 2.8 and 5.4 points below (App. A gives the PSA no number at 10 %). On
+# the next 10 the frozen GPSA and the PSA are level with the ConViT. That row c also beats the DeiT (+1.6) says that
+# what helps here does not need the convolutional initialization: GPSA layers whose positional attention starts at
+# random end level with layers frozen at the convolution. What both have and the DeiT lacks (attention on relative
+# offsets, the class token joining late) is where the gain could come from; these runs do not separate it. The soft
+# half of the ConViT — trained gates that leave the prior where content pays, so that the trained model beats both
+# the DeiT and its own frozen prior — shows on neither set.
 #
-# What the paper sees and neither set of classes shows is the *soft* half of the ConViT: trained gates that leave
-# the prior where content pays, so that the trained ConViT beats both the DeiT and its own frozen prior.
+# *Pairing by seed would have told another story.* The seed-paired means put the frozen GPSA and the PSA level with
+# the DeiT on the first 10 classes (+1.2, +1.9) and every row further above the ConViT: their seeds, 1 and 3, are the
+# DeiT's two best runs of four and the ConViT's two weakest (the cell below), chance that the seed does not pair.
+#
+# **Figs. 5–6, half of them.** Every GPSA layer widens in every seed of both sets, as the paper's escape
+# locality, by less; the gates fall the paper's way, by at most 0.07. But the DeiT's attention stays spread (each
+# layer within 5 % of its start), where the paper's DeiT becomes local in its first epochs: that half does not
+# reproduce.
+
+# %%
+for model, best in (("deit", True), ("convit", False)):
+    runs = sorted(arm(FIRST, model), key=test_top1, reverse=best)
+    print(f"{LABELS[model]}, first 10 classes, test top-1 by seed: "
+          + ", ".join(f"seed {r['seed']} {test_top1(r):.1f}" for r in sorted(runs, key=lambda r: r["seed"])))
+    assert {r["seed"] for r in runs[:2]} == {1, 3}  # the DeiT's two best, the ConViT's two weakest
+
+# %% [markdown]
+# ## Table 2 over every class set
+#
+# The class sets share no class, image or run, so chapter 36 pools them, each weighted by its test images; the
+# registered verdict is the one over 40 classes (`results/classes-20-39/README.md`, written before that grid ran),
+# which the set of classes 20–39 completes.
+
+# %%
+table_2_sets = {name: rule(name, "convit", "deit") for name in CLASS_SETS}
+pooled = pool_class_sets(list(table_2_sets.values()))
+for name, c in table_2_sets.items():
+    print(f"{name}: ConViT - DeiT at f = 0.1 {c['diff']:+.2f} ± {c['se']:.2f} on {c['images']:,} test images, "
+          f"{c['verdict']}")
+print(f"pooled over {pooled['sets']} class sets ({pooled['images']:,} test images): {pooled['diff']:+.2f} ± "
+      f"{pooled['se']:.2f} ({pooled['z']:+.1f} SE): {pooled['verdict']}")
+twenty = pool_class_sets([table_2_sets[FIRST], table_2_sets[NEXT]])  # classes 0-19, whatever sets follow
+by_seed = []  # the same 20 classes with each set's seeds paired, as the earlier tables did
+for name in (FIRST, NEXT):
+    c = table_2_sets[name]
+    diffs = c["paired"]["diffs"]
+    by_seed.append({**c, "se": math.sqrt(statistics.variance(diffs) / len(diffs) + 1e4 * c["shared"] / c["images"])})
+paired_twenty = pool_class_sets(by_seed)
+print(f"classes 0-19: {twenty['diff']:+.2f} ± {twenty['se']:.2f} ({twenty['z']:+.1f} SE); with the seeds paired "
+      f"± {paired_twenty['se']:.2f} ({paired_twenty['z']:+.1f} SE)")
+assert twenty["verdict"] == "larger" and twenty["z"] < 2.5 and paired_twenty["verdict"] == "within noise"
+
+# %% [markdown]
+# **Over the 20 classes run so far** the ConViT leads the DeiT at f = 0.1 by 1.2 ± 0.5 points: 2.2 standard errors,
+# past the rule's bar by a little, and by a margin that depends on how the noise is counted. Pairing each set's
+# seeds, as the earlier tables did, widens the error to 0.6 and leaves the lead at 1.9 standard errors, within
+# noise; the seed does not pair runs (chapter 36), so the rule's number stands, but a result this close to the bar
+# is a lean, not a finding. Classes 20–39 decide it: the registered verdict is the pooled one over all 40 classes,
+# twice the test images of these two sets together, and this chapter reads it, whichever way it falls, when that
+# grid's folder joins `CLASS_SETS`. At this budget the laptop's gap, if there is one, is a point or two, against the
+# paper's 11.6.
 
 # %% [markdown]
 # ## Why: what the grid gave the ConViT, against the paper
 #
-# Five measured differences between these runs and the paper's, each a reason the soft half may not show:
+# Three measured differences between these runs and the paper's, each a reason the soft half may not show:
 
 # %%
 record = json.loads((GRID / "convit_f0.1_s1" / "run.json").read_text())
@@ -221,29 +324,36 @@ grid_cfg = TrainConfig.from_dict(record["config"])
 grid_sum = learning_rate_sum(grid_cfg, record["steps_per_epoch"])
 paper_cfg = TrainConfig(lr=5e-4, global_batch=1024, epochs=300, warmup_epochs=5)  # DeiT's recipe on ImageNet
 paper_sum = learning_rate_sum(paper_cfg, steps_per_epoch=1_281_167 // 1024)
+li_cfg = TrainConfig(lr=5e-4 * 512 / 128, global_batch=128, epochs=300, warmup_epochs=20, min_lr=5e-6)
+li_sum = learning_rate_sum(li_cfg, steps_per_epoch=math.ceil(50_000 / 128))  # Li et al.'s CIFAR-100 recipe
 small = create_model("convit_tiny", img_size=48, num_classes=10, **grid_cfg.model_args)
 sizes = {name: sum(p.numel() for p in create_model(name).parameters()) for name in ("convit_tiny", "convit_small")}
-gates_end = torch.tensor([by_name[f"convit_f{f:g}_s{s}"]["gates_end"] for f in CURVES for s in (1, 2, 3, 4)])
+gates_end = torch.tensor([r["gates_end"] for s in CLASS_SETS for f in CURVES for r in arm(s, "convit", f)])
 lam_moved = (1 - torch.logit(gates_end)).abs().max().item()  # a layer's mean gate, back to λ's units
 print(f"learning-rate sum (how far AdamW may move λ): grid {grid_sum:.2f}, paper {paper_sum:.0f} "
-      f"({paper_sum / grid_sum:.0f} times)")
+      f"({paper_sum / grid_sum:.0f} times), Li et al. {li_sum:.0f}")
 print(f"images seen per run: grid {grid_cfg.global_batch * record['steps_per_epoch'] * grid_cfg.epochs:,}, "
       f"paper {300 * 1_281_167:,}; training images at f = 0.1: 350 against 128 116")
 print(f"parameters: grid {sum(p.numel() for p in small.parameters()) / 1e6:.2f} M, ConViT-Ti "
       f"{sizes['convit_tiny'] / 1e6:.1f} M, ConViT-S {sizes['convit_small'] / 1e6:.1f} M; channels per head: grid "
       f"{small.config.embed_dim // small.config.num_heads}, ConViT-Ti and -S 48, DeiT-Ti and -S 64")
-print(f"the gates: a layer's mean λ moved at most {lam_moved:.2f} from 1, of the {grid_sum:.2f} its rates allowed")
-assert paper_sum > 50 * grid_sum and lam_moved < grid_sum / 5  # the gates used a small part of their room
+print(f"the gates: a layer's mean σ(λ), read back as a λ, moved at most {lam_moved:.2f} from 1, "
+      f"of the {grid_sum:.2f} its rates allowed")
+assert paper_sum > 50 * grid_sum and li_sum > 10 * grid_sum and lam_moved < grid_sum / 5
 
 # %% [markdown]
 # - **Optimisation.** AdamW moves a parameter by roughly its learning rate per step, so a gate's λ can travel
-#   about the sum of the rates over the run: about 190 in the paper's runs (about 28 in Li et al., ECCV 2022, whose
-#   CIFAR-100 runs show the gap), 1.86 here. A layer's mean λ moved at most 0.27, a seventh of that: the push on λ
-#   is steady but weak, so how far a gate goes scales with the sum, which the paper's runs have 100 times.
+#   about the sum of the rates over the run: about 190 in the paper's runs, 1.86 here. One independent small-data
+#   result shows the gap: Li et al., *Locality Guidance for Improving Vision Transformers on Tiny Datasets* (ECCV
+#   2022), train DeiT-Ti and ConViT-Ti from scratch on CIFAR-100 (50 000 images, 300 epochs at batch 128, a base
+#   rate of 5·10⁻⁴ with 20 warm-up epochs, their `configs/`): 65.1 against 75.3 % (their README), at a sum of about
+#   30 by this course's per-step schedule (the cell). A layer's mean gate here moved by the equivalent of at most
+#   0.32 in λ, a sixth of its 1.86: the push on λ is steady but weak, so how far a gate goes scales with the sum.
 # - **Data.** The paper trains every fraction on the same 384 M images (its epochs scale as 1/f): at f = 0.1, 128 000
 #   images seen 3 000 times each. Here a run sees 59 200 images: at f = 0.1, 350 images seen about 170 times.
-# - **Model.** 0.39 M parameters and heads of 8 channels, where ConViT-Ti has 5.7 M and 48: content attention of
-#   8 channels has little to add to the prior, so the gates have little reason to open.
+# - **Model.** 0.39 M parameters and heads of 8 channels, where ConViT-Ti has 5.7 M and 48. Whether content
+#   attention of 8 channels has too little to add to the prior for the gates to open is a conjecture: no run here
+#   varies the width (chapter 39's one wider pilot is one seed, within noise).
 #
 # Which of these holds the gates? The next section tests the first.
 
@@ -251,7 +361,7 @@ assert paper_sum > 50 * grid_sum and lam_moved < grid_sum / 5  # the gates used 
 # ## The mechanism, shown cheaply: a diagnostic
 #
 # If the learning-rate sum is what holds the gates, giving the gates alone the paper's sum should let them move
-# as in Fig. 6. One run per fraction repeats the grid's ConViT of seed 1 with one change, `gate_lr_scale=100`
+# as in Fig. 6. One run per fraction repeats the first set's ConViT of seed 1 with one change, `gate_lr_scale=100`
 # (chapter 23): every λ learns at 100 times the rate, a sum of 186 against the paper's 189; every other parameter
 # keeps the grid's rates. A diagnostic, not a reproduction (the paper gives *every* parameter that sum), and one
 # seed (`results/gate-lr-diagnostic/`, its command in `run.sh`).
@@ -269,12 +379,13 @@ for f in CURVES:
     diag_records[f] = json.loads((folder / "record.json").read_text())
     gate_sum = config["gate_lr_scale"] * diag_records[f]["lr_sum"]  # the gates' learning-rate sum
     print(f"f = {f:g}: the gates' learning-rate sum {gate_sum:.0f}, the paper's {paper_sum:.0f}")
-    assert (round(gate_sum), round(paper_sum)) == (186, 189)  # the prose above
+    assert abs(gate_sum - paper_sum) < 0.05 * paper_sum
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.2), dpi=80, sharey=True)
 for ax, f in zip(axes, CURVES):
     for layer in range(4):
-        for rows, style, who in ((logs[f"convit_f{f:g}_s1"], ":", "grid"), (diag_logs[f], "-", "gates at 100× lr")):
+        for rows, style, who in ((dev_log(GRID, arm(FIRST, "convit", f)[0]), ":", "grid"),
+                                 (diag_logs[f], "-", "gates at 100× lr")):
             ax.plot([0] + [r["step"] for r in rows], [1 / (1 + math.exp(-1))] + [r["gates"][layer] for r in rows],
                     style, color=f"C{layer}", label=f"layer {layer + 1}, {who}")
     ax.set(title=f"f = {f:g}, seed 1: mean σ(λ) per GPSA layer", xlabel="optimiser steps", ylim=(0, 1))
@@ -283,41 +394,46 @@ fig.tight_layout()
 plt.show()
 
 # %%
-DIAGNOSTIC_CLAIMS = {  # (fraction, the grid's run of seed 1): what the prose says of the diagnostic ConViT minus it
+DIAGNOSTIC_CLAIMS = {  # (fraction, an arm of the first set): what the prose says of the diagnostic ConViT minus it
     (0.1, "convit"): "within noise", (1.0, "convit"): "within noise", (0.1, "deit"): "within noise",
     (1.0, "deit"): "within noise", (0.1, "frozen_gpsa"): "smaller"}
 for f in CURVES:
-    print(f"f = {f:g}: mean σ(λ) per GPSA layer at the end {[round(g, 2) for g in diag_records[f]['gates_end']]}, "
-          f"the grid's {[round(g, 2) for g in by_name[f'convit_f{f:g}_s1']['gates_end']]}")
-    assert all(d < g for d, g in zip(diag_records[f]["gates_end"], by_name[f"convit_f{f:g}_s1"]["gates_end"]))
-    first, *middle, last = (round(g, 2) for g in diag_records[f]["gates_end"])  # the prose's ranges, below
-    assert all(0.28 <= g <= 0.38 for g in middle) and all(0.50 <= g <= 0.64 for g in (first, last))
+    diag, grid_gates = diag_records[f]["gates_end"], arm(FIRST, "convit", f)[0]["gates_end"]
+    print(f"f = {f:g}: mean σ(λ) per GPSA layer at the end {[round(g, 2) for g in diag]}, the grid's "
+          f"{[round(g, 2) for g in grid_gates]}")
+    assert all(d < g for d, g in zip(diag, grid_gates)) and max(diag[1:3]) < min(diag[0], diag[3])
+    assert min(diag) > 0.25 and diag[3] > 0.45  # no layer near 0, where Fig. 6's late layers end
 for (f, other), said in DIAGNOSTIC_CLAIMS.items():
-    d = paired_bootstrap([diag_records[f]["test_correct"]], [by_name[f"{other}_f{f:g}_s1"]["test_correct"]])
-    print(f"f = {f:g}: test top-1 {d['convit_top1']:.1f} %, minus the grid's {LABELS[other]} of seed 1 "
-          f"({d['deit_top1']:.1f} %): {d['diff']:+.1f} ± {d['diff_se']:.1f} (paired over images): {said}")
-    assert verdict(d) == said, (f, other, d)
+    c = compare([diag_records[f]], arm(FIRST, other, f), spreads[FIRST])
+    print(f"f = {f:g}: test top-1 {test_top1(diag_records[f]):.1f} %, minus the grid's {LABELS[other]} "
+          f"({len(arm(FIRST, other, f))} seeds): {c['diff']:+.1f} ± {c['se']:.1f}* ({c['z']:+.1f} SE): {c['verdict']}; "
+          f"Welch t {c['t']:+.1f} on {c['df']:.0f} df (p {c['p']:.2f})")
+    assert c["verdict"] == said, (f, other, c["z"])
 
 # %% [markdown]
-# **What the diagnostic shows.** Given the paper's learning-rate sum, the gates move as Fig. 6's do, in direction
-# and a good part of its size: every GPSA layer ends below its grid twin, the middle two at 0.28–0.38 (from 0.73),
-# the first and the last at 0.50–0.64 (the paper's late layers reach 0). So what held the grid's gates is the
-# optimisation, not a gradient that pushes them nowhere. It rules out that this alone is what the trained ConViT
-# lacked: with free gates it scores within noise of the grid's ConViT and DeiT, and at f = 0.1 below the frozen
-# GPSA. Here, content attention of 8 channels per head learned from 350 images does not beat the fixed prior;
-# whether it does with wider heads, more images and the paper's sum for every parameter is the GPU's question.
+# **What the diagnostic shows.** Given the paper's learning-rate sum, the gates move the way Fig. 6's do and much
+# further than the grid's: every GPSA layer ends below its grid twin, the middle two lowest, at 0.28–0.38 (from
+# 0.73), the first and the last at 0.50–0.64. The pattern is not the paper's: there the late GPSA layers go to 0 and
+# the early ones keep position; here the last GPSA layer keeps half. So what held the grid's gates is the
+# optimisation, not a gradient that pushes them nowhere. It also rules out that this alone is what the trained
+# ConViT lacked: with free gates it scores within noise of the grid's ConViT and DeiT at both fractions, and at
+# f = 0.1 below the frozen GPSA by 2.0 ± 0.9 points, just past two SE_total: one diagnostic seed, whose spread is
+# the class set's pooled one (`*`), so read it as "not above the frozen prior" more than as a loss. Here content
+# attention of 8 channels per head learned from 350 images does not beat the fixed prior; whether it does with
+# wider heads, more images and the paper's sum for every parameter is a question for a GPU.
 
 # %% [markdown]
-# ## Table 2 at real widths: one command for a GPU
+# ## Table 2 at real widths, one seed on a GPU
 #
-# `results/gpu/real-width/run.sh` asks that question on one GPU: DeiT-Ti and ConViT-Ti at the paper's widths
-# (192 wide, 12 blocks; heads of 64 and 48; the ConViT's first 10 blocks GPSA) on the same 10 classes at 64 px in
-# 4-px patches (16 × 16 tokens, the paper's 14 × 14 at 224 px), the grid's recipe at a batch of 256, f = 0.1 then
-# f = 1, seed 1, every run scored on the grid's 1 500 test images. What each run gets, read from the script's own
-# settings on the split's 350 training images per class:
+# `results/gpu/real-width/run.sh` put that question to a GPU at the paper's widths: DeiT-Ti and ConViT-Ti (192 wide,
+# 12 blocks; heads of 64 and 48; the ConViT's first 10 blocks GPSA) on the first class set at 64 px in 4-px patches
+# (16 × 16 tokens, the paper's 14 × 14 at 224 px), the grid's recipe at a batch of 256, f = 0.1 and f = 1, seed 1,
+# every run scored on the same 1 500 test images. What each run gets, from the script's own settings on the
+# split's 350 training images per class:
 
 # %%
-script = (GRID.parent / "gpu" / "real-width" / "run.sh").read_text()
+REAL_WIDTH = Path("results/gpu/real-width")
+script = (REAL_WIDTH / "run.sh").read_text()
 flags: dict[str, dict] = {"set": {}, "model-arg": {}, "convit-arg": {}}
 for flag, key, value in re.findall(r"--(set|model-arg|convit-arg) (\w+)=(\S+)", script):
     flags[flag][key] = json.loads(value)
@@ -325,123 +441,87 @@ REAL_IMAGES = int(re.search(r"IMAGES:-(\d+)", script).group(1))
 real = sample_efficiency_scale("unused", classes=10, images_per_run=REAL_IMAGES, class_sizes=(350,) * 10,
                                convit_args=flags["convit-arg"], model_args=flags["model-arg"], **flags["set"])
 real_runs = sample_efficiency_grid(real, [0.1, 1.0], [1])
-real_models = {s.name: VisionTransformer(s.config.model_config(num_classes=10, distilled=False)) for s in real_runs}
 budgets = {spec.name: run_budget(spec.config, [350] * 10) for spec in real_runs}
 for spec in real_runs:
-    c = real_models[spec.name].config
-    print(f"{spec.name:<15} {sum(p.numel() for p in real_models[spec.name].parameters()) / 1e6:.2f} M parameters, "
-          f"{c.num_heads} heads of {c.embed_dim // c.num_heads}: {budgets[spec.name][0]:,} images, "
-          f"learning-rate sum {budgets[spec.name][1]:.2f}")
-assert {real_models[n].config.embed_dim // real_models[n].config.num_heads for n in real_models} == {48, 64}
-
-# %% [markdown]
-# Its cost, predicted for one H100 from the GPU check's throughput (chapter 45, run on an H200, whose compute the
-# H100 shares): each model's training images/s in bf16 at batch 256, eager, at 224 px, scaled by the
-# multiply-accumulates of an image here against there (chapter 10's `count_macs`); loading, evaluation and
-# start-up come on top. Then their cost on this CPU, from a measured training step (full mode only; committed:
-# a 2-core Intel Xeon with AMX, nothing else running).
+    model = VisionTransformer(spec.config.model_config(num_classes=10, distilled=False))
+    print(f"{spec.name:<15} {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
+          f"{model.config.num_heads} heads of {model.config.embed_dim // model.config.num_heads}: "
+          f"{budgets[spec.name][0]:,} images, learning-rate sum {budgets[spec.name][1]:.2f}")
+assert all(b[1] < 1 < grid_sum for b in budgets.values())  # half the CPU grid's optimisation
 
 # %%
-checks = [json.loads(path.read_text()) for path in sorted((GRID.parent / "gpu").glob("*/results.json"))]
-check = [c for c in checks if any(phase["name"] == "throughput_ti" for phase in c["phases"])][-1]
-measured = {row["model"]: row["train_images_per_s"] for phase in check["phases"] if phase["name"] == "throughput_ti"
-            for row in phase["details"]["rows"] if row["mode"] == "eager" and row["batch"] == 256}
-scale = {s.name: count_macs(model_config(s.config.model)).total() / count_macs(real_models[s.name].config).total()
-         for s in real_runs}  # the MACs of an image at 224 px over one here
-gpu_seconds = sum(budgets[s.name][0] / (measured[s.config.model] * scale[s.name]) for s in real_runs)
-print(f"one GPU ({check['environment']['gpu']}'s measured throughput, scaled): {gpu_seconds / 60:.1f} minutes of "
-      f"training steps for the {len(real_runs)} runs")
-assert 4 < gpu_seconds / 60 < 6 and all(b == (236_288, b[1]) and b[1] < 1 for b in budgets.values())  # the prose's
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-if not FAST:
-    speeds = {spec.config.model: measure_model(real_models[spec.name], 32, 64, steps=2, num_classes=10)
-              ["train_images_per_s"] for spec in real_runs[:2]}  # the DeiT and the ConViT of f = 0.1
-    cpu_seconds = sum(budgets[spec.name][0] / speeds[spec.config.model] for spec in real_runs)
-    print(f"this CPU ({torch.get_num_threads()} threads): {cpu_seconds / 3600:.0f} hours of training steps for the "
-          "same runs")
+real_records = json.loads((REAL_WIDTH / "summary.json").read_text())
+real_arm = lambda model, f: [r for r in real_records if r["model"] == model and r["fraction"] == f]
+real_rule = {f: compare(real_arm("convit", f), real_arm("deit", f), run_spread(real_records)) for f in CURVES}
+for f, c in real_rule.items():
+    logs = [dev_log(REAL_WIDTH, runs[0]) for runs in (real_arm("convit", f), real_arm("deit", f))]
+    behind = sum(a["val_top1"] < b["val_top1"] for a, b in list(zip(*logs))[1:])
+    run = json.loads((REAL_WIDTH / f"convit_f{f:g}_s1" / "run.json").read_text())
+    warmup = round(run["config"]["warmup_epochs"] * run["steps_per_epoch"])
+    print(f"f = {f:g}, seed 1: ConViT-Ti - DeiT-Ti = {c['diff']:+.1f} ± {c['se_images']:.1f} test points from the "
+          f"images alone: {c['verdict']}; on the dev images the ConViT-Ti behind at {behind} of the "
+          f"{len(logs[0]) - 1} evaluations after the first; warm-up {warmup} steps, gradient clipping "
+          f"{run['config']['clip_grad']}")
+    assert c["basis"] == "images only" and c["verdict"] == "within noise" and behind > (len(logs[0]) - 1) / 2
 
 # %% [markdown]
-# The script's 236 288 images per run are predicted at about 5 minutes of steps on one GPU, at a learning-rate sum
-# under 1, half the CPU grid's: a 9-minute call buys the paper's widths, not its optimisation (at f = 0.1 an epoch is
-# one step of 256 of the 350 images). An H200 try found each one-step epoch waiting on one loader worker (chapter 16's
-# `SplitBatches` now shares it); an H100 rerun (`results/gpu/real-width/`) ran 3 of 4, a CPU the last:
-
-# %%
-real_width = GRID.parent / "gpu" / "real-width"  # the H100 rerun, its ConViT of f = 1 on a CPU; the H200 try apart
-deit_wait = lambda folder: statistics.median(map(int, re.findall(  # % of each one-step epoch, from what it printed
-    r"^epoch \d+/923 step 1/1 .*\((\d+) %\)$", (folder / "log.txt").read_text().split("[2/4]")[0], re.M)))
-waits = {"H200 attempt": deit_wait(real_width / "2026-11-27-h200-first-attempt"), "H100 rerun": deit_wait(real_width)}
-rerun = {r["name"]: r for r in json.loads((real_width / "summary.json").read_text())}
-devices = {n: json.loads((real_width / n / "run.json").read_text())["device"]
-           for n in ("deit_f0.1_s1", "convit_f0.1_s1", "deit_f1_s1", "convit_f1_s1")}
-print(*(f"{n:<15} {rerun[n]['test_top1']:.1f} % test, trained on {device}" for n, device in devices.items()), sep="\n")
-d = {f: paired("convit", "deit", (1,), f, runs=rerun) for f in (0.1, 1.0)}
-cpu_deit = statistics.mean(r["test_top1"] for r in grid if r["name"].startswith("deit_f0.1_"))
-print(*(f"f = {f:g}, seed 1: ConViT-Ti - DeiT-Ti = {x['diff']:+.1f} ± {x['diff_se']:.1f} points, {verdict(x)}"
-        for f, x in d.items()), f"the CPU grid's 4 DeiTs of f = 0.1: {cpu_deit:.1f} % test", sep="\n")
-began = [datetime.fromisoformat(json.loads((real_width / n / "invocations.jsonl").read_text().split("\n")[0])
-                                ["time"]) for n in ("deit_f0.1_s1", "convit_f0.1_s1")]
-wall, logged = (began[1] - began[0]).total_seconds(), rerun["deit_f0.1_s1"]["hours"] * 3600
-every = json.loads((real_width / "deit_f0.1_s1" / "run.json").read_text())["config"]["eval_every"]
-print(f"deit_f0.1_s1: waiting for data a median {waits} % of each epoch; {wall:.0f} s from its start to the next "
-      f"run's, {logged:.0f} s of them logged; evaluated every {every} epochs")
-assert verdict(d[0.1]) == "within noise" and abs(rerun["deit_f0.1_s1"]["test_top1"] - cpu_deit) < 3  # the prose below
-assert waits["H100 rerun"] < waits["H200 attempt"] and 2.5 < wall / logged < 3 and every == 13
-assert list(devices.values()) == ["cuda:0"] * 3 + ["cpu"] and verdict(d[1.0]) == "within noise"
-
-# %% [markdown]
-# At the paper's widths, on one seed, the ConViT-Ti is within noise of the DeiT-Ti at both fractions (the paper: +11.6
-# and +1.5 points), and the DeiT-Ti of f = 0.1 scores about as the CPU grid's DeiTs. At a learning-rate sum under 1,
-# with one seed and the f = 1 pair on two machines, this asks about the budget more than it answers. Shared batches cut
-# the wait; the DeiT's run then took almost 3 times its logged time, writing `last.pt` at all 923 epoch ends (chapter
-# 28 now writes it at evaluated epochs).
-
-# %% [markdown]
-# ## Rerun it, on other classes
-#
-# The sections above read the first 10 classes; `results/second-design/grid.sh` reruns them (24 runs on one core
-# of the Xeon they ran on, timed below). The same design on the next 10 classes is `results/other-classes/grid.sh`
-# (`--first-class 10`): Table 2 at f = 0.1, seeds 1–4, then the frozen GPSA and the PSA of seeds 1 and 2. There:
-
-# %%
-minutes = sorted(60 * r["hours"] for r in grid)
-print(f"{len(grid)} runs of {minutes[0]:.0f} to {minutes[-1]:.0f} minutes, {sum(minutes) / 60:.1f} hours in all")
-OTHER = Path("results/other-classes")  # nbs/results/other-classes: the records
-next10 = {r["name"]: r for r in json.loads((OTHER / "summary.json").read_text())}
-first_top1 = lambda name: json.loads((OTHER / name / "log.jsonl").read_text().splitlines()[0])["val_top1"]
-next10_seeds = tuple(sorted(r["seed"] for r in next10.values() if r["model"] == "deit"))
-starts = [first_top1(f"convit_f0.1_s{s}") - first_top1(f"deit_f0.1_s{s}") for s in next10_seeds]
-print(f"seeds {next10_seeds}: ConViT - DeiT at the first evaluation {[round(v, 1) for v in starts]} points")
-assert next10_seeds == (1, 2, 3, 4) and sum(v > 0 for v in starts) == 2  # the head start in two seeds of four
-OTHER_CLAIMS = {("convit", "deit", next10_seeds): "larger", ("frozen_gpsa", "convit", (1, 2)): "within noise",
-                ("frozen_gpsa", "deit", (1, 2)): "larger", ("psa", "convit", (1, 2)): "within noise",
-                ("psa", "deit", (1, 2)): "larger"}
-for (a, b, seeds), said in OTHER_CLAIMS.items():
-    d = paired(a, b, seeds, runs=next10)
-    print(f"seeds {seeds}: {LABELS[a]} - {LABELS[b]} = {d['diff']:+.1f} ± {d['diff_se']:.1f} points: {verdict(d)}")
-    assert verdict(d) == said, (a, b, d)
-gap_first, gap_next = (paired("convit", "deit", (1, 2, 3, 4), runs=runs)["diff"] for runs in (by_name, next10))
-assert round(gap_next - gap_first) == 3 and all(next10[f"convit_f0.1_s{s}"]["test_top1"] > next10[f"deit_f0.1_s{s}"]
-                                                ["test_top1"] for s in next10_seeds)  # the prose below
-for seed in next10_seeds:
-    check_figs_5_6(OTHER, seed)
-deit_next10 = statistics.mean(next10[f"deit_f0.1_s{s}"]["test_top1"] for s in next10_seeds)
-print(f"the DeiT at f = 0.1: {cpu_deit:.1f} % on the first 10 classes, {deit_next10:.1f} % on the next 10")
-assert round(cpu_deit - deit_next10, 1) == 8.5  # the prose below
-
-# %% [markdown]
-# **On the next 10 classes the ConViT beats the DeiT** at f = 0.1, beyond two standard errors, in every seed: the
-# 10 classes a grid draws move Table 2's gap by about 3 points, as much as the gap, so a claim made from one set of
-# classes is a claim about those classes. The head start does not carry over; Figs. 5–6's widening does; the frozen
-# GPSA and the PSA again at least match both models, but beat the DeiT now. These classes are harder (the DeiT
-# scores 8.5 points lower), where a prior may have more to give: a guess, not tested.
+# At the paper's widths, on one seed, the ConViT-Ti is within noise of the DeiT-Ti at both fractions (the paper:
+# +11.6 and +1.5 points), even before the seeds' part is counted, which one seed cannot measure and which would
+# only widen the error. It is no test of the paper either way: the runs' learning-rate sum is under 1, half the CPU
+# grid's, and along training the ConViT-Ti is *behind* on the dev images at most evaluations, the opposite of a head
+# start, with a warm-up of 37 steps to a peak rate of 2·10⁻³ and no gradient clipping, the recipe's first suspects.
+# (Where the runs trained and what the GPU attempts taught the package: chapter 40 and `results/gpu/README.md`.)
 
 # %% [markdown]
 # ## Exercises
 #
-# **1. The paper's learning-rate sum.** DeiT's recipe on ImageNet: base rate 5·10⁻⁴ for a batch of 512, a global
+# **1. The head start's standard error, by the rule.** At the first evaluation at f = 0.1 on the first class set,
+# the ConViT's four dev top-1s are `first_eval["convit"]` and the DeiT's `first_eval["deit"]` (in %, one per seed);
+# all eight runs are scored on the same 500 dev images, whose shared per-image variance of ConViT − DeiT is about
+# `sigma_b2` (on the 0/1 scale; taken from the test images, as above). Compute SE_total of the difference of the two
+# means by chapter 36's rule and set `head_start_se`. How many of them is the 1.6-point lead?
+
+# %%
+first_eval = {m: [dev_log(GRID, r)[0]["val_top1"] for r in arm(FIRST, m)] for m in ("convit", "deit")}
+sigma_b2 = rule(FIRST, "convit", "deit")["shared"]
+print(first_eval, f"σ_b² = {sigma_b2:.3f}")
+
+# %%
+head_start_se = ...  # your answer: head_start_se = ...
+
+# %%
+def check_head_start_se(answer: float) -> None:
+    c, d = (torch.tensor(first_eval[m], dtype=torch.float64) for m in ("convit", "deit"))
+    seeds = c.var().item() / 4 + d.var().item() / 4
+    want = math.sqrt(seeds + 1e4 * sigma_b2 / 500)
+    check_answer(isinstance(answer, float), "give a number, in points")
+    check_answer(not math.isclose(answer, ((c - d).std() / 2).item(), rel_tol=0.01), "that subtracts the runs of "
+                 "one seed, but the seed does not pair a ConViT and a DeiT: take each arm's spread over its seeds")
+    check_answer(not math.isclose(answer, math.sqrt(seeds), rel_tol=0.01), "that is the seeds' part alone: every "
+                 "run is scored on the same 500 dev images, so add σ_b²/N (in points², 10⁴ · σ_b² / 500)")
+    check_answer(not math.isclose(answer, math.sqrt(seeds * 3 / 4 + 1e4 * sigma_b2 / 500), rel_tol=0.01),
+                 "four seeds give three degrees of freedom: divide each arm's squared deviations by n − 1")
+    check_answer(math.isclose(answer, want, rel_tol=0.01), "√(s_C²/4 + s_D²/4 + 10⁴ σ_b²/500), s each arm's standard "
+                 "deviation over its four seeds (n − 1)")
+
+
+grade("head_start_se", head_start_se, check_head_start_se)
+print(expect_error(lambda: check_head_start_se(statistics.stdev(
+    [c - d for c, d in zip(first_eval["convit"], first_eval["deit"])]) / 2), WrongAnswer))
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(head_start_se):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+    s_c, s_d = (statistics.stdev(first_eval[m]) for m in ("convit", "deit"))
+    head_start_se = math.sqrt(s_c**2 / 4 + s_d**2 / 4 + 1e4 * sigma_b2 / 500)
+    lead = statistics.fmean(first_eval["convit"]) - statistics.fmean(first_eval["deit"])
+    paired_alone = statistics.stdev([c - d for c, d in zip(first_eval["convit"], first_eval["deit"])]) / 2
+    print(f"lead {lead:+.1f} ± {head_start_se:.2f} points: {lead / head_start_se:.1f} standard errors, within noise "
+          f"(the seed-paired spread alone would have given ± {paired_alone:.2f})")
+    grade("head_start_se", head_start_se, check_head_start_se)
+
+
+# %% [markdown]
+# **2. The paper's learning-rate sum.** DeiT's recipe on ImageNet: base rate 5·10⁻⁴ for a batch of 512, a global
 # batch of 1 024, 300 epochs of ⌊1 281 167 / 1 024⌋ steps, 5 of them warm-up, a cosine to 10⁻⁵. Compute the sum
 # of its learning rates with chapter 23's `learning_rate_sum` and set `paper_lr_sum`.
 
@@ -468,33 +548,3 @@ if reveal(paper_lr_sum):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (o
                                      steps_per_epoch=1_281_167 // 1024)
     print(f"{paper_lr_sum:.0f}: λ may travel about {paper_lr_sum / grid_sum:.0f} times as far as in the grid")
     grade("paper_lr_sum", paper_lr_sum, check_paper_lr_sum)
-
-# %% [markdown]
-# **2. The head start's standard error.** From the four seeds' leads at the first evaluation at f = 0.1
-# (`head_start[0.1]`, ConViT − DeiT of the same seed, in points), compute the standard error of their mean —
-# the spread between seeds, divided as a mean's is — and set `head_start_se`. Is the mean beyond two of them?
-
-# %%
-head_start_se = ...  # your answer: head_start_se = ...
-
-# %%
-def check_head_start_se(answer: float) -> None:
-    leads_01 = head_start[0.1].double()
-    want = (leads_01.std() / math.sqrt(len(leads_01))).item()
-    check_answer(isinstance(answer, float), "give a number, in points")
-    check_answer(not math.isclose(answer, leads_01.std().item(), rel_tol=0.01), "that is the spread of one seed's "
-                 "lead: the mean of four has a smaller standard error")
-    check_answer(not math.isclose(answer, (leads_01.std(correction=0) / 2).item(), rel_tol=0.01), "four values give "
-                 "three degrees of freedom: divide the squared deviations by n − 1")
-    check_answer(math.isclose(answer, want, rel_tol=0.01), "the standard deviation of the four leads (n − 1), over √4")
-
-
-grade("head_start_se", head_start_se, check_head_start_se)
-print(expect_error(lambda: check_head_start_se(head_start[0.1].double().std().item()), WrongAnswer))
-
-# %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(head_start_se):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
-    head_start_se = (head_start[0.1].double().std() / 2).item()
-    print(f"mean lead {head_start[0.1].mean():.1f} ± {head_start_se:.2f} points: "
-          f"{head_start[0.1].mean() / head_start_se:.1f} standard errors")
-    grade("head_start_se", head_start_se, check_head_start_se)

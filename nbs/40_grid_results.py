@@ -14,17 +14,20 @@
 # ---
 
 # %% [markdown]
-# # The research log, part 2: the registered grid's endpoint, pre-conditions and ablations
+# # The research log, part 2: the registered grid's endpoint, pre-conditions and ablations, and the GPU runs
 #
-# Chapter 38 reads this grid as a lesson; this chapter holds it to what was registered before it ran. As in
-# chapter 39, the check cells keep the prose's numbers in step with the records (bookkeeping, not evidence).
+# Chapter 38 reads this grid as a lesson; this chapter holds it to what was registered before it ran, then keeps
+# the engineering of the GPU runs that chapter 38 reads. As in chapter 39, the check cells keep the prose's numbers
+# in step with the records (bookkeeping, not evidence).
 #
 # Chapter 39's pilots and its registered rule chose the design: a 12 × 12 grid (48-px images in 4-px patches),
 # 60 000 training images per run. The registered grid (`results/second-design/`: its commands in `grid.sh`, one
 # record per run in `summary.json`) ran as two queues side by side on the 2-core Xeon, one thread each. Every run
-# is scored on the same 1 500 test images, so the ConViT and the DeiT of one seed are compared image by image
-# (chapter 36's paired bootstrap: seeds and test images drawn with replacement); Table 3's rows are each paired with
-# the ConViT of their own seeds.
+# is scored on the same 1 500 test images. Its endpoint was registered with a two-way bootstrap (seeds and test
+# images drawn with replacement, each ConViT paired with the DeiT of its seed), which this chapter recomputes as
+# registered; the rule every verdict of the lesson follows came later (chapter 36: all seeds of each arm, SE_total,
+# a pooled run-to-run SD for an arm of two seeds), and the tables below follow it. The two agree on every verdict
+# of the endpoint; on Table 3's two-seed rows the bootstrap is the one to distrust (below).
 #
 # Read every gap as one of *these* models: width 72 in 9 heads of **8** channels, depth 6, 0.4 M parameters, built
 # from the zoo's `convit_tiny` and `deit_tiny` but not ConViT-Ti and DeiT-Ti (whose heads have 48 and 64 channels).
@@ -38,16 +41,40 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # %%
 # %matplotlib inline
 import json
+import re
+import statistics
+from datetime import datetime
 from pathlib import Path
 
 import torch
 
 from convit_edu.checks import WrongAnswer, check_answer, expect_error
-from convit_edu.experiments import locality_histories
+from convit_edu.experiment_design import sample_efficiency_grid, sample_efficiency_scale
+from convit_edu.experiments import locality_histories, run_budget
 from convit_edu.locality import plot_gate_history, plot_nonlocality_history, read_locality
-from convit_edu.tables import (check_preconditions, format_preconditions, format_table_2, format_table_3,
-                               paired_bootstrap, plot_table_2, relative_gain, table_2, table_3, test_top1)
-from convit_edu.zoo import create_model
+from convit_edu.models import VisionTransformer
+from convit_edu.tables import (check_preconditions, compare, format_preconditions, format_table_2, format_table_3,
+                               plot_table_2, relative_gain, run_spread, table_2, table_3, test_top1)
+from convit_edu.zoo import count_macs, create_model, model_config
+
+
+# %%
+def registered_bootstrap(convit: list[str], deit: list[str], resamples: int = 2000, seed: int = 0) -> dict:
+    """The registered endpoint's analysis: ConViT − DeiT (points) from per-image answers, one ConViT and one DeiT
+    per seed, and its standard error from a bootstrap that draws seeds and test images with replacement, the same
+    images for both models (chapter 36's rule replaced it: with two seeds it halves the seeds' variance)."""
+    c, d = (torch.tensor([[ch == "1" for ch in run] for run in runs], dtype=torch.float64) for runs in (convit, deit))
+    g = torch.Generator().manual_seed(seed)
+
+    def weights(k: int, n: int) -> torch.Tensor:  # (k, n): how often each of n items is drawn, over n
+        draws = torch.randint(n, (k, n), generator=g)
+        return torch.zeros(k, n, dtype=torch.float64).scatter_add_(1, draws, torch.ones(k, n, dtype=torch.float64)) / n
+
+    diffs = []
+    for start in range(0, resamples, 100):  # 100 resamples at a time
+        images, seeds = weights(min(100, resamples - start), c.shape[1]), weights(min(100, resamples - start), c.shape[0])
+        diffs.append(100 * (((images @ c.T) - (images @ d.T)) * seeds).sum(dim=1))
+    return {"diff": 100 * (c.mean() - d.mean()).item(), "se": torch.cat(diffs).std().item()}
 
 # %%
 GRID = Path("results/second-design")
@@ -55,13 +82,15 @@ grid = json.loads((GRID / "summary.json").read_text())
 print(f"{len(grid)} of 24 runs finished (Table 2: 16; Table 3: 8 more, its ConViT and DeiT rows are Table 2's)\n")
 table = {r["fraction"]: r for r in table_2(grid)}
 print(format_table_2(list(table.values())))
-endpoint = None
-if {0.1, 1.0} <= set(table) and table[0.1]["seeds"] == table[1.0]["seeds"] == 4:
-    low, full = table[0.1], table[1.0]
-    endpoint = {"above 2 SE": low["diff"] > 2 * low["diff_se"], "gain larger at f = 0.1": low["gain"] > full["gain"]}
-    print(f"\nendpoint: ConViT - DeiT at f = 0.1 = {low['diff']:+.1f} ± {low['diff_se']:.1f} points "
-          f"({low['diff'] / low['diff_se']:+.1f} SE); relative gain {low['gain']:+.1f} % at f = 0.1 against "
-          f"{full['gain']:+.1f} % at f = 1 -> {endpoint}")
+plain = {(r["model"], r["fraction"], r["seed"]): r for r in grid if r["ablation"] is None}
+registered = {f: registered_bootstrap(*[[plain[m, f, s]["test_correct"] for s in (1, 2, 3, 4)]
+                                        for m in ("convit", "deit")]) for f in (0.1, 1.0)}
+low, full = table[0.1], table[1.0]
+endpoint = {"above 2 SE": registered[0.1]["diff"] > 2 * registered[0.1]["se"],
+            "gain larger at f = 0.1": low["gain"] > full["gain"]}
+print(f"\nthe registered endpoint: ConViT - DeiT at f = 0.1 = {registered[0.1]['diff']:+.2f} ± "
+      f"{registered[0.1]['se']:.1f} points (two-way bootstrap), ± {low['diff_se']:.2f} by chapter 36's rule; relative "
+      f"gain {low['gain']:+.1f} % at f = 0.1 against {full['gain']:+.1f} % at f = 1 -> {endpoint}")
 print("\nTable 3, f = 0.1 (test top-1; dev top-1 on the 500 dev images):")
 print(format_table_3(table_3(grid, 0.1)))
 print("\npre-conditions, re-measured on the grid's dev images:")
@@ -85,17 +114,20 @@ plot_gate_history(histories["ConViT"])
 # ### What the grid shows
 #
 # **The registered endpoint is not met.** At f = 0.1, four seeds scored on the same 1 500 test images, the DeiT
-# reached 46.62 % and the ConViT 46.35 %: a difference of −0.27 ± 1.0 points (paired bootstrap), not above zero,
-# let alone two standard errors above it. At f = 1 the DeiT reached 61.2 % and the ConViT 60.1 % (−1.1 ± 1.0). The
-# relative gain, −0.6 % at f = 0.1 against −1.8 % at f = 1, is larger where data is scarce only by noise; the
-# paper's Table 2 has +24 % and +2 %. What the grid can exclude: with that standard error, a ConViT lead of more
-# than about 1.8 points at f = 0.1 (the top of the difference's 95 % interval, about 4 % relative) is unlikely at
-# this design — far below the paper's 11.6 points on ImageNet, with its 128 000 training images at f = 0.1 and a
-# 27-million-parameter ConViT-S, where here there are 350 images and 400 000 parameters.
+# reached 46.62 % and the ConViT 46.35 %: a difference of −0.27 ± 1.0 points by the registered bootstrap (± 0.73
+# by chapter 36's rule), not above zero, let alone two standard errors above it. At f = 1 the DeiT reached 61.2 %
+# and the ConViT 60.1 % (−1.1 ± 1.0 by the bootstrap, ± 0.65 by the rule: within noise either way). The relative
+# gain, −0.6 % at f = 0.1 against −1.8 % at f = 1, is larger where data is scarce only by noise; the paper's Table 2
+# has +24 % and +2 %. What the grid can exclude: with the rule's standard error, a ConViT lead of more than about
+# 1.2 points at f = 0.1 (the top of the difference's 95 % interval, under 3 % relative) is unlikely on these classes
+# at this design — far below the paper's 11.6 points on ImageNet, with its 128 000 training images at f = 0.1 and a
+# 27-million-parameter ConViT-S, where here there are 350 images and 400 000 parameters. (On the next 10 classes the
+# same design gives +2.6 ± 0.8: chapter 38.)
 #
-# **The head start is there and does not last.** At the first evaluation (110 steps, 6 % of the run) the ConViT
-# leads the DeiT at f = 0.1 in all four seeds, by 0.2 to 2.4 points of dev top-1 (1.6 on average), as in every
-# pilot; at the end it leads in one seed of four.
+# **A head start, within noise.** At the first evaluation (110 steps, 6 % of the run) the ConViT leads the DeiT at
+# f = 0.1 in all four seeds, by 0.2 to 2.4 points of dev top-1 (1.6 on average), as in every pilot; at the end it
+# leads in one seed of four. Counting both arms' spreads and the 500 dev images every seed shares, the early lead is
+# +1.6 ± 1.5 points, within noise (chapter 38, which also finds it within noise on the next 10 classes).
 #
 # **Figs. 5 and 6, in all four seeds at f = 0.1.** The DeiT's attention stays spread over the whole 12 × 12 grid:
 # every layer's nonlocality starts at 6.2 patches and ends within 0.12 of it — unlike the paper's DeiT-S on
@@ -112,10 +144,12 @@ plot_gate_history(histories["ConViT"])
 # %%
 low, full = table[0.1], table[1.0]
 assert (round(low["deit_top1"], 2), round(low["convit_top1"], 2)) == (46.62, 46.35)
-assert round(low["diff"], 2) == -0.27 and round(low["diff_se"], 1) == 1.0 and endpoint["above 2 SE"] is False
+assert round(low["diff"], 2) == -0.27 and round(registered[0.1]["se"], 1) == 1.0 and endpoint["above 2 SE"] is False
 assert (round(full["deit_top1"], 1), round(full["convit_top1"], 1), round(full["diff"], 1)) == (61.2, 60.1, -1.1)
-assert round(full["diff_se"], 1) == 1.0 and [round(low["gain"], 1), round(full["gain"], 1)] == [-0.6, -1.8]
-assert round(low["diff"] + 1.96 * low["diff_se"], 1) == 1.8 and round(100 * 1.8 / low["deit_top1"]) == 4
+assert round(registered[1.0]["se"], 1) == 1.0 and [round(low["gain"], 1), round(full["gain"], 1)] == [-0.6, -1.8]
+assert [round(r["diff_se"], 2) for r in (low, full)] == [0.73, 0.65]
+assert all(r["comparison"]["verdict"] == "within noise" for r in (low, full))
+assert round(low["diff"] + 1.96 * low["diff_se"], 1) == 1.2 and 100 * 1.2 / low["deit_top1"] < 3
 table_2_runs = {(r["model"], r["fraction"], r["seed"]): r for r in grid if r["ablation"] is None}
 leads = [table_2_runs["convit", 0.1, s]["val_curve"][i][1] - table_2_runs["deit", 0.1, s]["val_curve"][i][1]
          for i in (0, -1) for s in (1, 2, 3, 4)]
@@ -142,19 +176,23 @@ rises = [r["val_curve"][-1][1] - r["val_curve"][-1 - len(r["val_curve"]) // 4][1
 assert sum(v >= 2.75 for v in rises) == 6
 
 # %% [markdown]
-# **Table 3: nothing the paper removes costs anything here.** Each row against the ConViT of its own two seeds, paired
-# on the test images: frozen gates +1.1 ± 1.0, no convolutional initialization +2.4 ± 1.2, the GPSA layers frozen at
-# their initialization +2.7 ± 1.2, the DeiT +0.3 ± 1.0 points (the paper at 10 %: −2.3, −2.8, −5.4, and −11.9 for the
-# DeiT). The two largest are about 2 standard errors, but they are two of five comparisons from two seeds, and a
-# bootstrap over two seeds understates the seed-to-seed spread (it halves its variance), so the course reads them as no
-# cost, not as gains. The frozen-GPSA row re-measures pre-condition (2) on the test images: the trained attention is 2.7
-# points *below* the frozen one, where the condition asks for 3 above. It fails, as in every pilot: at this scale what
-# the ConViT's attention learns does not help it, and that is what no design within the budget could change.
+# **Table 3: nothing the paper removes costs anything here.** Each row against all four seeds of the ConViT by
+# chapter 36's rule, its two seeds taking the pooled run-to-run SD: frozen gates +0.6 ± 0.7 (within noise), no
+# convolutional initialization +1.8 ± 0.7, the GPSA layers frozen at their initialization +2.1 ± 0.7 (both beyond
+# two SE_total), the DeiT +0.3 ± 0.7 points (the paper at 10 %: −2.3, −2.8, −5.4, and −11.9 for the DeiT). The
+# registered bootstrap had paired each row with the ConViT of its own two seeds (+1.1 ± 1.0, +2.4 ± 1.2, +2.7 ± 1.2):
+# those seeds, 1 and 3, are the ConViT's two weakest of four, which lifted every row, and the spread of two seeds
+# has one degree of freedom, which a bootstrap over two seeds does not know (it halves its variance). Chapter 38
+# reads the rows as here: those above the ConViT are beyond two SE_total with the pooled SD; two seeds give no
+# seed-level test of their own (the Welch t beside them rests on the pooled SD's 16 degrees of freedom). The frozen-GPSA row re-measures pre-condition
+# (2) on the test images: the trained attention is 2.1 points *below* the frozen one, where the condition asks for 3
+# above. It fails, as in every pilot: at this scale what the ConViT's attention learns does not help it, and that is
+# what no design within the budget could change.
 #
-# **App. A's PSA is the one row beyond 3 standard errors: +3.4 ± 1.0.** Before reading it as a finding, three
-# questions about the experiment. *Its reference*: the ConViT of seeds 1 and 3 is the weaker two of the four (45.5
-# and 46.1 % against a four-seed 46.35 %), which lifts every row of this table; paired on the same seeds with the
-# other rows, the PSA is +0.7 ± 1.2 above the frozen GPSA and +1.9 ± 1.1 above the DeiT. *Its attention*: the PSA
+# **App. A's PSA is the largest row: +2.8 ± 0.6.** Before reading it as a finding, three questions about the
+# experiment. *Its reference*: against all four seeds of the ConViT, not its two weakest (45.5 and 46.1 % against a
+# four-seed 46.35 %); against the other fixed prior it is level (the PSA − the frozen GPSA +0.7 ± 0.8), and it is
+# above the DeiT (+2.6 ± 0.8), as the frozen GPSA is. *Its attention*: the PSA
 # layers start at a nonlocality of 1.25 patches (no gate: the positional term alone, sharper than the GPSA's 2.6,
 # where σ(1) = 0.73 of each head is positional and the rest content, near uniform at initialization) and end at
 # 1.4–2.0, where the GPSA layers widen to 2.8–3.3: the PSA stays in its convolutional configuration, the very
@@ -180,23 +218,27 @@ assert sum(v >= 2.75 for v in rises) == 6
 
 # %%
 rows_3 = {r["name"]: r for r in table_3(grid, 0.1)}
-vs = {name: (round(r["vs_convit"], 1), round(r["vs_convit_se"], 1)) for name, r in rows_3.items() if name != "convit"}
+vs = {name: (round(r["vs_convit"], 1), round(r["vs_convit_se"], 1), r["verdict"]) for name, r in rows_3.items()
+      if name != "convit"}
 print(vs)
-assert vs == {"frozen_gate": (1.1, 1.0), "no_conv_init": (2.4, 1.2), "deit": (0.3, 1.0), "frozen_gpsa": (2.7, 1.2),
-              "psa": (3.4, 1.0)}
-assert all(r["vs_convit"] > 0 for r in rows_3.values() if r["vs_convit"] is not None)
-z = {name: r["vs_convit"] / r["vs_convit_se"] for name, r in rows_3.items() if r["vs_convit"] is not None}
-assert z["psa"] > 3 > 2.3 > max(v for name, v in z.items() if name != "psa")
-test_by_seed = {s: round(test_top1(table_2_runs["convit", 0.1, s]), 1) for s in (1, 2, 3, 4)}
-assert test_by_seed[1] == 45.5 and test_by_seed[3] == 46.1 and sorted(test_by_seed.values())[:2] == [45.5, 46.1]
-by_name = {r["name"]: r for r in grid}
-psa_vs = {other: paired_bootstrap([by_name[f"psa_f0.1_s{s}"]["test_correct"] for s in (1, 3)],
-                                  [by_name[f"{other}_f0.1_s{s}"]["test_correct"] for s in (1, 3)])
-          for other in ("frozen_gpsa", "deit")}
-print("PSA against the same seeds' frozen GPSA and DeiT:",
-      {k: f"{v['diff']:+.1f} ± {v['diff_se']:.1f}" for k, v in psa_vs.items()})
-assert {k: (round(v["diff"], 1), round(v["diff_se"], 1)) for k, v in psa_vs.items()} == {
-    "frozen_gpsa": (0.7, 1.2), "deit": (1.9, 1.1)}
+assert {name: v[2] for name, v in vs.items()} == {"frozen_gate": "within noise", "no_conv_init": "larger",
+                                                   "deit": "within noise", "frozen_gpsa": "larger", "psa": "larger"}
+assert all(r["comparison"]["pooled"] == (True, False) for name, r in rows_3.items() if r["seeds"] == 2)
+by_seed = {(r["ablation"] or r["model"], r["seed"]): r for r in grid if r["fraction"] == 0.1}
+registered_3 = {name: registered_bootstrap([by_seed[name, s]["test_correct"] for s in (1, 3)],
+                                           [by_seed["convit", s]["test_correct"] for s in (1, 3)])
+                for name in ("frozen_gate", "no_conv_init", "frozen_gpsa")}
+print("as registered (seeds 1 and 3, two-way bootstrap):",
+      {k: f"{v['diff']:+.1f} ± {v['se']:.1f}" for k, v in registered_3.items()})
+assert all(registered_3[k]["diff"] > rows_3[k]["vs_convit"] for k in registered_3)  # the weaker reference lifted them
+test_by_seed = {s: test_top1(table_2_runs["convit", 0.1, s]) for s in (1, 2, 3, 4)}
+assert sorted(test_by_seed, key=test_by_seed.get)[:2] == [1, 3]  # seeds 1 and 3: the ConViT's two weakest
+spread = run_spread(grid)
+arm = lambda name: [r for r in grid if (r["ablation"] or r["model"]) == name and r["fraction"] == 0.1]
+psa_vs = {other: compare(arm("psa"), arm(other), spread) for other in ("frozen_gpsa", "deit")}
+print("PSA against the frozen GPSA and the DeiT, all seeds:",
+      {k: f"{v['diff']:+.1f} ± {v['se']:.1f} {v['verdict']}" for k, v in psa_vs.items()})
+assert [psa_vs[k]["verdict"] for k in ("frozen_gpsa", "deit")] == ["within noise", "larger"]
 for seed in (1, 3):
     psa_history = read_locality(GRID / f"psa_f0.1_s{seed}" / "locality.json")
     psa_start, psa_end = (layer_means(psa_history[i])[:4] for i in (0, -1))
@@ -216,6 +258,73 @@ with torch.no_grad():  # the lowest positional score of the grid's first layer a
     lowest = create_model("convit_tiny", img_size=48, patch_size=4, embed_dim=72, num_heads=9, depth=6,
                           num_classes=10, local_up_to_layer=4).blocks[0].attn.positional_scores((12, 12)).min()
 assert round(lowest.item()) == -286
+
+# %% [markdown]
+# ## The real-width runs on a GPU: what they cost, and what the attempts found
+#
+# Chapter 38 reads the DeiT-Ti and ConViT-Ti that `results/gpu/real-width/run.sh` trained at the paper's widths on
+# the first 10 classes; this is how they came to run. Each run makes the script's 236 288 images (its settings, on
+# the split's 350 training images per class), predicted for one H100 from the GPU check's throughput (chapter 45, run
+# on an H200, whose compute the H100 shares): each model's training images/s in bf16 at batch 256, eager, at 224 px,
+# scaled by the multiply-accumulates of an image here against there (chapter 10's `count_macs`); loading,
+# evaluation and start-up come on top. (On the 2-core CPU, one of them took hours: below.)
+
+# %%
+REAL_WIDTH = GRID.parent / "gpu" / "real-width"  # the H100 rerun, its ConViT of f = 1 on a CPU; the H200 try apart
+script = (REAL_WIDTH / "run.sh").read_text()
+flags: dict[str, dict] = {"set": {}, "model-arg": {}, "convit-arg": {}}
+for flag, key, value in re.findall(r"--(set|model-arg|convit-arg) (\w+)=(\S+)", script):
+    flags[flag][key] = json.loads(value)
+real = sample_efficiency_scale("unused", classes=10, images_per_run=int(re.search(r"IMAGES:-(\d+)", script).group(1)),
+                               class_sizes=(350,) * 10, convit_args=flags["convit-arg"], model_args=flags["model-arg"],
+                               **flags["set"])
+real_runs = sample_efficiency_grid(real, [0.1, 1.0], [1])
+real_models = {s.name: VisionTransformer(s.config.model_config(num_classes=10, distilled=False)) for s in real_runs}
+budgets = {spec.name: run_budget(spec.config, [350] * 10) for spec in real_runs}
+checks = [json.loads(path.read_text()) for path in sorted((GRID.parent / "gpu").glob("*/results.json"))]
+check = [c for c in checks if any(phase["name"] == "throughput_ti" for phase in c["phases"])][-1]
+measured = {row["model"]: row["train_images_per_s"] for phase in check["phases"] if phase["name"] == "throughput_ti"
+            for row in phase["details"]["rows"] if row["mode"] == "eager" and row["batch"] == 256}
+scale = {s.name: count_macs(model_config(s.config.model)).total() / count_macs(real_models[s.name].config).total()
+         for s in real_runs}  # the MACs of an image at 224 px over one here
+gpu_seconds = sum(budgets[s.name][0] / (measured[s.config.model] * scale[s.name]) for s in real_runs)
+print(f"one GPU ({check['environment']['gpu']}'s measured throughput, scaled): {gpu_seconds / 60:.1f} minutes of "
+      f"training steps for the {len(real_runs)} runs of {budgets[real_runs[0].name][0]:,} images")
+assert 4 < gpu_seconds / 60 < 6 and all(b == (236_288, b[1]) and b[1] < 1 for b in budgets.values())
+
+# %% [markdown]
+# About 5 minutes of steps on one GPU, at a learning-rate sum under 1, half the CPU grid's: runs sized to fit a
+# GPU session of under 10 minutes buy the paper's widths, not its optimisation (at f = 0.1 an epoch is one step of
+# 256 of the 350 images). A first attempt on an H200 found each one-step epoch waiting on one loader worker
+# (chapter 16's `SplitBatches` now shares the batch among the workers); a rerun on an H100 trained three of the four
+# runs in its time, and the ConViT-Ti of f = 1 finished on the 2-core CPU (`results/gpu/real-width/README.md`):
+
+# %%
+deit_wait = lambda folder: statistics.median(map(int, re.findall(  # % of each one-step epoch, from what it printed
+    r"^epoch \d+/923 step 1/1 .*\((\d+) %\)$", (folder / "log.txt").read_text().split("[2/4]")[0], re.M)))
+waits = {"H200 attempt": deit_wait(REAL_WIDTH / "2026-11-27-h200-first-attempt"), "H100 rerun": deit_wait(REAL_WIDTH)}
+rerun = {r["name"]: r for r in json.loads((REAL_WIDTH / "summary.json").read_text())}
+devices = {n: json.loads((REAL_WIDTH / n / "run.json").read_text())["device"] for n in rerun}
+print(*(f"{n:<15} {rerun[n]['test_top1']:.1f} % test, trained on {device}" for n, device in devices.items()), sep="\n")
+cpu_deit = statistics.fmean(test_top1(r) for r in grid if r["name"].startswith("deit_f0.1_"))
+began = [datetime.fromisoformat(json.loads((REAL_WIDTH / n / "invocations.jsonl").read_text().split("\n")[0])
+                                ["time"]) for n in ("deit_f0.1_s1", "convit_f0.1_s1")]
+wall, logged = (began[1] - began[0]).total_seconds(), rerun["deit_f0.1_s1"]["hours"] * 3600
+every = json.loads((REAL_WIDTH / "deit_f0.1_s1" / "run.json").read_text())["config"]["eval_every"]
+print(f"the ConViT-Ti of f = 1 on the CPU: {rerun['convit_f1_s1']['hours']:.1f} hours of training and evaluation")
+print(f"the CPU grid's 4 DeiTs of f = 0.1: {cpu_deit:.1f} % test\ndeit_f0.1_s1: waiting for data a median {waits} % "
+      f"of each epoch; {wall:.0f} s from its start to the next run's, {logged:.0f} s of them logged; evaluated every "
+      f"{every} epochs")
+assert abs(rerun["deit_f0.1_s1"]["test_top1"] - cpu_deit) < 3 and waits["H100 rerun"] < waits["H200 attempt"]
+assert 2.5 < wall / logged < 3 and every == 13
+assert sorted(devices.values()) == ["cpu"] + ["cuda:0"] * 3 and devices["convit_f1_s1"] == "cpu"
+
+# %% [markdown]
+# The DeiT-Ti of f = 0.1 scores about as the CPU grid's DeiTs; the f = 1 pair trained on two machines. Shared
+# batches cut the wait for data; the DeiT's run then took almost 3 times its logged time, writing `last.pt` at all 923
+# epoch ends (chapter 28 now writes it at evaluated epochs). What the next GPU run needs, from these: no per-epoch
+# work at all when an epoch is one step, a warm-up of a tenth of the steps and gradient clipping (chapter 38 reads
+# why), and a learning-rate sum several times the CPU grid's.
 
 # %% [markdown]
 # ## Exercises

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # The command line: `convit-edu train / eval / bench / experiment / data`
+# # The command line: `convit-edu train / eval / bench / experiment / data / check-gpu`
 #
 # Chapters 12-28 wrote one training loop, `train(TrainConfig)`. This chapter puts a command in front of it (chapter
 # 43 launches it on one GPU, a node, many nodes and SLURM):
@@ -24,7 +24,9 @@
 # * `convit-edu eval` — top-1/top-5 of a checkpoint, with chapter 10's test-time masking (SM F, Tables 5-6);
 # * `convit-edu bench` — training and inference images/s and peak memory of a model here, and the loader's;
 # * `convit-edu experiment` — chapter 37's grids (Tables 2 and 3 at CPU scale), built from its functions;
-# * `convit-edu data tiny-imagenet` — the course's photographs (chapter 14): downloaded, checked, extracted once.
+# * `convit-edu data tiny-imagenet` — the course's photographs (chapter 14): downloaded, checked, extracted once;
+# * `convit-edu check-gpu` — the GPU check of chapters 44–45, with its own flags (`--smoke`, `--budget-s`, `--phases`,
+#   `--output`).
 
 # %% tags=["parameters"]
 import os
@@ -33,7 +35,8 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp cli
-# The command line: `convit-edu train / eval / bench / experiment / data`, every config field a flag (chapter 22's).
+# The command line: `convit-edu train / eval / bench / experiment / data / check-gpu`, every config field a flag
+# (chapter 22's).
 
 # %%
 import contextlib
@@ -62,6 +65,7 @@ from convit_edu.config import RECIPES
 import argparse
 import json
 import os
+import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -250,6 +254,12 @@ def run_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_check_gpu(flags: list[str]) -> int:
+    """`check-gpu FLAGS`: the GPU check of chapter 45 (`python -m convit_edu.gpu_check FLAGS`) in a process of its
+    own, which a command line of chapter 42 may start but not import; its exit status."""
+    return subprocess.run([sys.executable, "-m", "convit_edu.gpu_check", *flags]).returncode
+
+
 def _experiment_parser(sub) -> None:
     e = sub.add_parser("experiment", help="a grid of the paper's experiments at CPU scale (chapter 37)")
     grids = e.add_subparsers(dest="grid", required=True)
@@ -290,11 +300,12 @@ def _experiment_parser(sub) -> None:
 # %%
 #| export
 def build_parser() -> argparse.ArgumentParser:
-    """The `convit-edu` argument parser with its five sub-commands."""
+    """The `convit-edu` argument parser with its six sub-commands."""
     parser = argparse.ArgumentParser(
         prog="convit-edu", description="Train, evaluate and benchmark ConViT and DeiT models (d'Ascoli et al. 2021).")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,bench,experiment,data}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{train,eval,bench,experiment,data,check-gpu}")
     _train_parser(sub)
     _experiment_parser(sub)
 
@@ -345,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--archive", type=Path, help="the zip or the course's tar.gz, downloaded elsewhere (default: "
                    f"the file ${ARCHIVE_VARIABLE} names, else a download of --url into ROOT)")
     d.add_argument("--timeout", type=float, default=30.0, help="seconds a silent server is given (default: 30)")
+    sub.add_parser("check-gpu", add_help=False,  # its flags, --help too, are the check's (chapter 45)
+                   help="is this GPU set up right, and how fast does it train? (chapters 44-45: convit-edu check-gpu "
+                        "--help lists its flags)")
     for command in sub.choices.values():  # also after the command: `convit-edu train ... --debug`
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                              help="show the full traceback of an error")
@@ -355,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     """The `convit-edu` console script; returns the exit status."""
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
+    if args.command == "check-gpu":  # every flag after it is the check's
+        return run_check_gpu(unknown)
     if unknown:  # argparse would print the top level's usage: name the command whose flags they are not
         parser.exit(2, f"convit-edu {args.command}: error: unrecognized arguments: {' '.join(unknown)} (convit-edu "
                        f"{args.command} --help lists its flags)\n")
@@ -404,6 +420,15 @@ status, text, _ = captured(["train", "--help"])
 assert status == 0 and "--local-up-to-layer" in text and "--mixup-alpha" in text and "--warmup-epochs" in text
 assert "--loader STR" in text and "dali" in text  # chapter 18's optional DALI loader
 print(text)
+
+# %% [markdown]
+# `check-gpu` hands every flag after it to chapter 45's GPU check, which runs in a process of its own (this chapter
+# may start a later chapter's module, not import it); its `--help`:
+
+# %%
+shown = subprocess.run([sys.executable, "-m", "convit_edu.cli", "check-gpu", "--help"], capture_output=True, text=True)
+assert shown.returncode == 0 and "--smoke" in shown.stdout and "--phases" in shown.stdout, shown.stderr
+print(shown.stdout)
 
 # %% [markdown]
 # ## Presets, expanded

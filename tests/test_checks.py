@@ -70,11 +70,31 @@ def test_grade_says_unanswered_wrong_with_the_hint_or_correct_and_never_stops_a_
         check_square(6)
 
 
-@pytest.mark.parametrize("env, on", [({}, False), ({"CI": "true"}, True), ({"CONVIT_EDU_SOLUTIONS": "1"}, True),
-                                     ({"CI": "true", "CONVIT_EDU_SOLUTIONS": "0"}, False),
-                                     ({"CONVIT_EDU_SOLUTIONS": ""}, False)])
-def test_reference_answers_run_with_convit_edu_solutions_falling_back_to_ci_and_only_when_unanswered(
-        monkeypatch, env, on):
+def test_demonstrate_labels_each_slip_with_its_hint_and_fails_on_an_answer_the_check_passes(capsys):
+    from convit_edu.checks import check_answer, demonstrate
+
+    def check_square(answer):
+        check_answer(answer == 9, f"{answer} is not three times three")
+
+    demonstrate(check_square, {"three plus three": 6, "three squared, squared": 81})
+    assert capsys.readouterr().out.splitlines() == [
+        "the check on known slips (a demonstration, not your answer):",
+        "  three plus three -> not yet: 6 is not three times three",
+        "  three squared, squared -> not yet: 81 is not three times three"]
+    with pytest.raises(AssertionError, match="expected WrongAnswer, but the call returned None"):
+        demonstrate(check_square, {"a right answer": 9})
+    with pytest.raises(ZeroDivisionError):  # a check that crashes on a slip is no demonstration of a hint
+        demonstrate(lambda answer: 1 / answer, {"zero": 0})
+    with pytest.raises(ValueError, match="at least one wrong answer"):
+        demonstrate(check_square, {})
+
+
+@pytest.mark.parametrize("env, on", [({}, False), ({"CI": "true"}, False), ({"CONVIT_EDU_SOLUTIONS": "1"}, True),
+                                     ({"CI": "true", "CONVIT_EDU_SOLUTIONS": "1"}, True),
+                                     ({"CONVIT_EDU_SOLUTIONS": ""}, False), ({"CONVIT_EDU_SOLUTIONS": "0"}, False)])
+def test_reference_answers_run_only_when_convit_edu_solutions_asks_and_only_when_unanswered(monkeypatch, env, on):
+    """Answering the exercises is an explicit request: CI alone does not turn the reference answers on (its notebooks
+    run as a student who typed them in, conftest.py), so neither does any environment that merely sets CI."""
     from convit_edu.checks import reveal, solutions_on
 
     monkeypatch.delenv("CI", raising=False)

@@ -22,3 +22,22 @@ def test_locality_plots_default_to_epochs_and_reject_another_axis():
         plot_nonlocality_history({"ConViT": RECORDS}, x="time")
     with pytest.raises(ValueError, match="x"):
         plot_gate_history(RECORDS, x="time")
+
+
+def test_position_similarity_is_the_cosine_of_each_patchs_embedding_without_the_class_token_slot():
+    import torch
+
+    from convit_edu.attention_maps import position_similarity
+    from convit_edu.zoo import create_model
+
+    for name in ("deit_tiny", "convit_tiny"):  # the DeiT's pos_embed has its class token's slot first
+        model = create_model(name, img_size=16, patch_size=4, embed_dim=16, num_heads=4, depth=2, num_classes=3,
+                             **({"local_up_to_layer": 1} if name == "convit_tiny" else {}))
+        slots = model.pos_embed.shape[1] - 16
+        with torch.no_grad():
+            model.pos_embed.zero_()
+            model.pos_embed[0, slots:, :16] = torch.eye(16)  # every patch its own direction
+            model.pos_embed[0, slots + 5, :] += model.pos_embed[0, slots + 6, :]  # patch (1, 1) leans to (1, 2)
+        sim = position_similarity(model)
+        assert sim.shape == (4, 4, 4, 4) and torch.allclose(sim[0, 0], torch.eye(16)[0].view(4, 4))
+        assert abs(sim[1, 1, 1, 2].item() - 2**-0.5) < 1e-6 and abs(sim[1, 2, 1, 1].item() - 2**-0.5) < 1e-6

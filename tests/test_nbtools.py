@@ -478,3 +478,86 @@ def test_export_refuses_imports_that_would_change_meaning_at_the_top(tmp_path, c
 def test_the_comment_below_default_exp_is_the_module_docstring():
     assert nbe.module_doc("# One line.\n#\n# A second paragraph.") == "One line.\n\nA second paragraph."
     assert nbe.module_doc("") == "" and nbe.module_doc("x = 1  # not a docstring") == ""
+
+
+EXERCISE = '''
+# %%
+square = ...  # your answer: def square(x): ...
+
+# %%
+from convit_edu.checks import check_answer, demonstrate, grade, reveal
+
+
+def check_square(fn) -> None:
+    check_answer(fn(3) == 9, "multiply x by itself")
+
+
+grade("square", square, check_square)
+demonstrate(check_square, {"x + x": lambda x: x + x})
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(square):  # a reference answer
+    def square(x):
+        return x * x
+
+    grade("square", square, check_square)
+'''
+
+
+@pytest.fixture
+def exercise_project(tmp_path):
+    root = make_project(tmp_path, SOURCE + EXERCISE)
+    stem = root / "nbs" / "01_toy"
+    nbt.sync(stem)
+    nbt.export(stem, root)
+    return root, stem
+
+
+def test_run_leaves_the_exercises_to_the_student_and_answers_them_only_when_asked(exercise_project, monkeypatch):
+    """X3 of course review 2: the run command the index offers used to answer every exercise."""
+    root, stem = exercise_project
+    monkeypatch.setenv("CONVIT_EDU_SOLUTIONS", "1")  # a leftover in the environment does not answer them: only --answers
+    monkeypatch.setenv("CI", "true")
+    nbt.run(stem, root)
+    nb = nbformat.read(stem.with_suffix(".ipynb"), as_version=4)
+    (ex,) = nbt.exercises(nb)
+    assert nb.cells[ex.check].outputs[0]["text"].startswith("square: not answered yet\n")
+    assert nb.cells[ex.reference].outputs == [] and nb.metadata["convit_edu"]["solutions"] is False
+    assert nbt.check(root) == []
+
+    nbt.run(stem, root, answers=True)
+    nb = nbformat.read(stem.with_suffix(".ipynb"), as_version=4)
+    assert nb.cells[ex.reference].outputs[0]["text"] == "square: correct\n"
+    (problem,) = nbt.check(root)
+    assert "01_toy.ipynb shows the answers of 'square'" in problem and "_nbtools run nbs/01_toy.ipynb" in problem
+
+
+def test_check_finds_an_answer_left_in_a_committed_notebook(exercise_project):
+    root, stem = exercise_project
+    ipynb = stem.with_suffix(".ipynb")
+    nb = nbformat.read(ipynb, as_version=4)
+    (ex,) = nbt.exercises(nb)
+    nb.cells[ex.check].outputs = [nbformat.v4.new_output("stream", name="stdout", text="square: not answered yet\n")]
+    nbformat.write(nb, ipynb)
+    fake_clean_run(ipynb)
+    assert nbt.check(root) == []
+    nb = nbformat.read(ipynb, as_version=4)
+    nb.cells[ex.check].outputs[0]["text"] = "square: correct\n"  # an answer typed in, then committed
+    nbformat.write(nb, ipynb)
+    (problem,) = nbt.check(root)
+    assert "shows the answers of 'square'" in problem
+
+
+def test_an_exercise_is_read_as_its_three_cells_and_the_answer_a_student_would_type(exercise_project):
+    _, stem = exercise_project
+    nb = nbformat.read(stem.with_suffix(".ipynb"), as_version=4)
+    (ex,) = nbt.exercises(nb)
+    assert (ex.check, ex.reference) == (ex.answer + 1, ex.answer + 2) and ex.names == ("square",)
+    assert ex.answer_code == "def square(x):\n    return x * x"
+    assert set(nbt.hint_sites(nb.cells[ex.check].source)) == {("check_square", 1)}
+
+
+def test_answers_is_an_option_of_run_only(clean_project):
+    result = subprocess.run([sys.executable, "-m", "convit_edu._nbtools", "check", "--answers"], cwd=clean_project,
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "--answers is an option of run" in result.stderr

@@ -1,5 +1,5 @@
-"""The experiment's fixed test split (one test set for every fraction), per-image scoring and the paired
-bootstrap behind Table 2's standard errors."""
+"""The experiment's fixed test split (one test set for every fraction), per-image scoring, and Tables 2 and 3
+compared image by image on it."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import torch
 
 from convit_edu.datasets import ImageFolderDataset
 from convit_edu.experiments import fixed_test_split, per_image_correct
-from convit_edu.tables import check_preconditions, format_table_3, paired_bootstrap, plot_table_3, table_2, table_3
+from convit_edu.tables import check_preconditions, compare, format_table_3, plot_table_3, table_2, table_3
 from test_experiments import jpeg_folder
 
 
@@ -64,20 +64,18 @@ def test_per_image_correct_lists_each_images_top1_hit_in_order():
     assert per_image_correct(model, dataset, batch_size=2) == expected
 
 
-def test_the_paired_bootstrap_sees_through_images_both_models_get_right_or_wrong():
+def test_comparing_image_by_image_sees_through_images_both_models_get_right_or_wrong():
     g = torch.Generator().manual_seed(0)
     deit = (torch.rand(3, 2000, generator=g) < 0.5).long()
     convit = deit.clone()
-    convit[:, :40] = 1 - deit[:, :40] * 0  # the ConViT gets the first 40 images right
-    deit[:, :40] = 0  # the DeiT gets them wrong: a 2-point difference on otherwise equal answers
-    as_text = [["".join(map(str, run.tolist())) for run in runs] for runs in (convit, deit)]
-    stats = paired_bootstrap(*as_text)
-    assert stats["diff"] == pytest.approx(2.0)
+    convit[:, :40], deit[:, :40] = 1, 0  # the ConViT alone gets the first 40 right: a 2-point difference
+    records = [{"model": m, "ablation": None, "fraction": 0.1, "seed": s, "test_top1": 100 * run.float().mean().item(),
+                "test_correct": "".join(map(str, run.tolist()))} for m, runs in (("convit", convit), ("deit", deit))
+               for s, run in enumerate(runs)]
+    c = compare(records[:3], records[3:], None)
+    assert c["diff"] == pytest.approx(2.0)
     unpaired_se = (2 * 50 * 50 / 2000 / 3) ** 0.5  # binomial noise of two independent ~50 % scores: 0.91
-    assert 0.15 < stats["diff_se"] < 0.45 < unpaired_se  # paired: about sqrt(40)/2000 = 0.32 points
-    assert stats["gain"] == pytest.approx(100 * 2.0 / stats["deit_top1"])
-    with pytest.raises(ValueError, match="same test images"):
-        paired_bootstrap(["101"], ["10"])
+    assert 0.15 < c["se_images"] < 0.45 < unpaired_se  # image by image: about sqrt(40)/2000 = 0.32 points
 
 
 def test_table_2_pairs_runs_that_saved_their_test_answers():
@@ -89,6 +87,7 @@ def test_table_2_pairs_runs_that_saved_their_test_answers():
                     record("deit", 1, "1100")])
     assert len(rows) == 1 and rows[0]["paired"] and rows[0]["test_images"] == 4
     assert rows[0]["diff"] == pytest.approx(25.0) and rows[0]["seeds"] == 2
+    assert rows[0]["comparison"]["pooled"] == (True, True)  # two seeds an arm: the pooled run-to-run SD
 
 
 def test_the_experiment_command_scores_every_run_on_the_fixed_test_split(tmp_path, capsys):
@@ -110,7 +109,7 @@ def test_the_experiment_command_scores_every_run_on_the_fixed_test_split(tmp_pat
     assert sorted(p.name for p in (tmp_path / "out" / "data" / "test").iterdir()) == ["c1", "c2"]  # --first-class 1
 
 
-def test_table_3_pairs_each_ablation_with_the_convit_of_its_seeds():
+def test_table_3_compares_each_ablation_with_every_seed_of_the_convit():
     def record(name, seed, correct):
         model = "deit" if name == "deit" else "convit"
         return {"model": model, "ablation": None if name in ("convit", "deit") else name, "fraction": 0.1,
@@ -121,16 +120,17 @@ def test_table_3_pairs_each_ablation_with_the_convit_of_its_seeds():
                record("frozen_gpsa", 1, "1110"), record("frozen_gpsa", 3, "1000"), record("deit", 1, "1100")]
     rows = {r["name"]: r for r in table_3(records, 0.1)}
     assert rows["convit"]["vs_convit"] is None and rows["convit"]["seeds"] == 3
-    frozen = rows["frozen_gpsa"]  # against seeds 1 and 3 only: (3 + 1) - (4 + 2) of 8 answers
-    assert frozen["vs_convit"] == pytest.approx(-25.0) and frozen["vs_convit_se"] > 0
-    assert rows["deit"]["vs_convit"] == pytest.approx(-50.0)
-    assert "-25.0 ±" in format_table_3(list(rows.values()))
+    frozen = rows["frozen_gpsa"]  # all three ConViT seeds: (3 + 1)/8 - (4 + 0 + 2)/12 of the answers
+    assert frozen["vs_convit"] == pytest.approx(0.0) and frozen["vs_convit_se"] > 0
+    assert frozen["comparison"]["paired"]["mean"] == pytest.approx(-25.0)  # seeds 1 and 3 alone, beside it
+    assert rows["deit"]["vs_convit"] == pytest.approx(50.0 - 100 * 6 / 12)
+    assert "+0.0 ±" in format_table_3(list(rows.values()))
     unpaired = table_3([{k: v for k, v in r.items() if k != "test_correct"} for r in records], 0.1)
     assert all(r["vs_convit"] is None for r in unpaired) and "±" not in format_table_3(unpaired)
-    ax = plot_table_3(records, 0.1, {"frozen_gpsa": -5.4}).axes[0]  # the paired rows (not the ConViT's own)
+    ax = plot_table_3(records, 0.1, {"frozen_gpsa": -5.4}).axes[0]  # the compared rows (not the ConViT's own)
     assert [t.get_text() for t in ax.get_yticklabels()] == ["e DeiT", "f frozen GPSA"]
     points = [[round(x, 6) for x in line.get_xdata()] for line in ax.lines]
-    assert [-50.0, -25.0] in points and [-5.4] in points  # this grid's rows, the paper's frozen GPSA
+    assert [0.0, 0.0] in points and [-5.4] in points  # this grid's rows, the paper's frozen GPSA
 
 
 def test_preconditions_pass_fail_or_wait_for_their_runs():

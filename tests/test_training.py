@@ -269,8 +269,10 @@ def test_a_run_of_one_batch_epochs_trains_the_same_with_its_batches_shared_among
     assert_same_weights(shared.model, alone.model)
 
 
+@pytest.mark.parametrize("cuda_graphs", ["off", "on"])  # on: the step replayed (28_cuda_graphs; on a CPU a stand-in)
 def test_epochs_of_a_cycling_stream_evaluate_checkpoint_and_start_the_loader_only_every_epoch_steps(tmp_path,
-                                                                                                   monkeypatch):
+                                                                                                   monkeypatch,
+                                                                                                   cuda_graphs):
     """20 images at a batch of 8 end a pass every 2½ steps; in epochs of 5 steps nothing happens at those ends."""
     saved, started = [], []
     monkeypatch.setattr(run_records, "save_checkpoint",
@@ -278,14 +280,16 @@ def test_epochs_of_a_cycling_stream_evaluate_checkpoint_and_start_the_loader_onl
     epoch = loaders.DataLoaders.epoch
     monkeypatch.setattr(loaders.DataLoaders, "epoch",
                         lambda self, e, start=0: started.append((e, start)) or epoch(self, e, start))
-    result = train(config(tmp_path, epochs=3, epoch_steps=5), model=make_model(), datasets=make_data(n_train=20))
+    result = train(config(tmp_path, epochs=3, epoch_steps=5, cuda_graphs=cuda_graphs), model=make_model(),
+                   datasets=make_data(n_train=20))
     assert [row["step"] for row in result.history] == [5, 10, 15]  # 120 images: 6 passes
     assert started == [(0, 0), (1, 0), (2, 0)]  # the loader started once an epoch
     assert saved == [5, 10, 15, 15]  # before each evaluation, and with the whole log at the end
 
 
-def test_a_run_on_a_cycling_stream_stopped_mid_pass_resumes_to_the_uninterrupted_weights(tmp_path):
-    cfg = config(tmp_path / "straight", epochs=3, epoch_steps=5)
+@pytest.mark.parametrize("cuda_graphs", ["off", "on"])  # on: stopped and resumed after the graph's capture
+def test_a_run_on_a_cycling_stream_stopped_mid_pass_resumes_to_the_uninterrupted_weights(tmp_path, cuda_graphs):
+    cfg = config(tmp_path / "straight", epochs=3, epoch_steps=5, cuda_graphs=cuda_graphs)
     straight = train(cfg, model=make_model(), datasets=make_data(n_train=20))
     cfg = replace(cfg, output=str(tmp_path / "stopped"))
     first = train(cfg, model=make_model(), datasets=make_data(n_train=20), callbacks=[StopAt(1, 3)])
