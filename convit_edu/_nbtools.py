@@ -27,7 +27,7 @@ How the export cuts cells into modules is ``_nbexport``'s docstring. The exercis
 ``solution`` and the two before each) are read by ``exercises``; ``answered_notebook`` is the chapter as a student
 who typed every reference answer into its answer cell, which CI runs (``conftest.py``).
 
-These modules import jupytext, nbformat and nbclient lazily: ``import convit_edu`` never pulls them in.
+These modules import jupytext, nbformat, nbclient and IPython lazily: ``import convit_edu`` never pulls them in.
 """
 
 from __future__ import annotations
@@ -123,16 +123,20 @@ def agree(py: Path, ipynb: Path) -> bool:
 
 
 def run_key(source: str) -> str:
-    """A code cell's code as ``sync`` compares it with the code that produced the cell's outputs: verbatim, except
-    that each top-level ``from MODULE import NAMES`` statement (on lines of its own, as ``take_imports`` finds them)
-    counts by its names and aliases alone, so that a renamed module needs no new run. A plain ``import MODULE``, a
-    star import, an import inside a function, ``if`` or ``try``, and code that does not parse stay verbatim."""
+    """A code cell's code as ``sync`` compares it with the code that produced the cell's outputs: the code IPython
+    runs (a magic as the call it makes), except that each top-level ``from MODULE import NAMES`` statement (on lines
+    of its own, as ``take_imports`` finds them) counts by its names and aliases alone, so that a renamed module
+    needs no new run. A plain ``import MODULE``, a star import, an import inside a function, ``if`` or ``try``, and
+    code that does not parse stay as they are."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    code = TransformerManager().transform_cell(source)
     try:
-        tree = ast.parse(source)
-    except SyntaxError:  # IPython syntax (a magic): compared verbatim
-        return source.strip("\n")
-    lines = source.splitlines()
-    for node in reversed(take_imports(tree, source)[0]):
+        tree = ast.parse(code)
+    except SyntaxError:
+        return code
+    lines = code.splitlines()
+    for node in reversed(take_imports(tree, code)[0]):
         if isinstance(node, ast.ImportFrom) and node.names[0].name != "*":
             names = ", ".join(imported.spelled() for imported in Imported.all_of(node))
             lines[node.lineno - 1 : node.end_lineno] = [f"from <any module> import {names}"]

@@ -352,6 +352,7 @@ def test_editing_the_py_fails_check_until_synced_exported_and_run(clean_project,
 
 IMPORT_CELL = """
 # %%
+# %matplotlib inline
 import math as m
 from math import pi, tau as turn
 from os.path import (
@@ -415,6 +416,7 @@ def test_a_change_of_the_module_a_name_is_imported_from_keeps_the_outputs(import
     ("from operator import add; total", "from _operator import add; total"),  # an import beside code on its line
     ("    from os.path import join", "    from posixpath import join"),  # an import inside a function
     ("{total}", "{total + 0}"),  # code below the imports
+    ("# %matplotlib inline", "# %matplotlib agg"),  # a magic
 ])
 def test_any_other_change_of_a_code_cell_clears_its_outputs_and_asks_for_a_run(import_project, old, new):
     root, stem = import_project
