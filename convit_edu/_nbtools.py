@@ -17,11 +17,13 @@ agrees is left alone).
 counts 1..n without an error. What ties those outputs to the current code is ``sync``, the one way a cell's code
 changes without a run: a code cell keeps its outputs and execution count only when its code, up to ``run_key``, is
 the code that produced them (the cell that had that execution count before pairing); any other cell loses both,
-and ``check`` asks for a run. ``run_key`` ignores one thing: the module of a top-level ``from MODULE import
-NAMES`` statement on lines of its own. So a chapter whose import lines only follow a renamed module
-(``from convit_edu.fit import deit_lr`` -> ``from convit_edu.schedule import deit_lr``) needs no new run, while a
-name or alias changed, added or removed, a plain ``import MODULE``, a star import, an import beside other code on
-its line or inside a function, ``if`` or ``try``, and any other change of a code cell still need one. (CI's nbval
+and ``check`` asks for a run. ``run_key`` compares the program as Python parses it (so comments, the exporter's
+``#| default_exp`` and layout do not count, for they change nothing a run prints) and ignores one thing more: the
+module of a top-level ``from MODULE import NAMES`` statement on lines of its own. So a chapter whose import lines
+only follow a renamed module (``from convit_edu.fit import deit_lr`` -> ``from convit_edu.schedule import
+deit_lr``), or whose ``#| default_exp`` names the module anew, needs no new run, while a name or alias changed,
+added or removed, a plain ``import MODULE``, a star import, an import beside other code on its line or inside a
+function, ``if`` or ``try``, and any other change of what a cell runs still need one. (CI's nbval
 re-runs every chapter, so an import that does not resolve still fails there.)
 How the export cuts cells into modules is ``_nbexport``'s docstring. The exercises of a chapter (its cells tagged
 ``solution`` and the two before each) are read by ``exercises``; ``answered_notebook`` is the chapter as a student
@@ -123,11 +125,12 @@ def agree(py: Path, ipynb: Path) -> bool:
 
 
 def run_key(source: str) -> str:
-    """A code cell's code as ``sync`` compares it with the code that produced the cell's outputs: the code IPython
-    runs (a magic as the call it makes), except that each top-level ``from MODULE import NAMES`` statement (on lines
-    of its own, as ``take_imports`` finds them) counts by its names and aliases alone, so that a renamed module
-    needs no new run. A plain ``import MODULE``, a star import, an import inside a function, ``if`` or ``try``, and
-    code that does not parse stay as they are."""
+    """A code cell's code as ``sync`` compares it with the code that produced the cell's outputs: the program IPython
+    runs (a magic as the call it makes), as Python parses it, so comments and layout (``#| default_exp``, a
+    rewrapped line) do not count; and each top-level ``from MODULE import NAMES`` statement (on lines of its own, as
+    ``take_imports`` finds them) counts by its names and aliases alone, so that a renamed module needs no new run. A
+    plain ``import MODULE``, a star import, an import inside a function, ``if`` or ``try`` keep their module; code
+    that does not parse counts as written."""
     from IPython.core.inputtransformer2 import TransformerManager
 
     code = TransformerManager().transform_cell(source)
@@ -135,12 +138,10 @@ def run_key(source: str) -> str:
         tree = ast.parse(code)
     except SyntaxError:
         return code
-    lines = code.splitlines()
-    for node in reversed(take_imports(tree, code)[0]):
+    for node in take_imports(tree, code)[0]:
         if isinstance(node, ast.ImportFrom) and node.names[0].name != "*":
-            names = ", ".join(imported.spelled() for imported in Imported.all_of(node))
-            lines[node.lineno - 1 : node.end_lineno] = [f"from <any module> import {names}"]
-    return "\n".join(lines).strip("\n")
+            node.module, node.level = "<any module>", 0
+    return ast.unparse(tree)
 
 
 def keep_outputs_of_code_that_ran(ipynb: Path, ran) -> None:

@@ -398,8 +398,10 @@ def sync_edit(stem: Path, old: str, new: str):
 @pytest.mark.parametrize("old, new", [
     ("from math import pi, tau as turn", "from cmath import pi, tau as turn"),  # the module of the names renamed
     ("from os.path import (\n    join,\n    sep,\n)", "from posixpath import join, sep"),  # and the statement rewrapped
+    ("    return join(*parts)", "    return join(*parts)  # the parts joined"),  # a comment: nothing runs otherwise
+    ("def joined(*parts: str) -> str:", "def joined(\n    *parts: str,\n) -> str:"),  # a line rewrapped
 ])
-def test_a_change_of_the_module_a_name_is_imported_from_keeps_the_outputs(import_project, old, new):
+def test_a_change_of_the_module_a_name_is_imported_from_or_of_a_comment_keeps_the_outputs(import_project, old, new):
     root, stem = import_project
     before, cell = sync_edit(stem, old, new)
     assert new in cell.source and (cell.outputs, cell.execution_count) == (before.outputs, before.execution_count)
@@ -416,6 +418,7 @@ def test_a_change_of_the_module_a_name_is_imported_from_keeps_the_outputs(import
     ("from operator import add; total", "from _operator import add; total"),  # an import beside code on its line
     ("    from os.path import join", "    from posixpath import join"),  # an import inside a function
     ("{total}", "{total + 0}"),  # code below the imports
+    ("    return join(*parts)", "    return join(*reversed(parts))"),  # code inside a function
     ("# %matplotlib inline", "# %matplotlib agg"),  # a magic
 ])
 def test_any_other_change_of_a_code_cell_clears_its_outputs_and_asks_for_a_run(import_project, old, new):
