@@ -324,7 +324,6 @@ def a_schedule(warmup_steps: int | None = None, floor: float | None = None, deca
 
 
 grade("lr_at", lr_at, check_lr_at)
-
 demonstrate(check_lr_at, {"no warm-up": a_schedule(warmup_steps=0),
                           "the warm-up counted in epochs, not steps": a_schedule(warmup_steps=convit_cfg.warmup_epochs),
                           "the cosine down to 0": a_schedule(floor=0.0), "a linear decay": a_schedule(decay="linear")})
