@@ -10,11 +10,26 @@ Usage::
 
 ``NB`` may name ``nbs/01_self_attention``, its ``.py`` or its ``.ipynb``; without it, every notebook.
 The authoring loop is: edit ``nbs/NN_x.py`` -> ``sync`` -> ``export`` -> ``run`` -> commit all three.
+``sync`` is ``jupytext --sync`` with the pairing of ``[tool.jupytext]`` in pyproject.toml (a pair that already
+agrees is left alone).
+
+``check`` requires that a committed notebook's outputs come from one clean run of its current code: execution
+counts 1..n without an error. What ties those outputs to the current code is ``sync``, the one way a cell's code
+changes without a run: a code cell keeps its outputs and execution count only when its code, up to ``run_key``, is
+the code that produced them (the cell that had that execution count before pairing); any other cell loses both,
+and ``check`` asks for a run. ``run_key`` compares the program as Python parses it (so comments, the exporter's
+``#| default_exp`` and layout do not count, for they change nothing a run prints) and ignores one thing more: the
+module of a top-level ``from MODULE import NAMES`` statement on lines of its own. So a chapter whose import lines
+only follow a renamed module (``from convit_edu.fit import deit_lr`` -> ``from convit_edu.schedule import
+deit_lr``), or whose ``#| default_exp`` names the module anew, needs no new run, while a name or alias changed,
+added or removed, a plain ``import MODULE``, a star import, an import beside other code on its line or inside a
+function, ``if`` or ``try``, and any other change of what a cell runs still need one. (CI's nbval
+re-runs every chapter, so an import that does not resolve still fails there.)
 How the export cuts cells into modules is ``_nbexport``'s docstring. The exercises of a chapter (its cells tagged
 ``solution`` and the two before each) are read by ``exercises``; ``answered_notebook`` is the chapter as a student
 who typed every reference answer into its answer cell, which CI runs (``conftest.py``).
 
-These modules import jupytext, nbformat and nbclient lazily: ``import convit_edu`` never pulls them in.
+These modules import jupytext, nbformat, nbclient and IPython lazily: ``import convit_edu`` never pulls them in.
 """
 
 from __future__ import annotations
@@ -33,16 +48,16 @@ from convit_edu._nbexport import (
     CMD,
     GENERATED_MARK,
     PACKAGE,
+    Imported,
     NbToolsError,
     export,
     notebook_stems,
     project_modules,
     read_py,
     rel,
+    take_imports,
 )
 
-PAIRING = "ipynb,py:percent"
-METADATA_FILTER = "-jupytext.text_representation.jupytext_version"
 CELL_TIMEOUT_S = 1200
 FAST_VALUES = ("1", "true", "yes", "on")  # as the parameters cell of every notebook reads them
 
@@ -104,66 +119,72 @@ def cells_of(nb) -> list[Cell]:
     ]
 
 
-def write_py(nb, path: Path) -> None:
-    import jupytext
-
-    nb.metadata.setdefault("jupytext", {}).update(
-        formats=PAIRING, notebook_metadata_filter=METADATA_FILTER
-    )
-    path.write_text(jupytext.writes(nb, fmt="py:percent"))
+def agree(py: Path, ipynb: Path) -> bool:
+    """Whether both files of a pair exist and hold the same cells (``cells_of``)."""
+    return py.exists() and ipynb.exists() and cells_of(read_py(py)) == cells_of(read_ipynb(ipynb))
 
 
-def merge_outputs(new_nb, old_nb) -> None:
-    """Give each code cell of ``new_nb`` the outputs of an identical code cell of ``old_nb``, in order.
+def run_key(source: str) -> str:
+    """A code cell's code as ``sync`` compares it with the code that produced the cell's outputs: the program IPython
+    runs (a magic as the call it makes), as Python parses it, so comments and layout (``#| default_exp``, a
+    rewrapped line) do not count; and each top-level ``from MODULE import NAMES`` statement (on lines of its own, as
+    ``take_imports`` finds them) counts by its names and aliases alone, so that a renamed module needs no new run. A
+    plain ``import MODULE``, a star import, an import inside a function, ``if`` or ``try`` keep their module; code
+    that does not parse counts as written."""
+    from IPython.core.inputtransformer2 import TransformerManager
 
-    A changed, added or moved cell gets none, so ``check`` sees that the notebook needs a new run.
-    """
-    old_code = [c for c in old_nb.cells if c.cell_type == "code"]
-    i = 0
-    for cell in new_nb.cells:
-        if cell.cell_type != "code":
-            continue
-        cell.outputs, cell.execution_count = [], None
-        if i < len(old_code) and old_code[i].source.strip("\n") == cell.source.strip("\n"):
-            cell.outputs = old_code[i].outputs
-            cell.execution_count = old_code[i].execution_count
-        i += 1
+    code = TransformerManager().transform_cell(source)
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return code
+    for node in take_imports(tree, code)[0]:
+        if isinstance(node, ast.ImportFrom) and node.names[0].name != "*":
+            node.module, node.level = "<any module>", 0
+    return ast.unparse(tree)
 
 
-def write_ipynb_from_py(py: Path, ipynb: Path) -> None:
+def keep_outputs_of_code_that_ran(ipynb: Path, ran) -> None:
+    """Clear the outputs and execution count of each code cell of ``ipynb`` whose code is not, up to ``run_key``, the
+    code that produced them: that of the cell of ``ran`` (the notebook before pairing) with the same execution count.
+    Jupytext keeps the outputs of an edited cell; this is what makes ``check`` ask for a new run."""
     import nbformat
 
-    new_nb = read_py(py)
-    new_nb.metadata.pop("jupytext", None)
-    new_nb.metadata.setdefault(
-        "kernelspec", {"display_name": "Python 3", "language": "python", "name": "python3"}
-    )
-    if ipynb.exists():
-        old_nb = read_ipynb(ipynb)
-        merge_outputs(new_nb, old_nb)
-        for key, value in old_nb.metadata.items():
-            new_nb.metadata.setdefault(key, value)
-    for cell in new_nb.cells:
-        cell.metadata.pop("lines_to_next_cell", None)
-    nbformat.write(nbformat.from_dict(new_nb), ipynb)
+    nb = read_ipynb(ipynb)
+    code_that_ran = {c.execution_count: run_key(c.source) for c in ran.cells
+                     if c.cell_type == "code" and c.execution_count is not None}
+    stale = [c for c in nb.cells if c.cell_type == "code" and (c.outputs or c.execution_count is not None)
+             and code_that_ran.get(c.execution_count) != run_key(c.source)]
+    for cell in stale:
+        cell.outputs, cell.execution_count = [], None
+    if stale:
+        nbformat.write(nb, ipynb)
 
 
 def sync(stem: Path) -> str | None:
-    """Pair one notebook; returns what was written (None when the pair already agreed)."""
+    """Pair one notebook with ``jupytext --sync`` and the pairing of ``[tool.jupytext]`` in pyproject.toml: the newer
+    file gives the cells, the .ipynb the outputs, which ``keep_outputs_of_code_that_ran`` keeps only where they
+    came from the cell's code. Returns what was written (None when the pair already agreed)."""
+    from jupytext.cli import jupytext
+
     py, ipynb = stem.with_suffix(".py"), stem.with_suffix(".ipynb")
-    if not py.exists():
-        write_py(read_ipynb(ipynb), py)
-        return f"{py.name} <- {ipynb.name} (new)"
-    if not ipynb.exists():
-        write_ipynb_from_py(py, ipynb)
-        return f"{py.name} -> {ipynb.name} (new)"
-    if cells_of(read_py(py)) == cells_of(read_ipynb(ipynb)):
+    if agree(py, ipynb):
         return None
-    if ipynb.stat().st_mtime > py.stat().st_mtime:
-        write_py(read_ipynb(ipynb), py)
-        return f"{py.name} <- {ipynb.name} (the .ipynb was newer)"
-    write_ipynb_from_py(py, ipynb)
-    return f"{py.name} -> {ipynb.name}"
+    ran = read_ipynb(ipynb) if ipynb.exists() else None
+    if not py.exists():
+        done = f"{py.name} <- {ipynb.name} (new)"
+    elif ran is None:
+        done = f"{py.name} -> {ipynb.name} (new)"
+    elif ipynb.stat().st_mtime > py.stat().st_mtime:  # jupytext's rule: the newer file gives the cells
+        done = f"{py.name} <- {ipynb.name} (the .ipynb was newer)"
+    else:
+        done = f"{py.name} -> {ipynb.name}"
+    if jupytext(["--sync", "--quiet", str(py if py.exists() else ipynb)]) != 0 or not agree(py, ipynb):
+        raise NbToolsError(f"`jupytext --sync` did not pair {stem.name}: does pyproject.toml's [tool.jupytext] say "
+                           "formats = \"ipynb,py:percent\"?")
+    if ran is not None:
+        keep_outputs_of_code_that_ran(ipynb, ran)
+    return done
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -342,7 +363,7 @@ def pairing_problem(stem: Path, root: Path) -> str | None:
         return f"{name}.ipynb has no paired .py: run `{CMD} sync {name}.ipynb`"
     if not ipynb.exists():
         return f"{name}.py has no paired .ipynb: run `{CMD} sync {name}.py`, then `run` it"
-    if cells_of(read_py(py)) != cells_of(read_ipynb(ipynb)):
+    if not agree(py, ipynb):
         return (f"{name}.py and {name}.ipynb differ: run `{CMD} sync {name}.py`, `{CMD} export` and "
                 f"`{CMD} run {name}.ipynb`")
     return None

@@ -44,9 +44,10 @@ from IPython.display import display
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision import datasets as tv_datasets, transforms
 
-from convit_edu.checks import WrongAnswer, check_answer, expect_error, grade, reveal
-from convit_edu.fit import deit_lr, fit
+from convit_edu.checks import check_answer, demonstrate, grade, reveal
+from convit_edu.fit import fit
 from convit_edu.run_state import read_checkpoint
+from convit_edu.schedule import deit_lr, scaled_lr
 from convit_edu.zoo import create_model, model_config
 
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -63,7 +64,8 @@ _ = torch.manual_seed(0)
 # training images. **The models**: width 96 in 4 heads, 6 blocks, 8-pixel patches; the ConViT's first 5 blocks are
 # GPSA, the class token joining before the last. **The budget**: 4 epochs at batch 64, one of them warm-up.
 # **The augmentation** (`aug_args`): a crop of the image padded by 4 pixels and a flip; no drop path. FAST mode
-# (CI): 2 classes, a tenth of their images, 2 epochs.
+# (CI): 2 classes, a quarter of their images, 2 epochs (3 steps each, so that the schedule of exercise 2 has steps
+# between its landmarks).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -81,7 +83,7 @@ chapter_11_aug = dict(crop="pad", padding=4, randaugment_magnitude=None, erasing
                       cutmix_alpha=0.0, label_smoothing=0.0, crop_ratio=1.0)  # crop_ratio 1: no resize to score
 deit_cfg = TrainConfig(model="deit_tiny", model_args=size, img_size=64, **data, classes=CLASSES,
                        aug_args=chapter_11_aug, drop_path_rate=0.0,
-                       fraction=0.1 if FAST else 1.0, epochs=2 if FAST else 4, batch_size=64,
+                       fraction=0.25 if FAST else 1.0, epochs=2 if FAST else 4, batch_size=64,
                        lr=8e-3, warmup_epochs=1, precision="fp32", num_workers=2, seed=0,
                        output=str(RUNS / "32_deit"))
 convit_cfg = replace(deit_cfg, model="convit_tiny", model_args={**size, "local_up_to_layer": 5},
@@ -226,7 +228,7 @@ if not FAST:  # FAST mode trains 2 classes for 2 epochs: nothing to compare
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from convit_edu.optimisation import learning_rate_sum, scaled_lr
+from convit_edu.optimisation import learning_rate_sum
 
 assert all(len(r["gates"]) == 5 for r in rows["ConViT"])  # one mean gate per GPSA layer
 assert all(r["gates"] == [] for r in rows["DeiT"])
@@ -252,7 +254,8 @@ steps, peak = ..., ...  # your answer: steps, peak = ..., ...
 # %%
 def check_steps(answer: int) -> None:
     want = rows["ConViT"][-1]["step"]
-    check_answer(isinstance(answer, int), "give a whole number of steps")
+    check_answer(isinstance(answer, int), "a number of steps is a whole number: `/` divides into a float, which "
+                 "counts a part of a batch as a part of a step")
     check_answer(answer != info["ConViT"]["steps_per_epoch"], "you have the steps of one epoch: the run has several")
     check_answer(answer == want, "an optimiser step needs a full batch: what happens to the images of an epoch "
                  "that do not fill the last one?")
@@ -262,17 +265,20 @@ def check_peak(answer: float) -> None:
     check_answer(not math.isclose(answer, convit_cfg.lr), "lr is the rate for a batch of 512, not the rate used")
     check_answer(not math.isclose(answer, scaled_lr(convit_cfg.lr, 32)), "the rate follows the batch of one "
                  "optimiser step, and one step here averages more than 32 images")
-    check_answer(math.isclose(answer, scaled_lr(convit_cfg.lr, 32 * 4)), "scale lr linearly with the global "
-                 "batch, against DeiT's 512")
+    check_answer(math.isclose(answer, scaled_lr(convit_cfg.lr, 32 * 4)), "lr is the rate for a batch of 512: "
+                 "multiply it by the images of one optimiser step over 512, not by the number of micro-batches")
 
 
 grade("steps, peak", (steps, peak), lambda answer: (check_steps(answer[0]), check_peak(answer[1])))
-print(expect_error(lambda: check_steps(math.ceil(math.floor(convit_cfg.fraction * IMAGES_PER_CLASS) * CLASSES
-                                                 / convit_cfg.batch_size) * convit_cfg.epochs), WrongAnswer))
-print(expect_error(lambda: check_peak(convit_cfg.lr * 32 / 512), WrongAnswer))
+run_images, batch = math.floor(convit_cfg.fraction * IMAGES_PER_CLASS) * CLASSES, convit_cfg.batch_size
+demonstrate(check_steps, {"images / batch × epochs, with `/`": run_images / batch * convit_cfg.epochs,
+                          "one epoch's steps": run_images // batch,
+                          "the last, incomplete batch counted": math.ceil(run_images / batch) * convit_cfg.epochs})
+demonstrate(check_peak, {"lr as given": convit_cfg.lr, "scaled to the micro-batch of 32": convit_cfg.lr * 32 / 512,
+                         "lr × accum_steps": convit_cfg.lr * 4})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(steps, peak):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(steps, peak):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     steps = (math.floor(convit_cfg.fraction * IMAGES_PER_CLASS) * CLASSES // convit_cfg.batch_size) * convit_cfg.epochs
     peak = convit_cfg.lr * 32 * 4 / 512  # the global batch is 32 × 4 = 128 images per optimiser step
     grade("steps, peak", (steps, peak), lambda answer: (check_steps(answer[0]), check_peak(answer[1])))
@@ -293,22 +299,37 @@ def check_lr_at(fn) -> None:
     total, warmup = per_epoch * cfg.epochs, round(cfg.warmup_epochs * per_epoch)
     want = [deit_lr(t, total, warmup, info["ConViT"]["scaled_lr"], cfg.min_lr, cfg.warmup_lr) for t in range(total + 1)]
     got = [fn(t) for t in range(total + 1)]
+    assert all(math.isclose(want[r["step"]], r["lr"], rel_tol=1e-9) for r in rows["ConViT"])  # deit_lr is the log's
     check_answer(math.isclose(got[0], want[0]), "the first step runs at warmup_lr, not at the peak")
     check_answer(math.isclose(got[warmup], want[warmup]), "the warm-up ends at the peak after warmup_epochs × "
-                 "steps per epoch steps")
-    check_answer(math.isclose(got[-1], want[-1]), "after the last step the cosine has reached min_lr")
+                 "steps per epoch steps: count it in steps, not epochs")
+    check_answer(math.isclose(got[-1], want[-1]), "after the last step the cosine has come down to min_lr, not to 0")
     check_answer(all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, want)), "the landmarks are right, "
                  "the path between them is not: a linear rise, then half a cosine period")
-    check_answer(all(math.isclose(got[r["step"]], r["lr"], rel_tol=1e-9) for r in rows["ConViT"]), "your rates "
-                 "do not match the log's")
+
+
+def a_schedule(warmup_steps: int | None = None, floor: float | None = None, decay: str = "cosine"):
+    """The ConViT run's schedule with the slips asked for: the wrong answers the check is shown on."""
+    cfg, per_epoch = convit_cfg, info["ConViT"]["steps_per_epoch"]
+    top, total = info["ConViT"]["scaled_lr"], per_epoch * cfg.epochs
+    warmup = round(cfg.warmup_epochs * per_epoch) if warmup_steps is None else warmup_steps
+    low = cfg.min_lr if floor is None else floor
+
+    def rate(step: int) -> float:
+        if step < warmup:
+            return cfg.warmup_lr + (top - cfg.warmup_lr) * step / warmup
+        done = (step - warmup) / (total - warmup)
+        return low + (top - low) * ((1 + math.cos(math.pi * done)) / 2 if decay == "cosine" else 1 - done)
+    return rate
 
 
 grade("lr_at", lr_at, check_lr_at)
-print(expect_error(lambda: check_lr_at(lambda t: convit_cfg.min_lr + 0.5 * (info["ConViT"]["scaled_lr"] - convit_cfg.min_lr)
-                                      * (1 + math.cos(math.pi * t / rows["ConViT"][-1]["step"]))), WrongAnswer))
+demonstrate(check_lr_at, {"no warm-up": a_schedule(warmup_steps=0),
+                          "the warm-up counted in epochs, not steps": a_schedule(warmup_steps=convit_cfg.warmup_epochs),
+                          "the cosine down to 0": a_schedule(floor=0.0), "a linear decay": a_schedule(decay="linear")})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(lr_at):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(lr_at):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def lr_at(step: int) -> float:
         cfg, per_epoch = convit_cfg, info["ConViT"]["steps_per_epoch"]
         peak, total, warmup = info["ConViT"]["scaled_lr"], per_epoch * cfg.epochs, round(cfg.warmup_epochs * per_epoch)
@@ -331,16 +352,17 @@ def check_best_epoch(answer: int) -> None:
     best = read_checkpoint(out["ConViT"] / "best.pt")
     assert read_checkpoint(out["ConViT"] / "last.pt")["best_top1"] == max(r["val_top1"] for r in rows["ConViT"])
     check_answer(answer != best["epoch"] - 1, "the log's epochs count from 1: epoch 1 is the first row")
-    check_answer(answer == best["epoch"], "look for the highest val_top1 in the rows, and when it was first "
-                 "reached: a later tie does not rewrite best.pt")
+    check_answer(answer == best["epoch"], "best_epoch is the epoch (1 to N) of the highest val_top1, not that score, "
+                 "and the first epoch to reach it: a later tie does not rewrite best.pt")
 
 
 grade("best_epoch", best_epoch, check_best_epoch)
-print(expect_error(lambda: check_best_epoch(max(range(len(rows["ConViT"])), key=lambda i: rows["ConViT"][i]["val_top1"])),
-                   WrongAnswer))
+demonstrate(check_best_epoch, {
+    "a row's index, counted from 0": max(range(len(rows["ConViT"])), key=lambda i: rows["ConViT"][i]["val_top1"]),
+    "the best score, not its epoch": max(r["val_top1"] for r in rows["ConViT"])})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(best_epoch):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(best_epoch):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     best_epoch = max(rows["ConViT"], key=lambda r: r["val_top1"])["epoch"]  # max keeps the first of equal scores
     grade("best_epoch", best_epoch, check_best_epoch)
 
@@ -433,19 +455,34 @@ def check_gpsa_model(fn) -> None:
     for k in LAYERS:
         model = fn(k)
         check_answer(len(model.gates()) == k, f"gpsa_model({k}) has {len(model.gates())} GPSA layers: "
-                     "local_up_to_layer is their number")
+                     "local_up_to_layer is their number (blocks 0 to k − 1), not the last one's index")
+        wrong = {key: getattr(model.config, key) for key, size in {**SWEEP_SIZE, "num_classes": CLASSES}.items()
+                 if getattr(model.config, key) != size}
+        check_answer(not wrong, f"gpsa_model({k}) has {wrong}: pass SWEEP_SIZE and num_classes=CLASSES (the zoo's "
+                     "sizes are ImageNet's)")
         want = model_config("convit_tiny", **SWEEP_SIZE, num_classes=CLASSES, local_up_to_layer=k) if k else \
             model_config("deit_tiny", **SWEEP_SIZE, num_classes=CLASSES)
-        check_answer(model.config == want, "the baseline is the DeiT itself, deit_tiny (query-key-value biases, a "
-                     "positional slot for the class token)" if k == 0 else "keep SWEEP_SIZE and num_classes=CLASSES")
+        check_answer(model.config == want, "the baseline (k = 0) is the DeiT itself, deit_tiny (query-key-value "
+                     "biases, a positional slot for the class token), not a convit_tiny without GPSA layers")
+
+
+def a_sweep_model(convit_for_0: bool = False, last_index: bool = False, classes: int | None = CLASSES):
+    """gpsa_model with the slips asked for: the wrong answers the check is shown on."""
+    def model(k: int) -> torch.nn.Module:
+        extra = {} if classes is None else {"num_classes": classes}
+        if k == 0 and not convit_for_0:
+            return create_model("deit_tiny", **SWEEP_SIZE, **extra)
+        return create_model("convit_tiny", **SWEEP_SIZE, **extra, local_up_to_layer=k - last_index)
+    return model
 
 
 grade("gpsa_model", gpsa_model, check_gpsa_model)
-print(expect_error(lambda: check_gpsa_model(lambda k: create_model("convit_tiny", **SWEEP_SIZE, num_classes=CLASSES,
-                                                                   local_up_to_layer=k)), WrongAnswer))
+demonstrate(check_gpsa_model, {"local_up_to_layer = k − 1, the last GPSA block's index": a_sweep_model(last_index=True),
+                               "num_classes left out": a_sweep_model(classes=None),
+                               "a ConViT without GPSA layers for k = 0": a_sweep_model(convit_for_0=True)})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(gpsa_model):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(gpsa_model):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def gpsa_model(k: int) -> torch.nn.Module:
         if k == 0:
             return create_model("deit_tiny", **SWEEP_SIZE, num_classes=CLASSES)

@@ -44,7 +44,7 @@ import torch
 from IPython.display import display
 
 from convit_edu.augment import build_transforms
-from convit_edu.checks import WrongAnswer, check_answer, expect_error, grade, reveal
+from convit_edu.checks import check_answer, demonstrate, expect_error, grade, reveal
 from convit_edu.config import TrainConfig
 from convit_edu.conv_init import head_centres
 from convit_edu.checkpoints import load_weights
@@ -447,16 +447,20 @@ D_box = ...  # your answer: D_box = ...
 # %%
 def check_D_box(answer: float) -> None:
     want = (4 * (2 + 2**0.5) / 4 + 4 * (3 + 2 * 2**0.5) / 6 + (4 + 4 * 2**0.5) / 9) / 9  # corners, edges, centre
+    check_answer(abs(float(answer) - 9 * want) > 1e-3, "that is the sum over the 9 queries: Eq. 8 averages them, "
+                 "(1/L) Σ_q")
     check_answer(abs(float(answer) - want) < 1e-3, "the window is clipped at the edges: a corner query spreads "
-                 "its attention over 4 patches, an edge query over 6, only the centre query over 9; each query's "
-                 "attention sums to 1, and Eq. 8 averages over all 9 queries")
+                 "its attention over 4 patches, an edge query over 6, only the centre query over 9 (each query's "
+                 "attention sums to 1)")
 
 
 grade("D_box", D_box, check_D_box)
-print(expect_error(lambda: check_D_box((4 + 4 * 2**0.5) / 9), WrongAnswer))  # the centre query's alone
+demonstrate(check_D_box, {"the centre query's alone, as if every window were whole": (4 + 4 * 2**0.5) / 9,
+                          "the 9 queries' sum, not their mean": 4 * (2 + 2**0.5) / 4 + 4 * (3 + 2 * 2**0.5) / 6
+                          + (4 + 4 * 2**0.5) / 9})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(D_box):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(D_box):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     rows_cols = torch.tensor([divmod(q, 3) for q in range(L)])
     box = ((rows_cols[:, None] - rows_cols[None]).abs().amax(-1) <= 1).float()  # the 3 × 3 window of each query
     box = box / box.sum(-1, keepdim=True)  # 4 patches for a corner query, 6 for an edge one, 9 for the centre
@@ -476,7 +480,8 @@ NINE_HEADS = dict(name="convit_tiny", img_size=64, patch_size=8, embed_dim=72, n
 most_local, least_local = ..., ...  # your answer: most_local, least_local = ..., {...}
 
 # %%
-def check_heads(most: int, least: set[int]) -> None:
+def check_heads(answer: tuple[int, set[int]]) -> None:
+    most, least = answer
     with torch.random.fork_rng():
         torch.manual_seed(0)
         per_head = model_nonlocality(create_model(**NINE_HEADS), images)[0]
@@ -486,15 +491,18 @@ def check_heads(most: int, least: set[int]) -> None:
                  "ones whose centre is farthest from the query: the corners of the stencil, at distance √2")
 
 
-grade("most_local, least_local", (most_local, least_local), lambda answer: check_heads(*answer))
+grade("most_local, least_local", (most_local, least_local), check_heads)
+squared = (head_centres(9) ** 2).sum(-1).tolist()  # each head's centre from its query, squared: 0, 1 (edges), 2
+centre, edges, corners = ({h + 1 for h, d in enumerate(squared) if d == ring} for ring in (0, 1, 2))
+demonstrate(check_heads, {"heads numbered from 0": (min(centre) - 1, {h - 1 for h in corners}),
+                          "the four edge heads, one patch from the query": (min(centre), edges)})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(most_local, least_local):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(most_local, least_local):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     torch.manual_seed(0)
     per_head = model_nonlocality(create_model(**NINE_HEADS), images)[0]  # layer 1: (9,)
     most_local, least_local = int(per_head.argmin()) + 1, {int(h) + 1 for h in per_head.topk(4).indices}
     print(f"most local: head {most_local}, least local: {sorted(least_local)}; centres {head_centres(9).tolist()}")
     # σ(1) of the attention is positional; the other 0.27 is near uniform at init, which bounds how local any head is
     assert per_head.min() > (1 - torch.sigmoid(torch.tensor(1.0))) * uniform_value - 0.1
-    grade("most_local, least_local", (most_local, least_local), lambda answer: check_heads(*answer))
-    print(expect_error(lambda: check_heads(most_local, {2, 4, 6, 8}), WrongAnswer))
+    grade("most_local, least_local", (most_local, least_local), check_heads)

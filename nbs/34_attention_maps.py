@@ -40,7 +40,6 @@ from pathlib import Path
 import torch
 
 from convit_edu.augment import build_transforms
-from convit_edu.checks import expect_error
 from convit_edu.config import TrainConfig
 from convit_edu.conv_init import head_centres
 from convit_edu.datasets import build_datasets, tiny_imagenet
@@ -488,7 +487,7 @@ if not FAST:
 my_nonlocality = ...  # your answer: def my_nonlocality(attn, rows, cols): ...
 
 # %%
-from convit_edu.checks import WrongAnswer, check_answer, grade, reveal
+from convit_edu.checks import check_answer, demonstrate, grade, reveal
 
 
 def check_my_nonlocality(fn) -> None:
@@ -496,15 +495,24 @@ def check_my_nonlocality(fn) -> None:
     attn = torch.randn(3, 15, 15, generator=g).mul(3).softmax(-1)  # 3 heads on a 3 × 5 grid
     got, want = fn(attn, 3, 5), nonlocality(attn, (3, 5))
     check_answer(tuple(got.shape) == (3,), f"one number per head: expected shape (3,), got {tuple(got.shape)}")
-    check_answer(torch.allclose(got, want, atol=1e-5), "the distance is Euclidean between (column, row) "
-                 "positions, tokens are numbered row by row (a 3 × 5 grid is not 5 × 3), and Eq. 8 divides by L "
-                 "(the attention of each query already sums to 1)")
+    check_answer(not torch.allclose(got, nonlocality(attn, (5, 3)), atol=1e-5), "tokens are numbered row by row: "
+                 "on a 3 × 5 grid (rows × cols) token 5 starts the second row, as it would not on a 5 × 3 grid")
+    check_answer(not torch.allclose(got, want * 15, atol=1e-5), "Eq. 8 divides the sum by L: each query's attention "
+                 "already sums to 1, so (1/L) Σ_q is the mean over the queries")
+    check_answer(torch.allclose(got, want, atol=1e-5), "the distance ‖δ_qk‖ is the Euclidean length √(δx² + δy²) "
+                 "between the (column, row) positions, in patches (not its square)")
 
 
 grade("my_nonlocality", my_nonlocality, check_my_nonlocality)
+demonstrate(check_my_nonlocality, {
+    "one number for all heads": lambda attn, rows, cols: nonlocality(attn, (rows, cols)).mean(),
+    "the grid read as cols × rows": lambda attn, rows, cols: nonlocality(attn, (cols, rows)),
+    "summed over the queries, not averaged": lambda attn, rows, cols: nonlocality(attn, (rows, cols)) * attn.shape[-1],
+    "‖δ‖² for the distance": lambda attn, rows, cols: (attn * patch_distances((rows, cols)) ** 2).sum((-2, -1))
+    / attn.shape[-1]})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(my_nonlocality):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(my_nonlocality):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def my_nonlocality(attn: Tensor, rows: int, cols: int) -> Tensor:
         r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
         xy = torch.stack([c.flatten(), r.flatten()], dim=-1).float()  # (L, 2), row-major like the tokens
@@ -512,7 +520,6 @@ if reveal(my_nonlocality):  # a reference answer, run when CONVIT_EDU_SOLUTIONS 
         return (attn * distance).sum(dim=(-2, -1)) / attn.shape[-1]
 
     grade("my_nonlocality", my_nonlocality, check_my_nonlocality)
-    print(expect_error(lambda: check_my_nonlocality(lambda a, r, c: my_nonlocality(a, c, r)), WrongAnswer))
 
 # %% [markdown]
 # **2. Per head, on the trained ConViT.** Fig. 5 averages over heads; the heads of one layer need not agree.
@@ -527,17 +534,24 @@ widest, narrowest = ..., ...  # your answer: widest, narrowest = ..., ...
 # %%
 def check_widest_narrowest(answer: tuple[int, int]) -> None:
     per_head = model_nonlocality(loaded["ConViT"], probe)[3]
-    heads = per_head.numel()
-    check_answer(all(1 <= h <= heads for h in answer), f"head numbers run from 1 to {heads}")
-    check_answer(answer[0] == int(per_head.argmax()) + 1, "the widest head has the *largest* nonlocality of "
-                 "layer 4 (index 3 of model_nonlocality's first axis); number heads from 1")
-    check_answer(answer[1] == int(per_head.argmin()) + 1, "the narrowest head has the smallest nonlocality")
+    want = int(per_head.argmax()) + 1, int(per_head.argmin()) + 1
+    check_answer(tuple(answer) != (want[0] - 1, want[1] - 1), "heads are numbered from 1: head 1 is index 0 of "
+                 "model_nonlocality's second axis")
+    check_answer(tuple(answer) != want[::-1], "the other way round: the widest head has the *largest* nonlocality, "
+                 "the narrowest the smallest")
+    check_answer(tuple(answer) == want, "read the 4th GPSA layer: index 3 of model_nonlocality's first axis (layers), "
+                 "its largest and its smallest head")
 
 
 grade("widest, narrowest", (widest, narrowest), check_widest_narrowest)
+per_layer = model_nonlocality(loaded["ConViT"], probe)  # (layers, heads)
+demonstrate(check_widest_narrowest, {
+    "heads numbered from 0": (int(per_layer[3].argmax()), int(per_layer[3].argmin())),
+    "the other way round": (int(per_layer[3].argmin()) + 1, int(per_layer[3].argmax()) + 1),
+    "the 4th layer read at index 4": (int(per_layer[4].argmax()) + 1, int(per_layer[4].argmin()) + 1)})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(widest, narrowest):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(widest, narrowest):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     # NBVAL_IGNORE_OUTPUT
     # (two decimals of float sums, which another CPU may round the other way)
     per_head = model_nonlocality(loaded["ConViT"], probe)[3]  # layer 4: (heads,)
@@ -548,4 +562,3 @@ if reveal(widest, narrowest):  # a reference answer, run when CONVIT_EDU_SOLUTIO
           f"(σ = {layer_4_gates[narrowest - 1]:.2f}); least positional head: {int(layer_4_gates.argmin()) + 1}")
 
     grade("widest, narrowest", (widest, narrowest), check_widest_narrowest)
-    print(expect_error(lambda: check_widest_narrowest((narrowest, widest)), WrongAnswer))

@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 from convit_edu.datasets import scaled_epochs
-from convit_edu.optimisation import scaled_lr
+from convit_edu.schedule import scaled_lr
 
 torch.set_printoptions(precision=4, sci_mode=False)
 
@@ -455,7 +455,7 @@ assert split == {(1500, 500, 350), (1500, 500, 3500)}
 n_runs = ...  # your answer: n_runs = ...
 
 # %%
-from convit_edu.checks import WrongAnswer, check_answer, expect_error, grade, reveal
+from convit_edu.checks import check_answer, demonstrate, grade, reveal
 
 
 def check_n_runs(answer: int) -> None:
@@ -468,10 +468,11 @@ def check_n_runs(answer: int) -> None:
 
 
 grade("n_runs", n_runs, check_n_runs)
-print(expect_error(lambda: check_n_runs(30 + 18), WrongAnswer))
+demonstrate(check_n_runs, {"the runs both tables list counted twice": 5 * 3 * 2 + 6 * 3,
+                           "the ablations at one seed": 5 * 3 * 2 + 6 - 2})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(n_runs):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(n_runs):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     more_table_2 = sample_efficiency_grid(DESIGN, [0.05, 0.1, 0.2, 0.5, 1.0], [1, 2, 3])  # 5 fractions x 3 seeds x 2
     more_table_3 = ablation_grid(DESIGN, 0.1, seeds=[1, 2, 3])  # 6 ablations x 3 seeds
     n_runs = len(unique_runs(more_table_2, more_table_3))
@@ -497,10 +498,13 @@ def check_equal_step_epochs(fn) -> None:
 
 
 grade("equal_step_epochs", equal_step_epochs, check_equal_step_epochs)
-print(expect_error(lambda: check_equal_step_epochs(lambda f: scaled_epochs(17, f)), WrongAnswer))
+demonstrate(check_equal_step_epochs, {
+    "epochs / f, the paper's rule": lambda f: scaled_epochs(17, f),
+    "the last partial batch counted": lambda f: max(1, round(17 * math.ceil(3500 / 32)
+                                                             / math.ceil(10 * math.floor(f * 350 + 1e-9) / 32)))})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(equal_step_epochs):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(equal_step_epochs):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def equal_step_epochs(f: float) -> int:
         steps_per_epoch = (10 * math.floor(f * 350 + 1e-9)) // 32  # 109 at f = 1, 5 (not 5.3) at f = 0.05
         return max(1, round(17 * (3500 // 32) / steps_per_epoch))

@@ -43,12 +43,13 @@ import json
 import math
 import re
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
 
-from convit_edu.checks import WrongAnswer, check_answer, expect_error, grade, reveal
+from convit_edu.checks import check_answer, demonstrate, grade, reveal
 from convit_edu.config import TrainConfig
 from convit_edu.experiment_design import sample_efficiency_grid, sample_efficiency_scale
 from convit_edu.experiments import locality_histories, run_budget
@@ -494,23 +495,30 @@ def check_head_start_se(answer: float) -> None:
     c, d = (torch.tensor(first_eval[m], dtype=torch.float64) for m in ("convit", "deit"))
     seeds = c.var().item() / 4 + d.var().item() / 4
     want = math.sqrt(seeds + 1e4 * sigma_b2 / 500)
-    check_answer(isinstance(answer, float), "give a number, in points")
+    check_answer(isinstance(answer, float), "give a float, in points (a tensor's value is its .item())")
     check_answer(not math.isclose(answer, ((c - d).std() / 2).item(), rel_tol=0.01), "that subtracts the runs of "
                  "one seed, but the seed does not pair a ConViT and a DeiT: take each arm's spread over its seeds")
     check_answer(not math.isclose(answer, math.sqrt(seeds), rel_tol=0.01), "that is the seeds' part alone: every "
                  "run is scored on the same 500 dev images, so add σ_b²/N (in points², 10⁴ · σ_b² / 500)")
     check_answer(not math.isclose(answer, math.sqrt(seeds * 3 / 4 + 1e4 * sigma_b2 / 500), rel_tol=0.01),
                  "four seeds give three degrees of freedom: divide each arm's squared deviations by n − 1")
-    check_answer(math.isclose(answer, want, rel_tol=0.01), "√(s_C²/4 + s_D²/4 + 10⁴ σ_b²/500), s each arm's standard "
-                 "deviation over its four seeds (n − 1)")
+    check_answer(math.isclose(answer, want, rel_tol=0.01), "add the three variances, then take one square root: "
+                 "√(s_C²/4 + s_D²/4 + 10⁴ σ_b²/500), s each arm's standard deviation over its four seeds (n − 1)")
 
 
 grade("head_start_se", head_start_se, check_head_start_se)
-print(expect_error(lambda: check_head_start_se(statistics.stdev(
-    [c - d for c, d in zip(first_eval["convit"], first_eval["deit"])]) / 2), WrongAnswer))
+convit_runs, deit_runs, shared = first_eval["convit"], first_eval["deit"], 1e4 * sigma_b2 / 500  # shared: points²
+demonstrate(check_head_start_se, {
+    "a tensor": (torch.tensor(convit_runs).var() / 4 + torch.tensor(deit_runs).var() / 4 + shared).sqrt(),
+    "the runs of one seed paired": statistics.stdev([c - d for c, d in zip(convit_runs, deit_runs)]) / 2,
+    "the seeds' part alone": math.sqrt(statistics.variance(convit_runs) / 4 + statistics.variance(deit_runs) / 4),
+    "the variances over n, not n − 1": math.sqrt(statistics.pvariance(convit_runs) / 4
+                                                  + statistics.pvariance(deit_runs) / 4 + shared),
+    "the standard errors added, not their squares": statistics.stdev(convit_runs) / 2 + statistics.stdev(deit_runs) / 2
+    + math.sqrt(shared)})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(head_start_se):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(head_start_se):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     s_c, s_d = (statistics.stdev(first_eval[m]) for m in ("convit", "deit"))
     head_start_se = math.sqrt(s_c**2 / 4 + s_d**2 / 4 + 1e4 * sigma_b2 / 500)
     lead = statistics.fmean(first_eval["convit"]) - statistics.fmean(first_eval["deit"])
@@ -530,20 +538,26 @@ paper_lr_sum = ...  # your answer: paper_lr_sum = ...
 
 # %%
 def check_paper_lr_sum(answer: float) -> None:
-    check_answer(isinstance(answer, float), "give a number: the sum of every step's learning rate")
+    check_answer(isinstance(answer, float), "give the float learning_rate_sum returns, not a rounded copy of it")
     check_answer(not math.isclose(answer, paper_sum / 2, rel_tol=0.02), "the rate used is lr × global batch / 512: "
                  "set global_batch=1024 in the config")
     check_answer(not math.isclose(answer, paper_sum / 1251, rel_tol=0.05), "an epoch of ImageNet is 1 251 steps of "
                  "1 024 images, not one step")
-    check_answer(math.isclose(answer, paper_sum, rel_tol=0.01), "build TrainConfig(lr=5e-4, global_batch=1024, "
-                 "epochs=300, warmup_epochs=5) and pass steps_per_epoch")
+    check_answer(math.isclose(answer, paper_sum, rel_tol=0.01), "TrainConfig's lr is the base rate for 512 images, "
+                 "5·10⁻⁴, which the config scales to the global batch itself: give the recipe's numbers as they are")
 
 
 grade("paper_lr_sum", paper_lr_sum, check_paper_lr_sum)
-print(expect_error(lambda: check_paper_lr_sum(paper_sum / 2), WrongAnswer))
+demonstrate(check_paper_lr_sum, {
+    "rounded, as printed above": round(paper_sum),
+    "the global batch of the base rate, 512": learning_rate_sum(replace(paper_cfg, global_batch=512),
+                                                                1_281_167 // 1024),
+    "one step per epoch": learning_rate_sum(paper_cfg, steps_per_epoch=1),
+    "lr scaled by hand, then by the config": learning_rate_sum(replace(paper_cfg, lr=5e-4 * 1024 / 512),
+                                                               1_281_167 // 1024)})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(paper_lr_sum):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(paper_lr_sum):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     paper_lr_sum = learning_rate_sum(TrainConfig(lr=5e-4, global_batch=1024, epochs=300, warmup_epochs=5),
                                      steps_per_epoch=1_281_167 // 1024)
     print(f"{paper_lr_sum:.0f}: λ may travel about {paper_lr_sum / grid_sum:.0f} times as far as in the grid")

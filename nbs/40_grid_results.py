@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from convit_edu.checks import WrongAnswer, check_answer, expect_error
+from convit_edu.checks import check_answer
 from convit_edu.experiment_design import sample_efficiency_grid, sample_efficiency_scale
 from convit_edu.experiments import locality_histories, run_budget
 from convit_edu.locality import plot_gate_history, plot_nonlocality_history, read_locality
@@ -337,26 +337,48 @@ assert sorted(devices.values()) == ["cpu"] + ["cuda:0"] * 3 and devices["convit_
 seed_gaps = ...  # your answer: def seed_gaps(records, fraction): ...
 
 # %%
-from convit_edu.checks import grade, reveal
+from convit_edu.checks import demonstrate, grade, reveal
+
+
+def plain_runs(records: list[dict], fraction: float) -> dict[tuple[str, int], dict]:
+    """The records of the models themselves (no ablation) at ``fraction``, by (model, seed)."""
+    return {(r["model"], r["seed"]): r for r in records if r["ablation"] is None and r["fraction"] == fraction}
 
 
 def check_seed_gaps(fn) -> None:
     for fraction in (0.1, 1.0):
         gaps = fn(grid, fraction)
-        runs = {(r["model"], r["seed"]): r for r in grid if r["ablation"] is None and r["fraction"] == fraction}
+        runs = plain_runs(grid, fraction)
         for seed, gap in gaps.items():  # from each image's correctness ("0"/"1" per test image), not the score
             want = sum(100 * runs[m, seed]["test_correct"].count("1") / len(runs[m, seed]["test_correct"]) * sign
                        for m, sign in (("convit", 1), ("deit", -1)))
             check_answer(abs(gap - want) < 1e-9, f"f = {fraction}, seed {seed}: {gap:+.2f} points, the records give "
                          f"{want:+.2f}: the ConViT's test top-1 minus the DeiT's, same seed, no ablation")
         check_answer(sorted(gaps) == [1, 2, 3, 4] and abs(sum(gaps.values()) / 4 - table[fraction]["diff"]) < 1e-9,
-                     f"f = {fraction}: the four seeds' gaps should average to Table 2's {table[fraction]['diff']:+.2f}")
+                     f"f = {fraction}: gaps for seeds {sorted(gaps)}, not 1 to 4: one gap per seed, whose mean is "
+                     f"Table 2's {table[fraction]['diff']:+.2f}")
+
+
+def a_seed_gaps(sign: int = 1, score=test_top1, first_seed_only: bool = False):
+    """seed_gaps with the slips asked for: the wrong answers the check is shown on."""
+    def gaps(records: list[dict], fraction: float) -> dict[int, float]:
+        plain, found = plain_runs(records, fraction), {}
+        for model, s in plain:
+            if model == "convit":
+                found[s] = sign * (score(plain["convit", s]) - score(plain["deit", s]))
+                if first_seed_only:  # a `return` inside the loop
+                    return found
+        return found
+    return gaps
 
 
 grade("seed_gaps", seed_gaps, check_seed_gaps)
+demonstrate(check_seed_gaps, {"the DeiT's minus the ConViT's": a_seed_gaps(sign=-1),
+                              "the dev top-1, not the test top-1": a_seed_gaps(score=lambda r: r["val_top1"]),
+                              "returned inside the loop": a_seed_gaps(first_seed_only=True)})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(seed_gaps):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(seed_gaps):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def seed_gaps(records: list[dict], fraction: float) -> dict[int, float]:
         plain = {(r["model"], r["seed"]): r for r in records if r["ablation"] is None and r["fraction"] == fraction}
         return {s: test_top1(plain["convit", s]) - test_top1(plain["deit", s])
@@ -364,8 +386,6 @@ if reveal(seed_gaps):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or C
 
     grade("seed_gaps", seed_gaps, check_seed_gaps)
     print("seed by seed at f = 0.1:", {s: round(g, 2) for s, g in seed_gaps(grid, 0.1).items()}, "(mean: Table 2's)")
-    print(expect_error(lambda: check_seed_gaps(lambda records, f: {s: -g for s, g in seed_gaps(records, f).items()}),
-                       WrongAnswer))
 
 # %% [markdown]
 # **2. The head start.** Each record's `val_curve` holds (evaluation step, dev top-1) pairs. Write
@@ -377,19 +397,30 @@ head_start = ...  # your answer: def head_start(records, fraction): ...
 
 # %%
 def check_head_start(fn) -> None:
-    runs = {(r["model"], r["seed"]): r for r in grid if r["ablation"] is None and r["fraction"] == 0.1}
+    runs = plain_runs(grid, 0.1)
     got = fn(grid, 0.1)
     for seed in (1, 2, 3, 4):
         (step_c, top1_c), (step_d, top1_d) = runs["convit", seed]["val_curve"][0], runs["deit", seed]["val_curve"][0]
         check_answer(step_c == step_d and abs(got.get(seed, float("nan")) - (top1_c - top1_d)) < 1e-9,
-                     f"seed {seed}: {got.get(seed)} where the first evaluations give {top1_c - top1_d:+.1f}: "
-                     "val_curve[0] is the first (step, top-1) pair of each run")
+                     f"seed {seed}: {got.get(seed, float('nan')):+.1f} where the first evaluations give "
+                     f"{top1_c - top1_d:+.1f}: val_curve[0] is the first (step, top-1) pair of each run")
+
+
+def a_head_start(evaluation: int = 0, field: int = 1):
+    """head_start with the slips asked for: the wrong answers the check is shown on."""
+    def start(records: list[dict], fraction: float) -> dict[int, float]:
+        plain = plain_runs(records, fraction)
+        return {s: plain["convit", s]["val_curve"][evaluation][field] - plain["deit", s]["val_curve"][evaluation][field]
+                for model, s in plain if model == "convit"}
+    return start
 
 
 grade("head_start", head_start, check_head_start)
+demonstrate(check_head_start, {"the last evaluation, not the first": a_head_start(evaluation=-1),
+                               "the steps subtracted, not the top-1s": a_head_start(field=0)})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(head_start):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or CI) is set
+if reveal(head_start):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     def head_start(records: list[dict], fraction: float) -> dict[int, float]:
         plain = {(r["model"], r["seed"]): r for r in records if r["ablation"] is None and r["fraction"] == fraction}
         return {s: plain["convit", s]["val_curve"][0][1] - plain["deit", s]["val_curve"][0][1]
@@ -399,4 +430,3 @@ if reveal(head_start):  # a reference answer, run when CONVIT_EDU_SOLUTIONS (or 
     first = head_start(grid, 0.1)
     print(f"ConViT ahead at the first evaluation in {sum(v > 0 for v in first.values())} of 4 seeds:",
           {s: round(v, 1) for s, v in first.items()})
-    print(expect_error(lambda: check_head_start(lambda records, f: {s: 0.0 for s in (1, 2, 3, 4)}), WrongAnswer))

@@ -467,7 +467,12 @@ for label, value, target in targets:
 # %% [markdown]
 # **Findings.** Timings on these 2-core CPUs (one thread) move by tens of percent between runs, and more between
 # CPUs. Each gives the suite run above (AMD EPYC, Zen 3, 2 cores, AVX2, idle), then in brackets chapter 30's run,
-# earlier runs, and the last run on an idle Intel Xeon (AVX-512, no BF16 or AMX), before chapter 07's fold and factors.
+# earlier runs, and the last run on an idle Intel Xeon (AVX-512, no BF16 or AMX), before the fast GPSA folded its
+# gate into the weights and applied P as its row and column factors (the "fold and factors"). These figures are the
+# record of that fast GPSA. Chapter 07's GPSA has since traded both for fewer operations, as a GPU's launch-bound step
+# wants: the gate mixed by one `lerp`, P applied itself in one (heads, L, L) product shared by the batch (55
+# operations a layer against an MHSA's 30, chapter 07; about 5 % more multiply-adds than the factors at 224 px,
+# chapter 31). This suite has not been re-run on an idle CPU since, so none of its figures is yet the new layer's.
 #
 # - *Activation memory*: **met**, and deterministic: the fast layer saves 0.46× the reference's activations at
 #   ConViT-Ti and ConViT-S sizes (B = 32, 224 px) and 0.33× the official form's at Ti size; its share falls with
@@ -482,8 +487,8 @@ for label, value, target in targets:
 # - *Model throughput* (target ≥ 0.90×): **met** — ConViT-Ti trained at 0.94× DeiT-Ti's images/s (batch 32, one
 #   thread, median of 5 interleaved steps) [earlier runs 0.92–0.96×; the utilisation cell above, 3 steps: 0.86×
 #   (0.85–0.91× before); two threads, `model_throughput`: 0.92–0.93×, against 0.86–0.90× before the fold and the
-#   factors; Xeon, before them: 0.80×], far above timm's ConViT (0.42–0.57× its DeiT). What ConViT-Ti does beyond
-#   DeiT-Ti is small: P's two factors (under 1 % of the model's multiply-adds, chapter 31) and four heads of 48
+#   factors; Xeon, before them: 0.80×], far above timm's ConViT (0.42–0.57× its DeiT). What ConViT-Ti did beyond
+#   DeiT-Ti was small: P's two factors (under 1 % of the model's multiply-adds, chapter 31) and four heads of 48
 #   channels where DeiT-Ti has three of 64 (SDPA's kernel is less efficient on narrower heads). The 64-px row, one
 #   timed step of 2 images, is noise (0.76× here; 0.70–1.04× before). ConViT-S, wider than DeiT-S (432 vs 384;
 #   bound 0.80×), measured 0.90× here with a noise of 0.12 [0.76–0.85×; Xeon 0.70×]. Ti models: 0.62 and 0.66 of

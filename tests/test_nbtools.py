@@ -14,6 +14,8 @@ from convit_edu import _nbexport as nbe
 from convit_edu import _nbtools as nbt
 
 HEADER = (Path(__file__).resolve().parents[1] / "nbs" / "00_index.py").read_text().split("# %%")[0]
+PYPROJECT = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+JUPYTEXT_SETTINGS = "[tool.jupytext]" + PYPROJECT.split("[tool.jupytext]")[1].split("\n[")[0]  # the project's pairing
 
 SOURCE = HEADER + '''# %% [markdown]
 # # Toy chapter
@@ -51,8 +53,9 @@ print(f"{circle_area(1.0):.4f}")
 
 
 def make_project(tmp_path: Path, source: str = SOURCE) -> Path:
-    """A minimal project tree: pyproject.toml, nbs/01_toy.py and an empty package folder."""
-    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'toy'\n")
+    """A minimal project tree: pyproject.toml (with the project's pairing settings), nbs/01_toy.py and an empty
+    package folder."""
+    (tmp_path / "pyproject.toml").write_text(f"[project]\nname = 'toy'\n\n{JUPYTEXT_SETTINGS}")
     (tmp_path / "nbs").mkdir()
     (tmp_path / "convit_edu").mkdir()
     (tmp_path / "nbs" / "01_toy.py").write_text(source)
@@ -71,12 +74,18 @@ def fake_clean_run(ipynb: Path, fast: bool = False) -> None:
     nbformat.write(nb, ipynb)
 
 
-@pytest.fixture
-def clean_project(tmp_path):
-    root = make_project(tmp_path)
+def paired_project(tmp_path: Path, source: str = SOURCE) -> tuple[Path, Path]:
+    """``make_project``, its notebook paired and exported (not run): the root and the notebook's stem."""
+    root = make_project(tmp_path, source)
     stem = root / "nbs" / "01_toy"
     nbt.sync(stem)
     nbt.export(stem, root)
+    return root, stem
+
+
+@pytest.fixture
+def clean_project(tmp_path):
+    root, stem = paired_project(tmp_path)
     fake_clean_run(stem.with_suffix(".ipynb"))
     assert nbt.check(root) == []
     return root
@@ -213,6 +222,23 @@ def test_sync_creates_the_pair_in_both_directions(tmp_path):
     assert "jupytext_version:" not in py_text and "format_name: percent" in py_text
 
 
+def test_sync_pairs_with_the_jupytext_settings_of_pyproject(tmp_path):
+    root = make_project(tmp_path)
+    stem = root / "nbs" / "01_toy"
+    nb = nbt.read_py(stem.with_suffix(".py"))
+    nb.metadata.pop("jupytext")  # an .ipynb that says nothing of its pairing: pyproject.toml's [tool.jupytext] does
+    nbformat.write(nb, stem.with_suffix(".ipynb"))
+    stem.with_suffix(".py").unlink()
+    assert nbt.sync(stem) == "01_toy.py <- 01_toy.ipynb (new)"
+    py = stem.with_suffix(".py")
+    assert "format_name: percent" in py.read_text() and "formats:" not in py.read_text()
+    assert "jupytext_version:" not in py.read_text()  # its notebook_metadata_filter
+    (root / "pyproject.toml").write_text("[project]\nname = 'toy'\n")
+    py.write_text(py.read_text().replace("FAST = False", "FAST = True"))
+    with pytest.raises(nbt.NbToolsError, match=r"did not pair 01_toy: does pyproject.toml's \[tool.jupytext\]"):
+        nbt.sync(stem)
+
+
 def test_check_passes_on_a_clean_project(clean_project):
     assert nbt.check(clean_project) == []
 
@@ -324,6 +350,87 @@ def test_editing_the_py_fails_check_until_synced_exported_and_run(clean_project,
     assert "execution" not in nb.cells[-1].metadata  # no timing metadata
 
 
+IMPORT_CELL = """
+# %%
+# %matplotlib inline
+import math as m
+from math import pi, tau as turn
+from os.path import (
+    join,
+    sep,
+)
+from string import *
+from operator import add; total = add(1, 2)
+
+
+def joined(*parts: str) -> str:
+    from os.path import join
+
+    return join(*parts)
+
+
+print(f"{pi:.4f} {turn:.4f} {joined('a', 'b') == join('a', 'b')} {total} {m.e:.3f} {digits} {sep}")
+"""
+
+
+@pytest.fixture
+def import_project(tmp_path):
+    """A clean project whose last cell imports in every way; its fake run gave that cell an output."""
+    root, stem = paired_project(tmp_path, SOURCE + IMPORT_CELL)
+    ipynb = stem.with_suffix(".ipynb")
+    fake_clean_run(ipynb)
+    nb = nbformat.read(ipynb, as_version=4)
+    nb.cells[-1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="3.1416 6.2832 True 3 ...\n")]
+    nbformat.write(nb, ipynb)
+    assert nbt.check(root) == []
+    return root, stem
+
+
+def sync_edit(stem: Path, old: str, new: str):
+    """Edit the last cell of the .py (``old`` -> ``new``), sync, and return that cell of the .ipynb, before and after."""
+    py, before = stem.with_suffix(".py"), nbformat.read(stem.with_suffix(".ipynb"), as_version=4).cells[-1]
+    assert py.read_text().count(old) == 1
+    py.write_text(py.read_text().replace(old, new))
+    assert nbt.sync(stem) == "01_toy.py -> 01_toy.ipynb"
+    return before, nbformat.read(stem.with_suffix(".ipynb"), as_version=4).cells[-1]
+
+
+@pytest.mark.parametrize("old, new", [
+    ("from math import pi, tau as turn", "from cmath import pi, tau as turn"),  # the module of the names renamed
+    ("from os.path import (\n    join,\n    sep,\n)", "from posixpath import join, sep"),  # and the statement rewrapped
+    ("    return join(*parts)", "    return join(*parts)  # the parts joined"),  # a comment: nothing runs otherwise
+    ("def joined(*parts: str) -> str:", "def joined(\n    *parts: str,\n) -> str:"),  # a line rewrapped
+])
+def test_a_change_of_the_module_a_name_is_imported_from_or_of_a_comment_keeps_the_outputs(import_project, old, new):
+    root, stem = import_project
+    before, cell = sync_edit(stem, old, new)
+    assert new in cell.source and (cell.outputs, cell.execution_count) == (before.outputs, before.execution_count)
+    assert nbt.check(root) == []
+
+
+@pytest.mark.parametrize("old, new", [
+    ("from math import pi, tau as turn", "from math import pi, e as turn"),  # another name
+    ("from math import pi, tau as turn", "from math import pi, tau as turn, e"),  # a name added
+    ("from math import pi, tau as turn", "from math import tau as turn"),  # a name removed
+    ("from math import pi, tau as turn", "from math import pi, tau as full_turn"),  # another alias
+    ("import math as m", "import cmath as m"),  # a plain import: its module is the name it imports
+    ("from string import *", "from secrets import *"),  # a star import: its module says which names
+    ("from operator import add; total", "from _operator import add; total"),  # an import beside code on its line
+    ("    from os.path import join", "    from posixpath import join"),  # an import inside a function
+    ("{total}", "{total + 0}"),  # code below the imports
+    ("    return join(*parts)", "    return join(*reversed(parts))"),  # code inside a function
+    ("# %matplotlib inline", "# %matplotlib agg"),  # a magic
+])
+def test_any_other_change_of_a_code_cell_clears_its_outputs_and_asks_for_a_run(import_project, old, new):
+    root, stem = import_project
+    if old.startswith("from math"):  # with the module renamed too: it does not hide the other change
+        new = new.replace("from math", "from cmath")
+    before, cell = sync_edit(stem, old, new)
+    assert before.outputs and (cell.outputs, cell.execution_count) == ([], None)
+    (problem,) = nbt.check(root)
+    assert "01_toy.ipynb was not executed in one clean run" in problem
+
+
 IMPORTS_SOURCE = HEADER + '''# %% [markdown]
 # # Imports chapter
 
@@ -351,7 +458,7 @@ import os.path as osp
 import math
 from collections import Counter
 from convit_edu._nbtools import (
-    CELL_TIMEOUT_S, CMD, FAST_VALUES, GENERATED_MARK, METADATA_FILTER, PACKAGE, PAIRING,
+    CELL_TIMEOUT_S, CMD, FAST_VALUES, GENERATED_MARK, PACKAGE, REVEAL, WATCH_HINTS,
     Cell,
 )
 
@@ -397,9 +504,9 @@ from convit_edu._nbtools import (
     CMD,
     FAST_VALUES,
     GENERATED_MARK,
-    METADATA_FILTER,
     PACKAGE,
-    PAIRING,
+    REVEAL,
+    WATCH_HINTS,
     Cell,
     NbToolsError,
 )
@@ -506,11 +613,7 @@ if reveal(square):  # a reference answer
 
 @pytest.fixture
 def exercise_project(tmp_path):
-    root = make_project(tmp_path, SOURCE + EXERCISE)
-    stem = root / "nbs" / "01_toy"
-    nbt.sync(stem)
-    nbt.export(stem, root)
-    return root, stem
+    return paired_project(tmp_path, SOURCE + EXERCISE)
 
 
 def test_run_leaves_the_exercises_to_the_student_and_answers_them_only_when_asked(exercise_project, monkeypatch):
