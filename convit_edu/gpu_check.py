@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convit_edu.checks import number
-from convit_edu.gpu_correctness import (
+from convit_edu.gpu_check_correctness import (
     CheckContext,
     CheckSizes,
     Phase,
@@ -27,8 +27,8 @@ from convit_edu.gpu_correctness import (
     collect_environment,
     run_check,
 )
-from convit_edu.gpu_time import check_models
-from convit_edu.gpu_training import check_graph_breaks, check_graphs_vs_eager, check_host_syncs, check_train
+from convit_edu.gpu_check_time import check_models
+from convit_edu.gpu_check_training import check_graph_breaks, check_graphs_vs_eager, check_host_syncs, check_train
 from convit_edu.run_records import check_output
 from convit_edu.run_setup import compile_cache
 

@@ -37,7 +37,7 @@ import os
 FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
 
 # %%
-#| default_exp gpu_correctness
+#| default_exp gpu_check_correctness
 # The GPU check's machinery (sizes, phases and their results, a deadline) and its correctness phases: the environment,
 # a training step on the GPU against the CPU's, the fast GPSA against the reference.
 

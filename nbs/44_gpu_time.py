@@ -36,14 +36,14 @@ import os
 FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
 
 # %%
-#| default_exp gpu_time
+#| default_exp gpu_check_time
 # The GPU check's measurements of a training step: timed four ways (synchronised, pipelined, the host's issue, replayed
 # from a CUDA graph), profiled (kernels, launches, the GPU's busy share), its FLOPs and MFU.
 
 # %%
 import tempfile
 
-from convit_edu.gpu_correctness import CheckSizes, collect_environment
+from convit_edu.gpu_check_correctness import CheckSizes, collect_environment
 
 # %% [markdown]
 # ## Four clocks on one step
@@ -81,7 +81,7 @@ from convit_edu.benchmark_suite import compile_seconds, peak_matmul_flops
 from convit_edu.benchmarks import count_operations, device_timer, interleaved_times, median, train_step
 from convit_edu.config import TrainConfig
 from convit_edu.devices import autocast
-from convit_edu.gpu_correctness import CheckContext, PhaseResult
+from convit_edu.gpu_check_correctness import CheckContext, PhaseResult
 from convit_edu.optimisation import build_optimizer
 from convit_edu.zoo import count_macs
 

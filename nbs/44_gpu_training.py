@@ -28,7 +28,7 @@ import os
 FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
 
 # %%
-#| default_exp gpu_training
+#| default_exp gpu_check_training
 # The GPU check's phases of the training loop: graph breaks, host syncs, graphed training against eager, and
 # `convit-edu train` on JPEGs with each loader, its data wait in the steady state apart from the start-up.
 
@@ -37,7 +37,7 @@ import contextlib
 import io
 import tempfile
 
-from convit_edu.gpu_correctness import CheckSizes, collect_environment
+from convit_edu.gpu_check_correctness import CheckSizes, collect_environment
 
 # %% [markdown]
 # ## Graph breaks, recompiles and host synchronisations
@@ -80,7 +80,7 @@ from convit_edu.config import TrainConfig
 from convit_edu.config_words import config_to_words
 from convit_edu.devices import autocast
 from convit_edu.distributed import init_world
-from convit_edu.gpu_correctness import CheckContext, PhaseResult, exact_fp32
+from convit_edu.gpu_check_correctness import CheckContext, PhaseResult, exact_fp32
 from convit_edu.run_records import RunFolder
 from convit_edu.run_setup import build_models
 from convit_edu.training import Trainer

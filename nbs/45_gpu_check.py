@@ -62,10 +62,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convit_edu.checks import number
-from convit_edu.gpu_correctness import (CheckContext, CheckSizes, Phase, PhaseResult, Verdict, check_env, check_gpsa,
+from convit_edu.gpu_check_correctness import (CheckContext, CheckSizes, Phase, PhaseResult, Verdict, check_env, check_gpsa,
                                         check_step_vs_cpu, collect_environment, run_check)
-from convit_edu.gpu_time import check_models
-from convit_edu.gpu_training import check_graph_breaks, check_graphs_vs_eager, check_host_syncs, check_train
+from convit_edu.gpu_check_time import check_models
+from convit_edu.gpu_check_training import check_graph_breaks, check_graphs_vs_eager, check_host_syncs, check_train
 from convit_edu.run_records import check_output
 from convit_edu.run_setup import compile_cache
 

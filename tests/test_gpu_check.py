@@ -20,8 +20,8 @@ from convit_edu import gpu_check
 from convit_edu import cli
 from convit_edu.cli import build_parser
 from convit_edu.gpu_check import PHASES, TARGETS, main
-from convit_edu.gpu_correctness import CheckContext, CheckSizes, Phase, PhaseResult, collect_environment
-from convit_edu.gpu_time import bf16_peak, model_bench
+from convit_edu.gpu_check_correctness import CheckContext, CheckSizes, Phase, PhaseResult, collect_environment
+from convit_edu.gpu_check_time import bf16_peak, model_bench
 
 try:
     import tomllib

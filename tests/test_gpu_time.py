@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from convit_edu.benchmarks import train_step
-from convit_edu.gpu_correctness import CheckContext, CheckSizes, collect_environment
-from convit_edu.gpu_time import (STEPS_MARK, _measured, bf16_peak, graphed_train_step, profile_activity, rerun,
+from convit_edu.gpu_check_correctness import CheckContext, CheckSizes, collect_environment
+from convit_edu.gpu_check_time import (STEPS_MARK, _measured, bf16_peak, graphed_train_step, profile_activity, rerun,
                                  step_timings, trace_activity, training_flops)
 
 CPU = torch.device("cpu")

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from convit_edu.gpu_training import data_wait_split, is_sync_warning
+from convit_edu.gpu_check_training import data_wait_split, is_sync_warning
 from convit_edu.run_records import Progress
 
 

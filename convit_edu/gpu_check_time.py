@@ -23,7 +23,7 @@ from convit_edu.benchmark_suite import compile_seconds, peak_matmul_flops
 from convit_edu.benchmarks import count_operations, device_timer, interleaved_times, median, train_step
 from convit_edu.config import TrainConfig
 from convit_edu.devices import autocast
-from convit_edu.gpu_correctness import CheckContext, PhaseResult
+from convit_edu.gpu_check_correctness import CheckContext, PhaseResult
 from convit_edu.optimisation import build_optimizer
 from convit_edu.zoo import count_macs
 

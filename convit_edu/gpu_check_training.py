@@ -26,7 +26,7 @@ from convit_edu.config import TrainConfig
 from convit_edu.config_words import config_to_words
 from convit_edu.devices import autocast
 from convit_edu.distributed import init_world
-from convit_edu.gpu_correctness import CheckContext, PhaseResult, exact_fp32
+from convit_edu.gpu_check_correctness import CheckContext, PhaseResult, exact_fp32
 from convit_edu.run_records import RunFolder
 from convit_edu.run_setup import build_models
 from convit_edu.training import Trainer
