@@ -62,7 +62,7 @@ def fit_watched(cfg: TrainConfig, count_from: int = 3) -> dict:
     step `count_from` on runs under CUDA's sync-debug mode (host syncs between read-backs, counted by the line causing
     them); the run's history."""
     trainer = Trainer(cfg, init_world(cfg.device))
-    step, sites, seen = trainer.step, Counter(), {"checked_steps": 0, "first": {}}
+    step, sites, seen = trainer.train_step, Counter(), {"checked_steps": 0, "first": {}}
     cuda = trainer.world.device.type == "cuda"
 
     def record(message, category, filename, lineno, file=None, line=None) -> None:
@@ -95,11 +95,11 @@ def fit_watched(cfg: TrainConfig, count_from: int = 3) -> dict:
             seen["checked_steps"] += 1
             return waited
 
-    trainer.step = Watched()
+    trainer.train_step = Watched()
     try:
         history = trainer.fit().history
     finally:  # a cycle trainer -> Watched -> trainer would leave the loaders to the garbage collector, whose
-        trainer.step = step  # finalisers close their queues first and then wait for workers that ignore SIGTERM
+        trainer.train_step = step  # finalisers close their queues first and then wait for workers that ignore SIGTERM
     return {"history": history, "syncs": sum(sites.values()) if cuda else None, "sync_sites": dict(sites),
             "sync_first_seen": seen["first"], "checked_steps": seen["checked_steps"]}
 

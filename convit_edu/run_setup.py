@@ -5,7 +5,9 @@ and the compile cache a requeued job finds."""
 # (then run `python -m convit_edu._nbtools export`).
 
 import contextlib
+import math
 import os
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -13,17 +15,20 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import Dataset
 
-from convit_edu.augment import AUGMENTATIONS, AugConfig, build_transforms
+from convit_edu.augment import AUGMENTATIONS, AugConfig, DeviceTransforms, MixupCutmix, build_mixup, build_transforms
 from convit_edu.config import TrainConfig
 from convit_edu.datasets import build_datasets
 from convit_edu.distributed import World, run_on_main
 from convit_edu.loader_registry import LOADERS
+from convit_edu.loaders import DataLoaders
 from convit_edu.models import VisionTransformer
-from convit_edu.optimisation import build_teacher
+from convit_edu.optimisation import build_optimizer, build_teacher
+from convit_edu.run_state import TrainState
 
-__all__ = ['config_datasets', 'build_run_loaders', 'build_models', 'wrap_model', 'compile_cache']
+__all__ = ['config_datasets', 'build_run_loaders', 'build_models', 'wrap_model', 'compile_cache', 'RunData', 'build_run_data', 'new_train_state']
 
 
 # %% nbs/27_run_setup.py 7
@@ -92,3 +97,57 @@ def compile_cache(cache: Path, compile: bool):
         yield
     finally:
         del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+# %% nbs/27_run_setup.py 22
+@dataclass
+class RunData:
+    """What a run reads and how much of it one step takes, built once from its config by `build_run_data`."""
+
+    loaders: DataLoaders  # this process's train and val batches (their workers kept between epochs)
+    num_classes: int
+    batch_size: int  # per process and micro-batch
+    global_batch: int  # per optimiser step: every process, every micro-batch
+    steps_per_epoch: int
+    num_workers: int  # loader processes (DALI: threads) of this process
+    mixup: MixupCutmix | None  # the recipe's MixUp/CutMix, on the device
+    device_transforms: DeviceTransforms | None  # normalise (and, training, erase) uint8 batches on the device
+    smoothing: float  # label smoothing, when MixUp/CutMix does not smooth the labels itself
+
+
+def build_run_data(cfg: TrainConfig, world: World, datasets: tuple | None = None) -> RunData:
+    """`cfg`'s datasets, or `datasets` = (train, val, class names), checked, and their loaders on this process."""
+    aug = cfg.aug_config()
+    if datasets is None:
+        datasets = config_datasets(cfg, world, aug)
+    elif LOADERS[cfg.loader].reads_files:
+        takers = " or ".join(repr(name) for name, kind in LOADERS.items() if not kind.reads_files)
+        raise ValueError(f"loader {cfg.loader!r} reads the config's own image folder (data_root): datasets "
+                         f"passed to train() need loader {takers}")
+    train_set, val_set, classes = datasets
+    if len(classes) < 2:
+        raise ValueError(f"the dataset has {len(classes)} class(es) ({', '.join(map(str, classes))}): a "
+                         "classifier needs at least two (check --data-root, --classes)")
+    batch_size = cfg.per_device_batch(world.world_size)
+    steps_per_epoch = cfg.steps_per_epoch(len(train_set), world.world_size)
+    if steps_per_epoch == 0 and len(train_set) >= world.world_size:  # (else build_loaders says so)
+        share = math.ceil(len(train_set) / world.world_size)  # samples per process and epoch
+        raise ValueError(f"each of the {world.world_size} processes gets {share} samples per epoch, fewer than "
+                         f"one optimiser step of batch {batch_size} × accum_steps {cfg.accum_steps}: lower the batch")
+    num_workers = cfg.loader_workers()
+    return RunData(build_run_loaders(cfg, world, aug, train_set, val_set, batch_size, num_workers), len(classes),
+                   batch_size, cfg.images_per_step(world.world_size), steps_per_epoch, num_workers,
+                   build_mixup(aug, len(classes)) if aug else None, DeviceTransforms(aug) if aug else None,
+                   aug.label_smoothing if aug else 0.0)
+
+
+def new_train_state(cfg: TrainConfig, world: World, model: nn.Module, data: RunData, precision: str,
+                    graphed: bool) -> TrainState:
+    """A run's state at step 0: `model`'s optimiser and schedule (`graphed`: one a CUDA graph can capture, chapter
+    28_cuda_graphs), fp16's loss scaler, and the EMA — a copy of the model as it is now, so load resumed weights first."""
+    optimizer, schedule = build_optimizer(cfg, model, data.global_batch, data.steps_per_epoch, world.device,
+                                          graphed=graphed)
+    scaler = torch.amp.GradScaler(world.device.type, enabled=precision == "fp16")
+    ema = AveragedModel(model, use_buffers=True) if cfg.ema_decay else None  # see `update_ema`
+    return TrainState(cfg, model, optimizer, world.rank, world.world_size, data.steps_per_epoch, schedule, scaler,
+                      ema)

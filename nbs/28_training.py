@@ -66,7 +66,6 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # %%
 #| export
 import contextlib
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,19 +74,16 @@ from typing import Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.optim.swa_utils import AveragedModel
 
-from convit_edu.augment import DeviceTransforms, MixupCutmix, build_mixup, finish_batch
+from convit_edu.augment import finish_batch
 from convit_edu.config import TrainConfig
 from convit_edu.cuda_graphs import MIX_NUMBERS, StepGraph, fill, graph_ready, mix_numbers, mix_on_device, step_graphed
 from convit_edu.devices import autocast, resolve_precision
 from convit_edu.distributed import StopSignals, World, all_reduce, init_world
 from convit_edu.evaluation import evaluate
-from convit_edu.loader_registry import LOADERS
-from convit_edu.loaders import DataLoaders
-from convit_edu.optimisation import build_optimizer, seed_step, train_loss, update_ema
+from convit_edu.optimisation import seed_step, train_loss, update_ema
 from convit_edu.run_records import Progress, RunFolder, RunWriter, run_info
-from convit_edu.run_setup import build_models, build_run_loaders, compile_cache, config_datasets, wrap_model
+from convit_edu.run_setup import RunData, build_models, build_run_data, compile_cache, new_train_state, wrap_model
 from convit_edu.run_state import (Callback, TrainState, checked_weights, loader_states, nonfinite_remedy, restore_run,
                                   resume_checkpoint, resume_weights, run_checkpoint)
 
@@ -109,71 +105,11 @@ class TrainResult:
     stopped: str | None
 
 # %% [markdown]
-# What a run reads, and how much of it one step takes, is settled once, before any model exists: the datasets of
-# the config (or yours), checked (two classes at least, one step per epoch at least), this process's loaders,
-# the batch per process and per step, and the device end of the recipe (MixUp/CutMix, normalising and erasing
-# uint8 batches, label smoothing). `new_train_state` then gives a model its optimiser, schedule, fp16 scaler and
-# EMA: the run's state of chapter 26 at step 0.
-
-# %%
-#| export
-@dataclass
-class RunData:
-    """What a run reads and how much of it one step takes, built once from its config by `build_run_data`."""
-
-    loaders: DataLoaders  # this process's train and val batches (their workers kept between epochs)
-    num_classes: int
-    batch_size: int  # per process and micro-batch
-    global_batch: int  # per optimiser step: every process, every micro-batch
-    steps_per_epoch: int
-    num_workers: int  # loader processes (DALI: threads) of this process
-    mixup: MixupCutmix | None  # the recipe's MixUp/CutMix, on the device
-    device_transforms: DeviceTransforms | None  # normalise (and, training, erase) uint8 batches on the device
-    smoothing: float  # label smoothing, when MixUp/CutMix does not smooth the labels itself
-
-
-def build_run_data(cfg: TrainConfig, world: World, datasets: tuple | None = None) -> RunData:
-    """`cfg`'s datasets, or `datasets` = (train, val, class names), checked, and their loaders on this process."""
-    aug = cfg.aug_config()
-    if datasets is None:
-        datasets = config_datasets(cfg, world, aug)
-    elif LOADERS[cfg.loader].reads_files:
-        takers = " or ".join(repr(name) for name, kind in LOADERS.items() if not kind.reads_files)
-        raise ValueError(f"loader {cfg.loader!r} reads the config's own image folder (data_root): datasets "
-                         f"passed to train() need loader {takers}")
-    train_set, val_set, classes = datasets
-    if len(classes) < 2:
-        raise ValueError(f"the dataset has {len(classes)} class(es) ({', '.join(map(str, classes))}): a "
-                         "classifier needs at least two (check --data-root, --classes)")
-    batch_size = cfg.per_device_batch(world.world_size)
-    steps_per_epoch = cfg.steps_per_epoch(len(train_set), world.world_size)
-    if steps_per_epoch == 0 and len(train_set) >= world.world_size:  # (else build_loaders says so)
-        share = math.ceil(len(train_set) / world.world_size)  # samples per process and epoch
-        raise ValueError(f"each of the {world.world_size} processes gets {share} samples per epoch, fewer than "
-                         f"one optimiser step of batch {batch_size} × accum_steps {cfg.accum_steps}: lower the batch")
-    num_workers = cfg.loader_workers()
-    return RunData(build_run_loaders(cfg, world, aug, train_set, val_set, batch_size, num_workers), len(classes),
-                   batch_size, cfg.images_per_step(world.world_size), steps_per_epoch, num_workers,
-                   build_mixup(aug, len(classes)) if aug else None, DeviceTransforms(aug) if aug else None,
-                   aug.label_smoothing if aug else 0.0)
-
-
-def new_train_state(cfg: TrainConfig, world: World, model: nn.Module, data: RunData, precision: str) -> TrainState:
-    """A run's state at step 0: `model`'s optimiser and schedule, fp16's loss scaler, and the EMA — a copy of the
-    model as it is now, so load resumed weights first."""
-    optimizer, schedule = build_optimizer(cfg, model, data.global_batch, data.steps_per_epoch, world.device,
-                                          graphed=step_graphed(cfg, world))
-    scaler = torch.amp.GradScaler(world.device.type, enabled=precision == "fp16")
-    ema = AveragedModel(model, use_buffers=True) if cfg.ema_decay else None  # see `update_ema`
-    return TrainState(cfg, model, optimizer, world.rank, world.world_size, data.steps_per_epoch, schedule, scaler,
-                      ema)
-
-# %% [markdown]
 # ## The trainer
 #
 # `Trainer(cfg, world)` builds a run in chapter 27's order — output folder, data, models, resume checkpoint,
 # optimisation — and restores a checkpoint with chapter 26's `resume_weights` and `restore_run`. Its state,
-# `trainer.state`, is the one its hooks see. Three objects share the loop: `trainer.step`, a `TrainStep`, knows *how*
+# `trainer.state`, is the one its hooks see. Three objects share the loop: `trainer.train_step`, a `TrainStep`, knows *how*
 # a step runs and holds what only the step needs (the model wrapped for DDP and compiled, the teacher, the losses
 # not read back yet); `trainer.records`, chapter 27's `RunWriter`, decides what is written in the run's folder,
 # told what happened; the `Trainer` decides *when* — to read back, to evaluate, to stop — and reports it.
@@ -327,8 +263,8 @@ class Trainer:
         self.model, self.teacher = build_models(cfg, data.num_classes, world.device, model, teacher)
         ckpt, path = resume_checkpoint(cfg.resume, self.folder.last, world)
         changes = resume_weights(ckpt, path, cfg, self.model, data.global_batch) if ckpt is not None else {}
-        self.state = new_train_state(cfg, world, self.model, data, self.precision)
-        self.step = TrainStep(cfg, world, self.model, self.teacher, data, self.state, self.precision)
+        self.state = new_train_state(cfg, world, self.model, data, self.precision, step_graphed(cfg, world))
+        self.train_step = TrainStep(cfg, world, self.model, self.teacher, data, self.state, self.precision)
         self.compiled = False  # the first compiled step is done (each epoch's `compile_s` and `data_wait`: seconds)
         self.progress = Progress(cfg.progress if world.main else "none", cfg.epochs, cfg.log_every)
         self.signals = StopSignals()
@@ -348,7 +284,7 @@ class Trainer:
         last = (t0, 0.0)  # time and data wait at the last read-back
         for _ in self.progress.steps_of(range(s.step, data.steps_per_epoch)):
             compiling = cfg.compile and not self.compiled
-            self.data_wait += self.step(batches)
+            self.data_wait += self.train_step(batches)
             if compiling:  # the host waited for the compiler, not for the device (which runs ahead)
                 self.compile_s, self.compiled = time.perf_counter() - t0 - self.data_wait, True
             images += data.global_batch
@@ -358,7 +294,7 @@ class Trainer:
             if not (s.step % cfg.log_every == 0 or s.step == data.steps_per_epoch or s.stop or save
                     or alone_signalled):
                 continue  # no host sync: the device runs ahead
-            signalled = self.step.read_back(self.signals.received is not None, self.records.last_good)
+            signalled = self.train_step.read_back(self.signals.received is not None, self.records.last_good)
             now = time.perf_counter()
             self.progress.step(s, s.schedule.lr(s.global_step), images / (now - t0),
                                data_wait=self.data_wait - last[1], interval=now - last[0])

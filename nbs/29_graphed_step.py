@@ -68,10 +68,10 @@ def graph_replay_difference(cfg: TrainConfig, steps: int = 2 * GRAPH_WARMUP, *,
                 raise ValueError(f"steps {steps} exceeds the {trainer.data.steps_per_epoch} steps of an epoch: "
                                  "give the run more images or fewer steps")
             if warmup is not None:
-                trainer.step.graph.warmup = warmup
+                trainer.train_step.graph.warmup = warmup
             batches = trainer.data.loaders.epoch(0)
             for _ in range(steps):
-                trainer.step(batches)
+                trainer.train_step(batches)
             s = trainer.state
             weights[name] = [*s.model.state_dict().values(), *(s.ema.state_dict().values() if s.ema else [])]
     return {name: max(float((a.double() - b.double()).abs().max()) for a, b in zip(weights["graph"], weights[name])

@@ -57,10 +57,10 @@ tiny = TrainConfig(model="convit_tiny", img_size=16, model_args={"patch_size": 4
 trainer = Trainer(replace(tiny, output=str(tmp / "by-hand")), init_world("cpu"))
 batches = trainer.data.loaders.epoch(0, start=0)
 for _ in range(3):
-    trainer.step(batches)
-assert len(trainer.step.unread) == 3 and trainer.state.step == 3 and trainer.state.epoch_losses == []
-trainer.step.read_back(False, trainer.records.last_good)  # no stop signal received here
-assert trainer.step.unread == [] and len(trainer.state.epoch_losses) == 3
+    trainer.train_step(batches)
+assert len(trainer.train_step.unread) == 3 and trainer.state.step == 3 and trainer.state.epoch_losses == []
+trainer.train_step.read_back(False, trainer.records.last_good)  # no stop signal received here
+assert trainer.train_step.unread == [] and len(trainer.state.epoch_losses) == 3
 print(f"{trainer.state.step} of {trainer.data.steps_per_epoch} steps; after one read-back "
       f"{len(trainer.state.epoch_losses)} losses on the host, none left on the device")
 
@@ -112,8 +112,8 @@ message = expect_error(lambda: trainer.records.save(trainer.state), FloatingPoin
 assert "were not saved" in message and "last.pt is the last good checkpoint" in message
 print(message)
 assert all(torch.isfinite(t).all() for t in read_checkpoint(tmp / "by-hand" / "last.pt")["model"].values())
-trainer.step(trainer.data.loaders.epoch(1, start=0))
-message = expect_error(lambda: trainer.step.read_back(False, trainer.records.last_good), FloatingPointError)
+trainer.train_step(trainer.data.loaders.epoch(1, start=0))
+message = expect_error(lambda: trainer.train_step.read_back(False, trainer.records.last_good), FloatingPointError)
 assert "non-finite loss" in message and "last good checkpoint" in message
 print(message)
 

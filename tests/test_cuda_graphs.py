@@ -84,34 +84,34 @@ def test_an_eager_checkpoint_resumes_graphed_with_the_optimiser_in_its_graphed_f
     assert not any(g["fused"] for g in groups) and all(isinstance(g["lr"], float) for g in groups)  # as saved
     batches = trainer.data.loaders.epoch(trainer.state.epoch, start=trainer.state.step * 8)
     for _ in range(GRAPH_WARMUP + 2):
-        trainer.step(batches)
+        trainer.train_step(batches)
     lr = trainer.state.schedule.rates(trainer.state.global_step - 1)
     assert all(g["fused"] and isinstance(g["lr"], torch.Tensor) for g in groups)
     assert [float(g["lr"]) for g in groups] == [torch.tensor(r).item() for r in lr]  # the last step's, as float32
-    assert trainer.step.graph.replay is not None
+    assert trainer.train_step.graph.replay is not None
 
 
 def test_a_replayed_training_step_reads_nothing_back_from_the_device(tmp_path):
     trainer = Trainer(tiny(cuda_graphs="on", output=str(tmp_path)), CPU)
     batches = trainer.data.loaders.epoch(0)
     for _ in range(GRAPH_WARMUP + 1):  # the last one is the capture, under CaptureCheck
-        trainer.step(batches)
-    trainer.step(batches)  # a replay
+        trainer.train_step(batches)
+    trainer.train_step(batches)  # a replay
     with OperationCounter() as counter:  # what a replay runs, counted
-        trainer.step.graph.replay()
+        trainer.train_step.graph.replay()
     names = {name.split(".")[0] for _, name in counter.counts}
     assert not names & set(HOST_READS) and counter.total("optimizer") <= 4  # fused AdamW: a few launches
 
 
 def test_a_step_that_reads_the_device_back_is_refused_at_its_capture_naming_the_operation(tmp_path):
     trainer = Trainer(tiny(cuda_graphs="on", output=str(tmp_path)), CPU)
-    forward = trainer.step.step_model.forward
-    trainer.step.step_model.forward = lambda x: forward(x) * float(x.mean() > 0)  # a host read in the model
+    forward = trainer.train_step.step_model.forward
+    trainer.train_step.step_model.forward = lambda x: forward(x) * float(x.mean() > 0)  # a host read in the model
     batches = trainer.data.loaders.epoch(0)
     for _ in range(GRAPH_WARMUP):  # eager: a host read only costs time there
-        trainer.step(batches)
+        trainer.train_step(batches)
     with pytest.raises(GraphCaptureError, match="_local_scalar_dense.*--cuda-graphs off"):
-        trainer.step(batches)
+        trainer.train_step(batches)
 
 
 def test_a_replay_whose_python_takes_another_path_than_its_capture_is_refused():
