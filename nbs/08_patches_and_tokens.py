@@ -212,11 +212,11 @@ print("rows of the 4x6 grid seen on 8x12, first column:", new_rows[:, 0])
 assert torch.all(new_rows.diff(dim=0) >= 0) and torch.allclose(new_rows, new_rows[:, :1].expand(8, 12))
 
 # %% [markdown]
-# ## Exercise
+# ## Exercises
 #
-# How it works (chapter 00): replace the placeholder `...` in the answer cell, then run the check below it.
+# How they work (chapter 00): replace the placeholder `...` in the answer cell, then run the check below it.
 #
-# **Patches of a wide image.** A 96 × 160 image (height × width) goes through a patch embedding with 16-px
+# **1. Patches of a wide image.** A 96 × 160 image (height × width) goes through a patch embedding with 16-px
 # patches. Without running it, set `grid` to the (rows, columns) of its patch grid and `num_tokens` to the
 # number of tokens the first block sees.
 
@@ -244,3 +244,43 @@ demonstrate(lambda answer: check_patches(*answer), {"(columns, rows)": ((10, 6),
 if reveal(grid, num_tokens):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     grid, num_tokens = (96 // 16, 160 // 16), (96 // 16) * (160 // 16)  # (6, 10): 60 tokens, row-major
     grade("grid, num_tokens", (grid, num_tokens), lambda answer: check_patches(*answer))
+
+# %% [markdown]
+# **2. Tokens back to a picture.** The figure above laid the patches out in token order. Write
+# `patches_to_image(patches, grid, patch_size)`, the way back: from the flattened patches (L, C·p·p) of a (rows,
+# columns) `grid` — token t at row t // columns, column t % columns, each patch flattened channel by channel and
+# row by row, as `rearrange(image, "c (h p) (w q) -> (h w) (c p q)", p=p, q=p)` makes them — to the image (C, H, W).
+
+# %%
+patches_to_image = ...  # your answer: def patches_to_image(patches, grid, patch_size): ...
+
+# %%
+def check_patches_to_image(fn) -> None:
+    image = torch.arange(3 * 8 * 12.0).reshape(3, 8, 12)  # 3 channels, a 2 x 3 grid of 4-px patches
+    flat = rearrange(image, "c (h p) (w q) -> (h w) (c p q)", p=4, q=4)
+    got = fn(flat, (2, 3), 4)
+    check_answer(isinstance(got, torch.Tensor) and tuple(got.shape) == (3, 8, 12), "the image is (C, H, W) = "
+                 f"(3, 8, 12) for a grid of 2 rows and 3 columns of 4-px patches, got {getattr(got, 'shape', got)!r}")
+    columns_first = rearrange(flat, "(w h) (c p q) -> c (h p) (w q)", h=2, w=3, p=4, q=4)
+    check_answer(not torch.equal(got, columns_first), "the tokens run along a row first: token t sits at row "
+                 "t // columns, column t % columns")
+    check_answer(torch.equal(got, image), "inside a token the numbers run channel by channel, and within a channel "
+                 "row by row: (c p q), p the pixel's row in its patch")
+
+
+grade("patches_to_image", patches_to_image, check_patches_to_image)
+demonstrate(check_patches_to_image, {
+    "rows and columns swapped": lambda x, g, p: rearrange(x, "(h w) (c p q) -> c (h p) (w q)", h=g[1], w=g[0], p=p, q=p),
+    "the tokens column by column": lambda x, g, p: rearrange(x, "(w h) (c p q) -> c (h p) (w q)", h=g[0], w=g[1], p=p,
+                                                             q=p),
+    "a patch column by column": lambda x, g, p: rearrange(x, "(h w) (c q p) -> c (h p) (w q)", h=g[0], w=g[1], p=p,
+                                                          q=p),
+    "the channels last in a token": lambda x, g, p: rearrange(x, "(h w) (p q c) -> c (h p) (w q)", h=g[0], w=g[1], p=p,
+                                                              q=p)})
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(patches_to_image):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
+    def patches_to_image(patches: torch.Tensor, grid: tuple[int, int], patch_size: int) -> torch.Tensor:
+        return rearrange(patches, "(h w) (c p q) -> c (h p) (w q)", h=grid[0], w=grid[1], p=patch_size, q=patch_size)
+
+    grade("patches_to_image", patches_to_image, check_patches_to_image)

@@ -182,11 +182,11 @@ assert (masked - base).abs().max() > 1e-3  # 100x the tolerance of the compariso
 print("masked positional embedding = a zero pos_embed; the logits move by more than 1e-3; model restored")
 
 # %% [markdown]
-# ## Exercise
+# ## Exercises
 #
-# How it works (chapter 00): replace the placeholder `...` in the answer cell, then run the check below it.
+# How they work (chapter 00): replace the placeholder `...` in the answer cell, then run the check below it.
 #
-# **Positions for another size.** A ConViT-Ti and a DeiT-Ti are built for 224 × 160 images (height × width,
+# **1. Positions for another size.** A ConViT-Ti and a DeiT-Ti are built for 224 × 160 images (height × width,
 # `img_size=(224, 160)`, 16-px patches). Without building them, set `pos_slots` to the number of slots (rows) of each
 # one's `pos_embed`: `{"convit_tiny": ..., "deit_tiny": ...}`.
 
@@ -221,3 +221,57 @@ demonstrate(check_pos_slots, {"a list, not a dict": [140, 141],
 if reveal(pos_slots):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     pos_slots = {"convit_tiny": 14 * 10, "deit_tiny": 14 * 10 + 1}  # a 14 x 10 grid; DeiT's class slot
     grade("pos_slots", pos_slots, check_pos_slots)
+
+# %% [markdown]
+# **2. Position masked by hand.** The switches' cell masked the content attention of three GPSA layers by hand, with a
+# gating parameter so large that σ(λ) rounds to 1. Write `mask_position(model, k)`: a copy of `model` whose first `k`
+# GPSA layers attend by content alone (Table 6's σ(λ) = 0), by setting their gating parameters, leaving `model` as it
+# is. The check compares its logits with those of `mask_at_test_time(model, gate=0.0, num_layers=k)`.
+
+# %%
+mask_position = ...  # your answer: def mask_position(model, k): ...
+
+# %%
+def check_mask_position(fn) -> None:
+    torch.manual_seed(0)
+    model = create_model("convit_tiny", img_size=32, patch_size=8, depth=4, local_up_to_layer=3).eval()
+    images, before = torch.randn(2, 3, 32, 32), copy.deepcopy(model.state_dict())
+    with torch.no_grad():
+        for k in (1, 2):
+            changed = fn(model, k)
+            check_answer(all(torch.equal(v, model.state_dict()[n]) for n, v in before.items()), "the model itself "
+                         "changed: change a copy (copy.deepcopy(model)) and return it")
+            check_answer(torch.equal(changed.gates()[k:], model.gates()[k:]), f"k = {k}: only the first k GPSA "
+                         "layers are masked; the others keep their gates")
+            with mask_at_test_time(model, gate=0.0, num_layers=k):
+                want = model(images)
+            check_answer(torch.allclose(changed(images), want, atol=1e-5), f"k = {k}: σ(λ) must be 0 there, λ far "
+                         "below 0 (-100): σ(0) = ½ still mixes in the positions, and σ(100) = 1 masks the content")
+
+
+def gates_set(value: float, layers: slice | None = None, copied: bool = True):
+    """Gating parameters set to `value` in the first k GPSA layers (all of them with `layers`): the slips shown."""
+    def mask(model, k):
+        changed = copy.deepcopy(model) if copied else model
+        with torch.no_grad():
+            for layer in changed.gated_layers[layers or slice(k)]:
+                layer.gating_param.fill_(value)
+        return changed
+    return mask
+
+
+grade("mask_position", mask_position, check_mask_position)
+demonstrate(check_mask_position, {"the model itself changed": gates_set(-100.0, copied=False),
+                                  "every GPSA layer": gates_set(-100.0, layers=slice(None)), "λ = 0": gates_set(0.0),
+                                  "the content masked instead": gates_set(100.0)})
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(mask_position):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
+    def mask_position(model: torch.nn.Module, k: int) -> torch.nn.Module:
+        changed = copy.deepcopy(model)
+        with torch.no_grad():
+            for layer in changed.gated_layers[:k]:
+                layer.gating_param.fill_(-100.0)  # σ(-100) = 0 in float32, to within 1e-43
+        return changed
+
+    grade("mask_position", mask_position, check_mask_position)
