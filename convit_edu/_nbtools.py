@@ -19,9 +19,10 @@ changes without a run: a code cell keeps its outputs and execution count only wh
 the code that produced them (the cell that had that execution count before pairing); any other cell loses both,
 and ``check`` asks for a run. ``run_key`` compares the program as Python parses it (so comments, the exporter's
 ``#| default_exp`` and layout do not count, for they change nothing a run prints) and ignores one thing more: the
-module of a top-level ``from MODULE import NAMES`` statement on lines of its own. So a chapter whose import lines
-only follow a renamed module (``from convit_edu.fit import deit_lr`` -> ``from convit_edu.schedule import
-deit_lr``), or whose ``#| default_exp`` names the module anew, needs no new run, while a name or alias changed,
+modules of the top-level ``from MODULE import NAMES`` statements on lines of their own: they count by the set of
+names they bring in. So a chapter whose import lines only follow a renamed module or a name moved to another
+(``from convit_edu.fit import deit_lr`` -> ``from convit_edu.schedule import deit_lr``), or whose
+``#| default_exp`` names the module anew, needs no new run, while a name or alias changed,
 added or removed, a plain ``import MODULE``, a star import, an import beside other code on its line or inside a
 function, ``if`` or ``try``, and any other change of what a cell runs still need one. (CI's nbval
 re-runs every chapter, so an import that does not resolve still fails there.)
@@ -127,8 +128,9 @@ def agree(py: Path, ipynb: Path) -> bool:
 def run_key(source: str) -> str:
     """A code cell's code as ``sync`` compares it with the code that produced the cell's outputs: the program IPython
     runs (a magic as the call it makes), as Python parses it, so comments and layout (``#| default_exp``, a
-    rewrapped line) do not count; and each top-level ``from MODULE import NAMES`` statement (on lines of its own, as
-    ``take_imports`` finds them) counts by its names and aliases alone, so that a renamed module needs no new run. A
+    rewrapped line) do not count; and the top-level ``from MODULE import NAMES`` statements (on lines of their own, as
+    ``take_imports`` finds them) count by the set of names and aliases they bring in alone, so that a renamed module,
+    or a name moved to another module (one statement become two), needs no new run. A
     plain ``import MODULE``, a star import, an import inside a function, ``if`` or ``try`` keep their module; code
     that does not parse counts as written."""
     from IPython.core.inputtransformer2 import TransformerManager
@@ -138,10 +140,11 @@ def run_key(source: str) -> str:
         tree = ast.parse(code)
     except SyntaxError:
         return code
-    for node in take_imports(tree, code)[0]:
-        if isinstance(node, ast.ImportFrom) and node.names[0].name != "*":
-            node.module, node.level = "<any module>", 0
-    return ast.unparse(tree)
+    followed = [node for node in take_imports(tree, code)[0]
+                if isinstance(node, ast.ImportFrom) and node.names[0].name != "*"]
+    names = sorted({imported.spelled() for node in followed for imported in Imported.all_of(node)})
+    tree.body = [node for node in tree.body if node not in followed]
+    return f"from <any modules> import {', '.join(names)}\n{ast.unparse(tree)}" if names else ast.unparse(tree)
 
 
 def keep_outputs_of_code_that_ran(ipynb: Path, ran) -> None:

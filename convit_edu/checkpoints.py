@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from convit_edu.files import load_file
-from convit_edu.layers import resize_pos_embed
 from convit_edu.models import VisionTransformer
+from convit_edu.patches import resize_pos_embed
 from convit_edu.zoo import MODEL_ZOO
 
 __all__ = ['read_state_dict', 'guess_architecture', 'load_weights']

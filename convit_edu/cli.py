@@ -34,11 +34,11 @@ from convit_edu.evaluation import evaluate
 from convit_edu.experiment_design import ABLATIONS, ablation_grid, sample_efficiency_grid, sample_efficiency_scale
 from convit_edu.experiments import fixed_test_split, run_grid
 from convit_edu.loaders import default_num_workers
+from convit_edu.masking import mask_at_test_time
 from convit_edu.models import VisionTransformer
 from convit_edu.run_records import RunFolder
 from convit_edu.run_state import read_checkpoint
 from convit_edu.training import train
-from convit_edu.zoo import mask_at_test_time
 
 __all__ = ['run_train', 'run_eval', 'run_bench', 'run_experiment', 'run_data', 'run_check_gpu', 'build_parser', 'main']
 

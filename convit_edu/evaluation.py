@@ -14,8 +14,8 @@ from convit_edu.augment import DeviceTransforms, finish_batch
 from convit_edu.devices import autocast, resolve_precision
 from convit_edu.distributed import all_reduce
 from convit_edu.loaders import build_loader
+from convit_edu.masking import mask_at_test_time
 from convit_edu.samplers import val_shard
-from convit_edu.zoo import mask_at_test_time
 
 __all__ = ['evaluate', 'masking_table', 'format_masking']
 

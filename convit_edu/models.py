@@ -12,7 +12,8 @@ from convit_edu.checks import one_of, positive_int
 from convit_edu.conv_init import check_locality_strength
 from convit_edu.gpsa import GPSA
 from convit_edu.gpsa_reference import GPSAReference
-from convit_edu.layers import Block, PatchEmbed, resize_pos_embed
+from convit_edu.layers import Block
+from convit_edu.patches import PatchEmbed, resize_pos_embed
 
 __all__ = ['LOCAL_ATTENTIONS', 'ModelConfig', 'config_fields', 'ForwardRecord', 'VisionTransformer']
 

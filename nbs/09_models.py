@@ -232,7 +232,8 @@ from torch import Tensor, nn
 
 from convit_edu.gpsa import GPSA
 from convit_edu.gpsa_reference import GPSAReference
-from convit_edu.layers import Block, PatchEmbed, resize_pos_embed
+from convit_edu.layers import Block
+from convit_edu.patches import PatchEmbed, resize_pos_embed
 
 
 @dataclass

@@ -14,11 +14,12 @@
 # ---
 
 # %% [markdown]
-# # The model zoo: Table 1 by name, counted, at any resolution
+# # The model zoo: Table 1 by name, counted
 #
 # Chapter 09 built a `VisionTransformer` from a `ModelConfig`. We name Table 1's twelve models (ConViT and DeiT, Ti/S/B
-# and "+"), check their parameters and multiply-accumulates against its Size and Flops, run them at any resolution,
-# and add switches for the ablations (Table 3, App. A) and test-time masking (Tables 5-6).
+# and "+") and check their parameters and multiply-accumulates against its Size and Flops. The next chapter
+# (`10_zoo_variants`) runs them at other resolutions and switches their parts off, for the ablations (Table 3, App. A)
+# and test-time masking (Tables 5-6).
 
 # %% tags=["parameters"]
 import os
@@ -27,12 +28,10 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp zoo
-# The ConViT and DeiT zoo by name, parameter and multiply-accumulate counts (Table 1), ablation switches.
+# The ConViT and DeiT zoo by name, and their parameter and multiply-accumulate counts (Table 1).
 
 # %%
 #| export
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from convit_edu.checks import one_of
@@ -42,7 +41,7 @@ from convit_edu.models import ModelConfig, VisionTransformer, config_fields
 import matplotlib.pyplot as plt
 import torch
 
-from convit_edu.checks import check_answer, expect_error
+from convit_edu.checks import check_answer
 from convit_edu.conv_init import head_centres
 
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -313,132 +312,6 @@ assert {s for s, r in ratio.items() if abs(r - 1) > 0.02} == {"S"}, ratio  # eac
 # (exercise 2). In the figure each ConViT sits at its DeiT's size but S (432 wide against 384).
 #
 # A profiler's FLOP counter sees less than this count on our layers; chapter 31 says why.
-
-# %% [markdown]
-# ## Other resolutions and aspect ratios
-#
-# A model built for 224 px runs on any image whose sides are multiples of the patch size: `PatchEmbed` returns the
-# grid, GPSA layers compute their positional attention on it (H×W, not only square), and `pos_embed` is interpolated.
-# To *train* at another size, build the model for it (`img_size=160`): `pos_embed` then has a slot per patch of that
-# grid and nothing is interpolated. CIFAR-100 works either way: upsampled to 224, or at 32 px with patch size 4 (an
-# 8×8 grid).
-
-# %%
-torch.manual_seed(0)
-with torch.no_grad():
-    for size in [(160, 160), (288, 288), (224, 160)]:
-        image = torch.randn(1, 3, *size)
-        out = convit_ti(image)
-        grids = {tuple(a.shape[-2:]) for a in convit_ti.forward_features(image, return_attention=True).attentions[:10]}
-        print(f"image {size[0]}x{size[1]}: logits {tuple(out.shape)}, attention matrices of the GPSA layers {grids}")
-        rows, cols = size[0] // 16, size[1] // 16
-        assert out.shape == (1, 1000) and grids == {(rows * cols, rows * cols)}
-    cifar = create_model("convit_tiny", img_size=32, patch_size=4, num_classes=100).eval()
-    out = cifar(torch.randn(2, 3, 32, 32))
-print("CIFAR ConViT-Ti, 32 px, patch 4:", tuple(out.shape), "pos_embed", tuple(cifar.pos_embed.shape))
-assert out.shape == (2, 100) and cifar.pos_embed.shape == (1, 64, 192)
-print(expect_error(lambda: convit_ti(torch.randn(1, 3, 225, 224))))
-
-# %% [markdown]
-# ## Switches for the ablations
-#
-# The paper's ablations change one ingredient at a time: a config field, or `mask_at_test_time` for SM F's tests:
-#
-# | experiment | switch |
-# |---|---|
-# | Table 3 [b]: no gating (λ frozen at 0) | `freeze_gating=True` |
-# | Table 3 [c]: no convolutional initialization | `use_local_init=False` |
-# | Fig. 12 "frozen": freeze the GPSA layers | `freeze_gpsa=True` |
-# | Fig. 8, Table 3 [e]: number of GPSA layers (0 = DeiT-like) | `local_up_to_layer=k` |
-# | App. A: PSA (Eq. 4) instead of GPSA | `local_attention="psa"` |
-# | Table 5: mask the absolute positional embedding at test time | `mask_at_test_time(model, mask_pos_embed=True)` |
-# | Table 6: σ(λ) = 1 (no content) or 0 (no position), layers 1..k | `mask_at_test_time(model, gate=g, num_layers=k)` |
-
-# %%
-#| export
-@contextmanager
-def mask_at_test_time(model: VisionTransformer, *, mask_pos_embed: bool = False, gate: float | None = None,
-                      num_layers: int | None = None) -> Iterator[VisionTransformer]:
-    """Evaluate ``model`` with parts masked off (SM F), restoring it on exit.
-
-    ``mask_pos_embed`` drops the absolute positional embedding (Table 5). ``gate`` replaces σ(λ_h) of every
-    head of the first ``num_layers`` GPSA layers (all of them if None) by a constant: 1.0 masks the content
-    attention, 0.0 the positional attention (Table 6)."""
-    layers = model.gated_layers
-    if gate is None and num_layers is not None:
-        raise ValueError(f"num_layers={num_layers} needs a gate value (1.0 masks content, 0.0 position)")
-    chosen = []
-    if gate is not None:
-        if not 0.0 <= gate <= 1.0:
-            raise ValueError(f"gate replaces σ(λ) and must be in [0, 1], got {gate}")
-        if not layers:
-            raise ValueError(f"gate needs gated (GPSA) layers; this model has local_up_to_layer="
-                             f"{model.config.local_up_to_layer}, local_attention={model.config.local_attention!r}")
-        count = len(layers) if num_layers is None else num_layers
-        if not 1 <= count <= len(layers):
-            raise ValueError(f"num_layers {count} must be in [1, {len(layers)}] (the model's GPSA layers)")
-        chosen = layers[:count]
-    saved = model.mask_pos_embed, [layer.gate_override for layer in chosen]
-    try:
-        model.mask_pos_embed = mask_pos_embed
-        for layer in chosen:
-            layer.gate_override = gate
-        yield model
-    finally:
-        model.mask_pos_embed = saved[0]
-        for layer, value in zip(chosen, saved[1]):
-            layer.gate_override = value
-
-
-# %% [markdown]
-# Every switch, checked on ConViT-Ti: freezing the gates at λ = 0 leaves 10·4 fewer trainable parameters; without the
-# convolutional initialization `v` is no longer the identity; a frozen GPSA layer receives no gradient; 0 GPSA layers
-# gives MHSA everywhere and a class token from the first block; PSA has no gates. Forcing σ(λ) = 1 with
-# `mask_at_test_time` is the same as a gate parameter so large that σ(λ) rounds to 1; masking the positional embedding
-# is the same as a zero `pos_embed`, moves the output far beyond float noise, and the model is restored on exit.
-
-# %%
-import copy
-
-
-def trainable(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-torch.manual_seed(0)
-frozen_gates = create_model("convit_tiny", freeze_gating=True)
-assert torch.equal(frozen_gates.gates(), torch.full((10, 4), 0.5))
-assert trainable(convit_ti) - trainable(frozen_gates) == 10 * 4
-no_init = create_model("convit_tiny", use_local_init=False)
-assert not torch.equal(no_init.blocks[0].attn.v.weight, torch.eye(192))
-assert torch.equal(convit_ti.blocks[0].attn.v.weight, torch.eye(192))
-frozen = create_model("convit_tiny", freeze_gpsa=True)
-frozen(torch.randn(1, 3, 64, 64)).sum().backward()
-assert all(p.grad is None for a in frozen.local_layers for p in a.parameters())
-assert frozen.blocks[0].mlp.fc1.weight.grad is not None and frozen.blocks[11].attn.qkv.weight.grad is not None
-no_gpsa = create_model("convit_tiny", local_up_to_layer=0)
-record = no_gpsa.forward_features(torch.randn(1, 3, 64, 64), return_block_inputs=True)
-assert record.num_prefix_tokens == [1] * 12 and no_gpsa.pos_embed.shape == (1, 196, 192)
-psa = create_model("convit_tiny", local_attention="psa")
-assert not any(hasattr(a, "gating_param") for a in psa.local_layers) and psa.gates().shape == (0, 4)
-print("trainable parameters: ConViT-Ti", f"{trainable(convit_ti):,}", "| frozen gates", f"{trainable(frozen_gates):,}",
-      "| frozen GPSA", f"{trainable(frozen):,}", "| PSA", f"{trainable(psa):,}")
-images = torch.randn(2, 3, 96, 96)
-positional_only, no_pos_embed = copy.deepcopy(convit_ti), copy.deepcopy(convit_ti)  # the same weights, to change
-with torch.no_grad():
-    for layer in positional_only.local_layers[:3]:
-        layer.gating_param.fill_(100.0)  # σ(100) = 1 in float32
-    no_pos_embed.pos_embed.zero_()
-    base = convit_ti(images)
-    with mask_at_test_time(convit_ti, gate=1.0, num_layers=3):
-        torch.testing.assert_close(convit_ti(images), positional_only(images), atol=1e-5, rtol=1e-5)
-        assert (convit_ti.gates()[:3] == 1).all() and (convit_ti.gates()[3:] < 1).all()
-    with mask_at_test_time(convit_ti, mask_pos_embed=True):
-        masked = convit_ti(images)
-    torch.testing.assert_close(masked, no_pos_embed(images), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(convit_ti(images), base)
-assert (masked - base).abs().max() > 1e-3  # 100x the tolerance of the comparisons above
-print("masked positional embedding = a zero pos_embed; the logits move by more than 1e-3; model restored")
 
 # %% [markdown]
 # ## Exercises

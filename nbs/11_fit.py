@@ -416,197 +416,75 @@ print(f"rates add up to {lr_sum:.2f}, σ'(1) = {sigma_slope:.2f}: a steady push 
 # %% [markdown]
 # ## Exercises
 #
-# What you write here stays in this notebook: from chapter 32 on, the core path trains with the package's production
-# loop, `convit_edu.training.train` (this chapter's `fit`, hardened in the engineering track), not with `fit` or your
-# `my_epoch`.
+# How they work (chapter 00): replace the placeholder `...` in the answer cell, then run the check below it. The
+# exercises on the loop itself are the next chapter's (`11_your_loop`), where you write `fit`'s schedule and epoch.
 #
-# **1. Gradient clipping.** A long run may meet a batch with a huge gradient, and one step along it can undo many
-# epochs. Clipping rescales *all* gradients together so that their joint 2-norm ‖g‖ (over every element of every
-# parameter) is at most `max_norm`. Write `clip_gradients(model, max_norm)`: it multiplies every
-# gradient by `max_norm / ‖g‖` when ‖g‖ > `max_norm` and returns ‖g‖ before clipping (`fit` would call it between
-# `loss.backward()` and `optimizer.step()`).
+# **1. Weight decay, counted for the DeiT.** Section 3 counted by hand the tensors `param_groups` decays in the ConViT:
+# 36. Count them the same way for the DeiT of this chapter (6 blocks, all of them SA blocks with qkv biases; a
+# position slot for its class token) and set `deit_decayed` to the number of tensors in its decayed group.
 
 # %%
-clip_gradients = ...  # your answer: def clip_gradients(model, max_norm): ...
+deit_decayed = ...  # your answer: deit_decayed = ...
 
 # %%
 from convit_edu.checks import check_answer, demonstrate, grade, reveal
 
 
-def check_clip_gradients(fn) -> None:
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(8, 3, 64, 64, generator=g), torch.randint(0, CLASSES, (8,), generator=g)
-    for max_norm in (1.0, 1e6):  # the gradients' norm is far above the first, far below the second
-        mine, ref = make_models()["DeiT"], make_models()["DeiT"]
-        for m in (mine, ref):
-            F.cross_entropy(m(x) * 100, y).backward()  # large logits, large gradients
-        norm = fn(mine, max_norm)
-        before = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm))  # it returns the norm before
-        check_answer(isinstance(norm, (float, int, torch.Tensor)), f"return ‖g‖ before clipping, a number, got {norm!r}")
-        norm = float(norm)
-        check_answer(before < max_norm or not math.isclose(norm, max_norm, rel_tol=1e-4), "you return the norm after "
-                     "clipping, max_norm itself: return ‖g‖ as it was before")
-        check_answer(math.isclose(norm, before, rel_tol=1e-4), "return the joint norm of every gradient, before clipping")
-        close = all(torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-8) for a, b in zip(mine.parameters(), ref.parameters()))
-        if before < max_norm:
-            check_answer(close, f"‖g‖ is below max_norm = {max_norm:g} here: leave the gradients as they "
-                         "are (clip only when ‖g‖ > max_norm)")
-        else:
-            check_answer(close, "scale every gradient by the same factor, max_norm / joint norm: the norm is taken "
-                         "over all parameters together, not one tensor at a time")
+def check_deit_decayed(answer: int) -> None:
+    check_answer(isinstance(answer, int) and not isinstance(answer, bool),
+                 f"a count of tensors is a whole number, got {answer!r}")
+    want = len(param_groups(models["DeiT"], 0.05)[0]["params"])
+    check_answer(answer != 36, "36 is the ConViT's count: the DeiT has no GPSA block, and an SA block holds 4 "
+                 "weight matrices, not 6")
+    check_answer(answer <= want, "too many: only matrices are decayed; biases (the qkv ones too) and LayerNorm gains "
+                 "are 1-D, and pos_embed and cls_token are in model.no_weight_decay()")
+    check_answer(answer == want, "too few: the patch embedding and the head are decayed too, and each SA block holds "
+                 "4 matrices (qkv, the projection, the MLP's two)")
 
 
-def joint_norm(model: nn.Module) -> float:
-    return math.sqrt(sum(float((p.grad**2).sum()) for p in model.parameters()))
-
-
-def clip_each(model: nn.Module, max_norm: float) -> float:  # a slip: each tensor by its own norm
-    norm = joint_norm(model)
-    for p in model.parameters():
-        torch.nn.utils.clip_grad_norm_(p, max_norm)
-    return norm
-
-
-def norm_after(model: nn.Module, max_norm: float) -> float:  # a slip: the norm returned after clipping
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    return joint_norm(model)
-
-
-def always(model: nn.Module, max_norm: float) -> float:  # a slip: rescaled to max_norm whatever the norm
-    norm = joint_norm(model)
-    for p in model.parameters():
-        p.grad.mul_(max_norm / norm)
-    return norm
-
-
-def squared(model: nn.Module, max_norm: float) -> float:  # a slip: ‖g‖², the square root forgotten
-    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item() ** 2
-
-
-grade("clip_gradients", clip_gradients, check_clip_gradients)
-demonstrate(check_clip_gradients, {"no norm returned": lambda model, max_norm: None, "the norm after clipping":
-                                   norm_after, "‖g‖², no square root": squared, "each tensor clipped by its own norm":
-                                   clip_each, "rescaled even below max_norm": always})
+grade("deit_decayed", deit_decayed, check_deit_decayed)
+demonstrate(check_deit_decayed, {"the ConViT's count": 36, "the qkv biases counted": 26 + 6,
+                                 "pos_embed and cls_token counted": 28, "the blocks' matrices only": 24,
+                                 "as a float": 26.0})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(clip_gradients):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
-    def clip_gradients(model: nn.Module, max_norm: float) -> float:
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        norm = math.sqrt(sum(float((g**2).sum()) for g in grads))
-        if norm > max_norm:
-            for g in grads:
-                g.mul_(max_norm / norm)
-        return norm
-
-    grade("clip_gradients", clip_gradients, check_clip_gradients)
+if reveal(deit_decayed):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
+    deit_decayed = 1 + 6 * 4 + 1  # the patch embedding; qkv, proj, fc1, fc2 in each of 6 SA blocks; the head
+    grade("deit_decayed", deit_decayed, check_deit_decayed)
 
 # %% [markdown]
-# **2. The loop, yours.** Write `my_epoch(model, loader, optimizer, lr_at)`: the first epoch of `fit`'s loop — for
-# each batch, set the rate `lr_at(step)` (step 0, 1, …) on every parameter group, compute the cross-entropy of the
-# logits, zero the gradients, back-propagate, step — returning the batches' losses (floats). The check trains two
-# copies of a small ConViT on the same batches, with your loop and with `fit`: losses and weights must be identical.
-# It watches your optimizer at each of its steps (the rate it is given, the gradients it finds), so it can name a
-# step your loop leaves out.
+# **2. Tokens, block by block.** This chapter's ConViT and DeiT read 64-pixel images in 8-pixel patches. Without running
+# them, set `tokens_in` to the number of tokens entering each of their 6 blocks, in order:
+# `{"ConViT": [...], "DeiT": [...]}`.
 
 # %%
-my_epoch = ...  # your answer: def my_epoch(model, loader, optimizer, lr_at): ...
+tokens_in = ...  # your answer: tokens_in = {"ConViT": [...], "DeiT": [...]}
 
 # %%
-import contextlib
-import copy
-import io
-
-from torch.utils.data import TensorDataset
-
-
-def check_my_epoch(fn) -> None:
-    torch.manual_seed(0)
-    loader = DataLoader(TensorDataset(torch.randn(48, 3, 32, 32), torch.randint(0, 10, (48,))), batch_size=16)
-    small = dict(img_size=32, patch_size=8, embed_dim=48, num_heads=4, depth=2, local_up_to_layer=1, num_classes=10)
-    yours, reference = create_model("convit_tiny", **small), create_model("convit_tiny", **small)
-    reference.load_state_dict(yours.state_dict())
-    with contextlib.redirect_stdout(io.StringIO()):  # fit prints its epoch line
-        fit(reference, loader, loader, 1, lr=5e-4, warmup_epochs=0.5)
-    schedule = (len(loader), round(0.5 * len(loader)), 5e-4 * 16 / 512, 1e-5, 1e-6)  # fit's, for 1 epoch
-    optimizer = torch.optim.AdamW(param_groups(yours, 0.05), lr=1e-6)
-    batches, seen, optimizer_step = list(loader), [], optimizer.step
-
-    def watched_step(*args, **kwargs):  # before each step: its rates, its gradients, and those of its batch alone
-        images, labels = batches[min(len(seen), len(batches) - 1)]
-        alone = copy.deepcopy(yours)
-        alone.zero_grad()
-        loss = F.cross_entropy(alone(images), labels)
-        loss.backward()
-        seen.append(([g["lr"] for g in optimizer.param_groups], [p.grad.clone() for p in yours.parameters()],
-                     [p.grad for p in alone.parameters()], loss.item()))
-        return optimizer_step(*args, **kwargs)
-
-    optimizer.step = watched_step
-    losses = fn(yours, loader, optimizer, lambda step: deit_lr(step, *schedule))
-    check_answer(len(seen) == len(loader), f"{len(seen)} steps of the optimizer you are given for {len(loader)} batches: "
-                 "one optimizer.step() per batch")
-    for step, (rates, grads, alone, loss) in enumerate(seen):
-        check_answer(rates == [deit_lr(step, *schedule)] * len(rates), f"step {step} ran at rates {rates}, not "
-                     f"lr_at({step}) = {deit_lr(step, *schedule):.3g}: set the rate of every parameter group before "
-                     "optimizer.step()")
-        previous = seen[step - 1][1] if step else [torch.zeros_like(g) for g in grads]
-        added_up = all(torch.allclose(g, a + p, atol=1e-6) for g, a, p in zip(grads, alone, previous))
-        check_answer(step == 0 or not added_up, f"at step {step} the gradients are those of this batch *plus* the "
-                     "previous ones: zero the gradients every step (optimizer.zero_grad()), or they add up over batches")
-        check_answer(all(torch.allclose(g, a, atol=1e-6) for g, a in zip(grads, alone)), f"at step {step} the gradients "
-                     "are not those of the batch's mean cross-entropy: F.cross_entropy(model(images), labels)")
-    check_answer(len(losses) == len(seen) and all(math.isclose(a, s[3], rel_tol=1e-6) for a, s in zip(losses, seen)),
-                 "your losses are not the batches' losses: each is the model's loss on its batch before that batch's "
-                 "step, as a float")
-    same = all(torch.equal(a, b) for a, b in zip(yours.state_dict().values(), reference.state_dict().values()))
-    check_answer(same, "every step is right but the weights differ from fit's: only optimizer.step() should change them")
+def check_tokens_in(answer: dict) -> None:
+    check_answer(isinstance(answer, dict) and set(answer) == set(models), f"a dict with the keys {sorted(models)}, "
+                 f"got {answer!r}")
+    for name, model in models.items():
+        with torch.no_grad():
+            record = model.forward_features(torch.zeros(1, 3, 64, 64), return_block_inputs=True)
+        want, got = [t.shape[1] for t in record.block_inputs], list(answer[name])
+        check_answer(len(got) == len(want), f"{name}: {len(got)} counts, one per block: {len(want)}")
+        check_answer(set(got) <= {64, 65}, f"{name}: {got}: a token per patch, (64 / 8)² of them, and a class token "
+                     "in the blocks it has joined")
+        check_answer(got == want, f"{name}: " + ("the ConViT's class token joins after its 5 GPSA blocks" if name ==
+                     "ConViT" else "the DeiT's class token joins at the input: every block sees it"))
 
 
-def a_loop(zero_grad: bool = True, set_lr: bool = True, step: bool = True, reduction: str = "mean",
-           decay_by_hand: bool = False, record: bool = True):
-    """A loop that makes the slips asked for: the wrong answers the check is shown on."""
-    def epoch(model, loader, optimizer, lr_at):
-        losses = []
-        for i, (images, labels) in enumerate(loader):
-            for group in optimizer.param_groups if set_lr else ():
-                group["lr"] = lr_at(i)
-            loss = F.cross_entropy(model(images), labels, reduction=reduction)
-            if zero_grad:
-                optimizer.zero_grad()
-            loss.backward()
-            if step:
-                optimizer.step()
-            if decay_by_hand:
-                with torch.no_grad():
-                    for p in model.parameters():
-                        p.mul_(1 - 1e-4)
-            losses += [loss.item()] if record else []
-        return losses
-    return epoch
-
-
-grade("my_epoch", my_epoch, check_my_epoch)
-demonstrate(check_my_epoch, {"no optimizer step": a_loop(step=False), "the rate never set": a_loop(set_lr=False),
-                             "no zero_grad": a_loop(zero_grad=False), "the batch's loss summed": a_loop(reduction="sum"),
-                             "no losses returned": a_loop(record=False),
-                             "weight decay by hand as well": a_loop(decay_by_hand=True)})
+grade("tokens_in", tokens_in, check_tokens_in)
+demonstrate(check_tokens_in, {"a list, not a dict": [64] * 6, "one count per model": {"ConViT": [64], "DeiT": [65]},
+                              "pixels, not patches": {"ConViT": [4096] * 5 + [4097], "DeiT": [4097] * 6},
+                              "the class token in every block": {"ConViT": [65] * 6, "DeiT": [65] * 6},
+                              "no class token for the DeiT": {"ConViT": [64] * 5 + [65], "DeiT": [64] * 6}})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(my_epoch):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
-    def my_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, lr_at) -> list[float]:
-        model.train()
-        losses = []
-        for step, (images, labels) in enumerate(loader):
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step)
-            loss = F.cross_entropy(model(images), labels)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        return losses
-
-    grade("my_epoch", my_epoch, check_my_epoch)
+if reveal(tokens_in):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
+    tokens_in = {"ConViT": [8 * 8] * 5 + [8 * 8 + 1], "DeiT": [8 * 8 + 1] * 6}  # the class token late, or at once
+    grade("tokens_in", tokens_in, check_tokens_in)
 
 # %% [markdown]
 # ## What we have, and what comes next
@@ -615,4 +493,5 @@ if reveal(my_epoch):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=
 # (`scaled_lr`, `deit_lr`): DeiT's optimiser and schedule and a loop of a few dozen lines that trains any zoo model. The production loop `convit_edu.training.train` is this
 # loop hardened: one process per GPU on many nodes, mixed precision, checkpoints, an exact resume, DeiT's full
 # augmentation (RandAugment, erasing, Mixup/CutMix, label smoothing), EMA, distillation, logs. Later core chapters use
-# it as given; a core-path reader may skip how it is built.
+# it as given; a core-path reader may skip how it is built. First, in the next chapter (`11_your_loop`), you write
+# `fit`'s schedule and epoch yourself, and the gradient clipping it leaves out.

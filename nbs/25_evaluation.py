@@ -43,8 +43,8 @@ from convit_edu.devices import autocast, resolve_precision
 from convit_edu.distributed import all_reduce
 from convit_edu.augment import DeviceTransforms, finish_batch
 from convit_edu.loaders import build_loader
+from convit_edu.masking import mask_at_test_time
 from convit_edu.samplers import val_shard
-from convit_edu.zoo import mask_at_test_time
 
 # %%
 import os
@@ -173,7 +173,7 @@ print("32 SIGTERMs to evaluate's 2 loader workers: all ignored, the scores those
 # %% [markdown]
 # ## Masking at test time (SM F, Tables 5 and 6)
 #
-# `zoo.mask_at_test_time` (chapter 10) removes parts of a trained model for the duration of a `with`
+# `masking.mask_at_test_time` (chapter 10) removes parts of a trained model for the duration of a `with`
 # block: the absolute positional embedding (Table 5), or the content (σ(λ) := 1) or the positional
 # (σ(λ) := 0) attention of the first k GPSA layers (Table 6). `masking_table` evaluates all of them with
 # `evaluate`; for a DeiT only the first two rows exist.

@@ -46,8 +46,9 @@ from convit_edu.datasets import build_datasets, tiny_imagenet
 from convit_edu.evaluation import evaluate, format_masking, masking_table
 from convit_edu.locality import (gates, model_nonlocality, nonlocality, plot_gate_history, plot_nonlocality_history,
                                  read_locality)
+from convit_edu.masking import mask_at_test_time
 from convit_edu.optimisation import learning_rate_sum
-from convit_edu.zoo import create_model, mask_at_test_time
+from convit_edu.zoo import create_model
 
 torch.set_printoptions(precision=4, sci_mode=False)
 _ = torch.manual_seed(0)

@@ -11,9 +11,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from convit_edu import gated_attention, gpsa
 from convit_edu.checkpoints import guess_architecture, load_weights, read_state_dict
 from convit_edu.conv_init import head_centres, v_pos
-from convit_edu.layers import Block, DropPath, resize_pos_embed
+from convit_edu.layers import Block, DropPath
+from convit_edu.masking import mask_at_test_time
 from convit_edu.models import ForwardRecord, ModelConfig, VisionTransformer
-from convit_edu.zoo import MODEL_ZOO, count_macs, count_params, create_model, list_models, mask_at_test_time
+from convit_edu.patches import resize_pos_embed
+from convit_edu.zoo import MODEL_ZOO, count_macs, count_params, create_model, list_models
 
 timm = pytest.importorskip("timm")
 

@@ -398,6 +398,7 @@ def sync_edit(stem: Path, old: str, new: str):
 @pytest.mark.parametrize("old, new", [
     ("from math import pi, tau as turn", "from cmath import pi, tau as turn"),  # the module of the names renamed
     ("from os.path import (\n    join,\n    sep,\n)", "from posixpath import join, sep"),  # and the statement rewrapped
+    ("from math import pi, tau as turn", "from math import tau as turn\nfrom cmath import pi"),  # a name moved on
     ("    return join(*parts)", "    return join(*parts)  # the parts joined"),  # a comment: nothing runs otherwise
     ("def joined(*parts: str) -> str:", "def joined(\n    *parts: str,\n) -> str:"),  # a line rewrapped
 ])

@@ -204,7 +204,7 @@ def chapter_imports() -> list[tuple[str, int, str, int]]:
 # The one tool met before its chapter: the course's photographs, which a student fetches with `convit-edu data
 # tiny-imagenet` before opening chapter 01 (README) and which chapters 08 (a photograph cut into patches) and 11 (the
 # first training run) need; chapter 14 builds the function.
-USED_BEFORE_ITS_CHAPTER = {("08_layers", "datasets.tiny_imagenet"), ("11_fit", "datasets.tiny_imagenet")}
+USED_BEFORE_ITS_CHAPTER = {("08_patches_and_tokens", "datasets.tiny_imagenet"), ("11_fit", "datasets.tiny_imagenet")}
 
 
 def test_chapters_are_in_dependency_order():
