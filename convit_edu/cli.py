@@ -17,7 +17,6 @@ import torch
 from convit_edu.augment import AugConfig, build_mixup, build_transforms
 from convit_edu.benchmark_suite import BenchSizes, bench_model, pipeline_bench, run_benchmarks, save_results
 from convit_edu.benchmarks import benchmark_loader
-from convit_edu.checkpoints import read_state_dict
 from convit_edu.checks import number, positive_int
 from convit_edu.config import TrainConfig
 from convit_edu.config_words import (
@@ -36,6 +35,7 @@ from convit_edu.experiments import fixed_test_split, run_grid
 from convit_edu.loaders import default_num_workers
 from convit_edu.masking import mask_at_test_time
 from convit_edu.models import VisionTransformer
+from convit_edu.pretrained import read_state_dict
 from convit_edu.run_records import RunFolder
 from convit_edu.run_state import read_checkpoint
 from convit_edu.training import train

@@ -13,11 +13,11 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from convit_edu.checkpoints import read_state_dict
 from convit_edu.checks import one_of, positive_int
 from convit_edu.gated_attention import gate_values
 from convit_edu.models import VisionTransformer
 from convit_edu.positional import rel_indices
+from convit_edu.pretrained import read_state_dict
 from convit_edu.run_state import Callback, TrainState
 
 __all__ = ['patch_distances', 'nonlocality', 'NONLOCALITY_INPUTS', 'model_nonlocality', 'gates', 'LocalityRecorder', 'read_locality', 'plot_nonlocality_history', 'plot_gate_history']
@@ -80,7 +80,7 @@ def _block_order(key: str) -> tuple[int, ...]:
 
 def gates(source: VisionTransformer | Mapping | str | Path) -> Tensor:
     """σ(λ_h) (Eq. 7) of every GPSA layer, in block order, on the CPU: (num_gpsa_layers, num_heads), from a model or
-    anything ``checkpoints.read_state_dict`` reads (a state dict, a training or official checkpoint, EMA weights)."""
+    anything ``pretrained.read_state_dict`` reads (a state dict, a training or official checkpoint, EMA weights)."""
     if isinstance(source, VisionTransformer):
         values = source.gates()
     else:

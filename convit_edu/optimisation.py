@@ -13,11 +13,11 @@ import torchvision
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from convit_edu.checkpoints import load_weights, read_state_dict
 from convit_edu.config import TrainConfig
-from convit_edu.fit import param_groups
+from convit_edu.pretrained import load_weights, read_state_dict
 from convit_edu.samplers import seed_from
 from convit_edu.schedule import RunSchedule, scaled_lr
+from convit_edu.teaching_loop import param_groups
 from convit_edu.zoo import create_model, list_models
 
 __all__ = ['with_gate_group', 'run_schedule', 'build_optimizer', 'learning_rate_sum', 'train_loss', 'build_teacher', 'update_ema', 'seed_step']

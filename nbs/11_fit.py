@@ -28,7 +28,7 @@ import os
 FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
 
 # %%
-#| default_exp fit
+#| default_exp teaching_loop
 # A minimal training loop: AdamW with DeiT's parameter groups and learning-rate schedule, evaluation, and `fit`.
 
 # %%
@@ -489,7 +489,7 @@ if reveal(tokens_in):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS
 # %% [markdown]
 # ## What we have, and what comes next
 #
-# `convit_edu.fit` exports `param_groups`, `loss_and_accuracy` and `fit`, and `convit_edu.schedule` the schedule
+# `convit_edu.teaching_loop` exports `param_groups`, `loss_and_accuracy` and `fit`, and `convit_edu.schedule` the schedule
 # (`scaled_lr`, `deit_lr`): DeiT's optimiser and schedule and a loop of a few dozen lines that trains any zoo model. The production loop `convit_edu.training.train` is this
 # loop hardened: one process per GPU on many nodes, mixed precision, checkpoints, an exact resume, DeiT's full
 # augmentation (RandAugment, erasing, Mixup/CutMix, label smoothing), EMA, distillation, logs. Later core chapters use

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from convit_edu.fit import fit, param_groups
+from convit_edu.teaching_loop import fit, param_groups
 from convit_edu.schedule import deit_lr
 from convit_edu.zoo import create_model
 

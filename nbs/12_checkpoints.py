@@ -13,6 +13,7 @@
 #     name: python3
 # ---
 
+# %%
 
 # %% [markdown]
 # # Checkpoints: official weights in, files that lose nothing
@@ -30,8 +31,8 @@ import os
 FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower() in ("1", "true", "yes", "on")
 
 # %%
-#| default_exp checkpoints
-# Checkpoints: official ConViT, DeiT and timm weights (and our own) into this package's models.
+#| default_exp pretrained
+# Pretrained weights: official ConViT, DeiT and timm weights (and our own checkpoints) into this package's models.
 
 # %%
 #| export

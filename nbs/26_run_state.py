@@ -13,6 +13,7 @@
 #     name: python3
 # ---
 
+# %%
 
 # %% [markdown]
 # # A run's state and its checkpoint
@@ -252,7 +253,7 @@ def read_checkpoint(path: str | Path) -> dict:
                          f"convit-edu; this one reads {', '.join(map(repr, EARLIER_FORMATS))} and {CHECKPOINT_FORMAT!r}")
     elif found != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is not a convit-edu training checkpoint (format {CHECKPOINT_FORMAT!r} missing);"
-                         " to start from pretrained weights use convit_edu.checkpoints.load_weights")
+                         " to start from pretrained weights use convit_edu.pretrained.load_weights")
     missing = [key for key in CHECKPOINT_KEYS if key not in ckpt]
     if missing:
         raise ValueError(f"{path} is a training checkpoint without {', '.join(missing)}: it was not written whole "

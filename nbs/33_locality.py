@@ -47,7 +47,7 @@ from convit_edu.augment import build_transforms
 from convit_edu.checks import check_answer, demonstrate, expect_error, grade, reveal
 from convit_edu.config import TrainConfig
 from convit_edu.conv_init import head_centres
-from convit_edu.checkpoints import load_weights
+from convit_edu.pretrained import load_weights
 from convit_edu.datasets import build_datasets, tiny_imagenet
 from convit_edu.training import train
 from convit_edu.zoo import create_model
@@ -142,7 +142,7 @@ from collections.abc import Mapping
 
 from torch import nn
 
-from convit_edu.checkpoints import read_state_dict
+from convit_edu.pretrained import read_state_dict
 from convit_edu.checks import one_of
 from convit_edu.gated_attention import gate_values
 from convit_edu.models import VisionTransformer
@@ -178,7 +178,7 @@ def _block_order(key: str) -> tuple[int, ...]:
 
 def gates(source: VisionTransformer | Mapping | str | Path) -> Tensor:
     """σ(λ_h) (Eq. 7) of every GPSA layer, in block order, on the CPU: (num_gpsa_layers, num_heads), from a model or
-    anything ``checkpoints.read_state_dict`` reads (a state dict, a training or official checkpoint, EMA weights)."""
+    anything ``pretrained.read_state_dict`` reads (a state dict, a training or official checkpoint, EMA weights)."""
     if isinstance(source, VisionTransformer):
         values = source.gates()
     else:

@@ -196,7 +196,7 @@ plot_gate_history(histories["ConViT"])
 # depends on how a model was trained.
 
 # %%
-from convit_edu.checkpoints import load_weights
+from convit_edu.pretrained import load_weights
 
 TINY = tiny_imagenet("../data")  # the first 10 classes, as in chapter 33
 _, _, classes = build_datasets("imagefolder", TINY, max_classes=10)

@@ -75,7 +75,7 @@ import torch
 from convit_edu.augment import AugConfig, build_mixup, build_transforms
 from convit_edu.benchmark_suite import BenchSizes, bench_model, pipeline_bench, run_benchmarks, save_results
 from convit_edu.benchmarks import benchmark_loader
-from convit_edu.checkpoints import read_state_dict
+from convit_edu.pretrained import read_state_dict
 from convit_edu.checks import number, positive_int
 from convit_edu.config import TrainConfig
 from convit_edu.config_words import (DefaultsHelp, add_config_flags, as_flags, config_from_args, parse_key_value,

@@ -10,7 +10,7 @@ import torch
 import torchvision
 from torch.utils.data import TensorDataset
 
-from convit_edu import checkpoints, cli, evaluation, locality, training, zoo
+from convit_edu import pretrained, cli, evaluation, locality, training, zoo
 from convit_edu.augment import AugConfig
 from convit_edu.config import TrainConfig, recipe
 from convit_edu.datasets import build_datasets

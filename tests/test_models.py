@@ -9,7 +9,7 @@ from torch.optim.swa_utils import AveragedModel
 from torch.utils.flop_counter import FlopCounterMode
 
 from convit_edu import gated_attention, gpsa
-from convit_edu.checkpoints import guess_architecture, load_weights, read_state_dict
+from convit_edu.pretrained import guess_architecture, load_weights, read_state_dict
 from convit_edu.conv_init import head_centres, v_pos
 from convit_edu.layers import Block, DropPath
 from convit_edu.masking import mask_at_test_time

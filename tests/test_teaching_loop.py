@@ -1,4 +1,4 @@
-"""Tests of convit_edu.fit, the core path's minimal training loop: its schedule and parameter groups (which the
+"""Tests of convit_edu.teaching_loop, the core path's minimal training loop: its schedule and parameter groups (which the
 production loop uses too), loss_and_accuracy scores predictions we control, and fit learns a tiny problem."""
 
 import math
@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from convit_edu import optimisation
 from convit_edu.config import TrainConfig
-from convit_edu.fit import fit, loss_and_accuracy, param_groups
+from convit_edu.teaching_loop import fit, loss_and_accuracy, param_groups
 from convit_edu.schedule import deit_lr
 from convit_edu.zoo import create_model
 
