@@ -17,13 +17,12 @@
 # # Comparing two models beyond noise: error bars that count the seeds and the test images
 #
 # A grid of runs (chapter 35's design) leaves one record per run: which model, which fraction f of the training
-# images, which seed, and how it scored on each test image. Before its records become the paper's Table 2 and
-# Table 3 (chapter 36_tables, next), this chapter asks the question the paper's single runs cannot: is a difference
-# of a point or two between two models more than noise? Two kinds of noise move it. Train
-# again with another **seed** and every run scores a little differently; and every run is scored on the same few
-# thousand **test images**, a sample that may happen to suit one model. Counting both, with few seeds, is the
-# chapter's subject: one rule, written down before the grid it judges ran, that every verdict of the lesson
-# (chapter 38) follows.
+# images, which seed, and how it scored on each test image. Before chapter 36_tables turns records into the paper's
+# Tables 2 and 3, this chapter asks the question the paper's single runs cannot: is a difference of a point or two
+# between two models more than noise? Two kinds of noise move it. Train again with another **seed** and every run
+# scores a little differently; and every run is scored on the same few thousand **test images**, a sample that may
+# happen to suit one model. Counting both, with few seeds, is the chapter's subject: one rule, written down before
+# the grid it judges ran, that every verdict of the lesson (chapter 38) follows.
 
 # %% tags=["parameters"]
 import os
@@ -42,9 +41,7 @@ import statistics
 
 import torch
 
-
 # %%
-# %matplotlib inline
 import json
 from pathlib import Path
 
@@ -474,39 +471,29 @@ if reveal(mcnemar):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     grade("mcnemar", mcnemar, check_mcnemar)
 
 # %% [markdown]
-# **2. Welch's degrees of freedom.** Beside its verdict the rule prints the seed-level Welch t on Satterthwaite's
-# degrees of freedom, ν = (v_A + v_B)² / (v_A²/(n_A − 1) + v_B²/(n_B − 1)), with v = s²/n each arm's variance of
-# its mean (s its SD over its seeds). For the made-up arms above, `runs_a` and `runs_b` (4 seeds each, one row of
-# 0/1 answers per run on the 1 500 images), compute ν from each run's top-1 (in %) and set `welch_df`. Is it nearer
-# the 3 of one arm or the 6 of both?
+# **2. Welch's degrees of freedom.** For the made-up arms above, `runs_a` and `runs_b` (4 seeds each, a row of 0/1
+# answers per run), compute from each run's top-1 (in %) the Satterthwaite ν of the rule's step 4, (v_A + v_B)² /
+# (v_A²/(n_A − 1) + v_B²/(n_B − 1)) with v = s²/n, and set `welch_df`. Nearer the 3 of one arm or the 6 of both?
 
 # %%
 welch_df = ...  # your answer: welch_df = ...
 
 # %%
 def check_welch_df(answer: float) -> None:
-    v_a, v_b = (statistics.variance((100 * runs.mean(1)).tolist()) / 4 for runs in (runs_a, runs_b))
-    want = (v_a + v_b) ** 2 / (v_a**2 / 3 + v_b**2 / 3)
-    check_answer(not math.isclose(answer, 6), "n_A + n_B − 2 = 6 is the df of the pooled t, which takes the two "
-                 "arms' variances for one; Welch's weighs each arm's variance of its mean by its own degrees of "
-                 "freedom")
-    check_answer(not math.isclose(answer, want * 4 / 3, rel_tol=1e-6), "each arm's variance rests on n − 1 = 3 "
-                 "degrees of freedom (four seeds), not 4")
-    check_answer(math.isclose(answer, want, rel_tol=1e-6), "square the sum of the two variances of the means "
-                 "(v = s²/4, s each arm's SD over its four seeds) and divide it by v_A²/3 + v_B²/3")
+    want = difference((100 * runs_a.mean(1)).tolist(), (100 * runs_b.mean(1)).tolist(), 0.0, 1500, None)["df"]
+    check_answer(not math.isclose(answer, 6), "n_A + n_B − 2 = 6 is the pooled t's; Welch weighs each arm by its df")
+    check_answer(not math.isclose(answer, want * 4 / 3, rel_tol=1e-6), "four seeds give n − 1 = 3 degrees of freedom")
+    check_answer(math.isclose(answer, want, rel_tol=1e-6), "square v_A + v_B (v = s²/4), divide by v_A²/3 + v_B²/3")
 
 
 grade("welch_df", welch_df, check_welch_df)
-arm_v = [statistics.variance((100 * runs.mean(1)).tolist()) / 4 for runs in (runs_a, runs_b)]
-demonstrate(check_welch_df, {"n_A + n_B − 2": 6.0,
-                             "n degrees of freedom an arm": sum(arm_v) ** 2 / (arm_v[0] ** 2 / 4 + arm_v[1] ** 2 / 4),
-                             "the variances, not their squares": sum(arm_v) / (arm_v[0] / 3 + arm_v[1] / 3)})
+v = [statistics.variance((100 * runs.mean(1)).tolist()) / 4 for runs in (runs_a, runs_b)]
+demonstrate(check_welch_df, {"n_A + n_B − 2": 6.0, "n, not n − 1": sum(v) ** 2 / (v[0] ** 2 / 4 + v[1] ** 2 / 4),
+                             "the variances, not their squares": sum(v) / (v[0] / 3 + v[1] / 3)})
 
 # %% tags=["solution"] jupyter={"source_hidden": true}
 if reveal(welch_df):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
-    top_a, top_b = ((100 * runs.mean(1)).tolist() for runs in (runs_a, runs_b))
-    v_a, v_b = statistics.variance(top_a) / 4, statistics.variance(top_b) / 4
+    v_a, v_b = (statistics.variance((100 * runs.mean(1)).tolist()) / 4 for runs in (runs_a, runs_b))
     welch_df = (v_a + v_b) ** 2 / (v_a**2 / 3 + v_b**2 / 3)
-    rule_df = difference(top_a, top_b, shared_variance(runs_a, runs_b), 1500, None)["df"]
-    print(f"ν = {welch_df:.1f} (the rule's difference: {rule_df:.1f}): nearer {3 if welch_df < 4.5 else 6}")
+    print(f"ν = {welch_df:.1f}: nearer {3 if welch_df < 4.5 else 6}")
     grade("welch_df", welch_df, check_welch_df)
