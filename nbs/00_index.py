@@ -238,10 +238,13 @@ CORE = [
     ("11_your_loop", "the loop written by you: DeiT's schedule, gradient clipping, `fit`'s epoch step for step"),
     ("32_first_training_run", "chapter 11's run with the production loop, and what it records"),
     ("33_locality", "nonlocality (Eq. 8) and the gates during training, Figs. 5-6"),
-    ("34_attention_maps", "attention maps (Fig. 7) and masking at test time (Tables 5-6)"),
+    ("34_attention_maps", "attention maps (Fig. 7) of trained models; their gates per head; the logging bug"),
+    ("34_masking", "what a trained model needs: its learned positional embedding, masking (Tables 5-6)"),
     ("35_experiment_design", "Tables 2 and 3 at any scale; the laptop's grid, designed"),
-    ("36_tables", "records to Tables 2 and 3: error bars that count seeds and shared test images; pre-conditions"),
-    ("38_experiment_results", "what a laptop shows of the ConViT, and why: curves, Tables 2-3, Figs. 5-6, the gates"),
+    ("36_error_bars", "is a difference more than noise? Error bars that count seeds and shared test images"),
+    ("36_tables", "records to Tables 2 and 3 by that rule; the design's pre-conditions; Table 2 as a picture"),
+    ("38_experiment_results", "what a laptop shows of the ConViT: curves, a head start, Tables 2-3, Figs. 5-6"),
+    ("38_why", "why: the learning-rate sums, data and model; the gates given the paper's sum; real widths"),
 ]
 ENGINEERING = [
     ("12_checkpoints", "official and timm weights in, training checkpoints out; hard distillation"),

@@ -14,13 +14,13 @@
 # ---
 
 # %% [markdown]
-# # Attention maps and masking at test time, on trained models
+# # Attention maps, on trained models
 #
 # Chapter 33 measured *how far* each head looks (nonlocality, Eq. 8) and how much of its attention is
 # positional (the gate σ(λ)). This chapter looks at *where*: the attention maps of Fig. 7, first on an untrained
-# ConViT and then on the DeiT and ConViT trained in the experiments chapter, and then asks what a trained model
-# needs, by masking its positional embedding, or the content or positional attention of its GPSA layers, at
-# test time (SM F, Tables 5 and 6).
+# ConViT and then on the DeiT and ConViT trained in the experiments chapter. What a trained model needs, found by
+# masking its positional embedding, or the content or positional attention of its GPSA layers, at test time (SM F,
+# Tables 5 and 6), is the next chapter, 34_masking.
 
 # %% tags=["parameters"]
 import os
@@ -34,7 +34,6 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # %%
 # %matplotlib inline
 import json
-import math
 from pathlib import Path
 
 import torch
@@ -43,10 +42,8 @@ from convit_edu.augment import build_transforms
 from convit_edu.config import TrainConfig
 from convit_edu.conv_init import head_centres
 from convit_edu.datasets import build_datasets, tiny_imagenet
-from convit_edu.evaluation import evaluate, format_masking, masking_table
-from convit_edu.locality import (gates, model_nonlocality, nonlocality, plot_gate_history, plot_nonlocality_history,
-                                 read_locality)
-from convit_edu.masking import mask_at_test_time
+from convit_edu.locality import (gates, model_nonlocality, nonlocality, patch_distances, plot_gate_history,
+                                 plot_nonlocality_history, read_locality)
 from convit_edu.optimisation import learning_rate_sum
 from convit_edu.zoo import create_model
 
@@ -196,21 +193,29 @@ plot_gate_history(histories["ConViT"])
 # depends on how a model was trained.
 
 # %%
-from convit_edu.pretrained import load_weights
+#| export
+import json
+from pathlib import Path
 
+from convit_edu.pretrained import load_weights
+from convit_edu.config import TrainConfig
+from convit_edu.zoo import create_model
+
+
+def load_run(folder: Path, num_classes: int) -> tuple[TrainConfig, nn.Module]:
+    """A finished run's config and its model in eval mode: rebuilt from the config in the run's ``run.json``, the
+    weights read from the ``weights.pt`` beside it by ``checkpoints.load_weights``."""
+    config = TrainConfig.from_dict(json.loads((folder / "run.json").read_text())["config"])
+    model = create_model(config.model, img_size=config.img_size, num_classes=num_classes, **config.model_args)
+    return config, load_weights(model, folder / "weights.pt").eval()
+
+
+# %%
 TINY = tiny_imagenet("../data")  # the first 10 classes, as in chapter 33
 _, _, classes = build_datasets("imagefolder", TINY, max_classes=10)
-
-
-def load_run(run: str) -> tuple[TrainConfig, torch.nn.Module]:
-    config = TrainConfig.from_dict(json.loads((RESULTS / run / "run.json").read_text())["config"])
-    model = create_model(config.model, img_size=config.img_size, num_classes=len(classes), **config.model_args)
-    return config, load_weights(model, RESULTS / run / "weights.pt").eval()
-
-
 run_configs, loaded = {}, {}
 for name, run in RUNS.items():
-    run_configs[name], loaded[name] = load_run(run)
+    run_configs[name], loaded[name] = load_run(RESULTS / run, len(classes))
     print(f"{name}: {loaded[name].config.embed_dim} wide, {loaded[name].config.num_heads} heads, "
           f"{loaded[name].config.depth} blocks, {loaded[name].config.local_up_to_layer} GPSA")
 _, run_val_tf = build_transforms(run_configs["ConViT"].aug_config())
@@ -277,106 +282,6 @@ plot_attention_maps(loaded, probe[:1], layers=[1, 5], show_image=probe[0] * std 
 plot_attention_maps(loaded, probe, layers=[0, 5])
 
 # %% [markdown]
-# ### The learned positional embedding (Table 5 made concrete)
-#
-# Both models add a learned embedding `pos_embed` to every patch before the first block (the DeiT has one more slot,
-# its class token's, left out here). What position does it encode? For each patch, the cosine similarity of its
-# embedding with every other patch's, drawn as a small 8 × 8 map at that patch's place: an 8 × 8 grid of maps. An
-# untrained embedding (random, σ = 0.02) has no structure, every map flat near 0; a learned one that codes position
-# makes each patch most like its neighbours.
-
-# %%
-#| export
-import torch.nn.functional as F
-from einops import rearrange
-
-from convit_edu.models import VisionTransformer
-
-
-def position_similarity(model: VisionTransformer) -> Tensor:
-    """Cosine similarity of every patch's learned position embedding (``pos_embed``, without the class token's
-    slot) with every other patch's: (rows, cols, rows, cols), ``[r, c]`` the map of patch (r, c) (SM F, Table 5:
-    what masking the positional embedding removes)."""
-    rows, cols = model.config.grid_size
-    unit = F.normalize(model.pos_embed[0, model.config.pos_embed_prefix_slots:].detach().float(), dim=-1)
-    return (unit @ unit.T).reshape(rows, cols, rows, cols)
-
-
-# %%
-import matplotlib.pyplot as plt
-
-from convit_edu.locality import patch_distances
-
-torch.manual_seed(0)
-untrained = create_model("deit_tiny", img_size=64, patch_size=8, embed_dim=72, num_heads=9, depth=6, num_classes=10)
-similarity = {"untrained": position_similarity(untrained), **{name: position_similarity(m) for name, m in loaded.items()}}
-fig, axes = plt.subplots(1, 3, figsize=(12, 4.2), dpi=80)
-for ax, (name, sim) in zip(axes, similarity.items()):
-    ax.imshow(rearrange(sim, "r c r2 c2 -> (r r2) (c c2)"), cmap="viridis", vmin=-1, vmax=1)
-    for k in range(1, 8):
-        ax.axhline(8 * k - 0.5, color="white", linewidth=0.5)
-        ax.axvline(8 * k - 0.5, color="white", linewidth=0.5)
-    ax.set(title=f"{name}: pos_embed similarity", xticks=[], yticks=[])
-fig.tight_layout()
-plt.show()
-
-# %%
-distance = patch_distances((8, 8))
-rings = {"1": (0.5, 1.01), "√2": (1.01, 1.5), "2": (1.5, 2.01), "2-3": (2.01, 3.0), "3-5": (3.0, 5.0)}
-by_distance = {name: {ring: sim.reshape(64, 64)[(distance > lo) & (distance <= hi)].mean().item()
-                      for ring, (lo, hi) in rings.items()} for name, sim in similarity.items()}
-nearest = {}
-for name, sim in similarity.items():  # the distance from each patch to the patch whose embedding is most like its own
-    others = sim.reshape(64, 64).masked_fill(torch.eye(64, dtype=torch.bool), -2)
-    nearest[name] = (distance.gather(1, others.argmax(1, keepdim=True)) <= 1).float().mean().item()
-assert all(abs(v) < 0.1 for v in by_distance["untrained"].values())
-print("untrained: mean similarity within ±0.1 of 0 at every distance")
-for name in loaded:
-    print(f"{name:>10}: mean similarity at distance " + ", ".join(f"{k} {v:+.2f}" for k, v in by_distance[name].items())
-          + f"; most similar patch a neighbour for {nearest[name]:.0%} of patches")
-for name in loaded:
-    values = list(by_distance[name].values())
-    assert values[0] > 0.5 and all(a > b for a, b in zip(values, values[1:4]))  # falls with distance
-assert nearest["ConViT"] > nearest["DeiT"]
-
-# %% [markdown]
-# Both trained embeddings code position the same way: a patch is most like its neighbours (similarity about 0.6 at
-# one patch, falling through √2 and 2 to about 0 at 2–3 patches and below it further out), and the maps show a second
-# code, centre against border: the border patches resemble one another across the image, most in the DeiT, where
-# for fewer patches the most similar one is a neighbour. One seed of each: a picture of what these two runs learned,
-# not a comparison of the models. It is what masking the embedding removes in Table 5, next: for the DeiT the only
-# position it has; for the ConViT one of two, its GPSA layers attending by relative position besides.
-
-# %% [markdown]
-# ### Tables 5 and 6: masking at test time
-#
-# Top-1 on the 500 validation images (50 in FAST mode) with the absolute positional embedding masked, and
-# with content or position masked in the first k GPSA layers (k = 2 and 4, of 4; the paper: 3, 5 and 10 of
-# 10). The paper's numbers (ImageNet, Ti models, 300 epochs): masking the positional embedding costs the
-# DeiT-Ti 72.2 → 38.3 but the ConViT-Ti only 73.1 → 67.1; masking content in the first 3 / 5 / 10 GPSA
-# layers leaves the ConViT-Ti 62.3 / 35.0 / 1.3 %, masking position 63.5 / 53.1 / 46.8 %.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-from torch.utils.data import Subset
-
-eval_set = Subset(val_set, range(0, len(val_set), 10)) if FAST else val_set
-tables = {"DeiT": masking_table(loaded["DeiT"], eval_set, batch_size=250),
-          "ConViT": masking_table(loaded["ConViT"], eval_set, layer_counts=[2, 4], batch_size=250)}
-print(format_masking(tables))
-assert tables["ConViT"]["no mask"] == evaluate(loaded["ConViT"], eval_set, batch_size=250)["top1"]
-
-# %% [markdown]
-# The masks are undone on leaving the `with` block: evaluating again gives the unmasked accuracy, and the
-# positional embedding and gates are back.
-
-# %%
-model = loaded["ConViT"]
-with mask_at_test_time(model, gate=1.0, num_layers=4):
-    assert all(layer.gate_override == 1.0 for layer in model.local_layers)
-assert all(layer.gate_override is None for layer in model.local_layers) and not model.mask_pos_embed
-
-# %% [markdown]
 # ## What the paper saw, and what we see here
 #
 # The paper's models trained for 300 epochs on 1.28 M images (375 000 optimiser steps of 1 024 images); ours
@@ -404,18 +309,9 @@ assert all(layer.gate_override is None for layer in model.local_layers) and not 
 #   about a tenth of a patch
 #   (the DeiT's block 4: 4.10 on its true input, 4.22 on the embeddings); on models whose attention depends
 #   strongly on content, as after 300 epochs, the error may be larger; that is not measured here.
-# * **Masking (Tables 5-6).** Masking the absolute positional embedding costs our DeiT 5.6 points and our
-#   ConViT 2.4, the direction of Table 5 (72.2 → 38.3 for DeiT-Ti, 73.1 → 67.1 for ConViT-Ti), but the
-#   difference between the two drops is within the noise of 500 validation images: a top-1 near 60 % has a
-#   standard error of √(0.6 · 0.4 / 500) ≈ 2.2 points, and a difference of two drops, four top-1s, about 4.4 if
-#   they were independent (they are not, being scored on the same images; a paired test, not done here, would
-#   be tighter). Masking the
-#   *positional* attention of all 4 GPSA layers costs our ConViT 15 points, masking their content 1.6 — the
-#   opposite of the paper's Table 6, where content is what the late layers need — because our gates are
-#   still at 0.72: the heads have not yet learned to rely on content.
 #
 # The cells below check these statements on the records of both seeds and print the numbers they quote (the
-# masking ones in full mode, where the whole validation set is used).
+# logging bug's in full mode). What masking at test time shows is chapter 34_masking's.
 
 # %%
 def layer_nonlocality(record: dict) -> Tensor:
@@ -455,25 +351,10 @@ assert min(v_moved) > 0.2 and min(v_other) > 0.2  # trained: not each head's own
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (full mode only: FAST mode masks on a tenth of the images)
-def top1_se(top1: float, n: int) -> float:
-    """Binomial standard error, in points, of a top-1 (in %) measured on n images."""
-    return 100 * (top1 / 100 * (1 - top1 / 100) / n) ** 0.5
-
-
+# (full mode only)
 if not FAST:
     true_in, official = bug["DeiT"]
     assert 0.05 < (true_in[1:] - official[1:]).abs().max() < 0.2  # about a tenth of a patch
-    deit_t, convit_t = tables["DeiT"], tables["ConViT"]
-    diff_se = 2 * top1_se(convit_t["no mask"], len(eval_set))  # four top-1s, as if independent
-    deit_drop = deit_t["no mask"] - deit_t["mask pos embed"]
-    convit_drop = convit_t["no mask"] - convit_t["mask pos embed"]
-    assert 0 < deit_drop - convit_drop < 2 * diff_se  # Table 5's direction, within noise
-    position_drop = convit_t["no mask"] - convit_t["mask position, first 4"]
-    content_drop = convit_t["no mask"] - convit_t["mask content, first 4"]
-    assert position_drop - content_drop > 2 * diff_se  # position matters more here, beyond noise
-    print(f"pos embed masked: DeiT -{deit_drop:.1f}, ConViT -{convit_drop:.1f} points; all 4 GPSA layers: "
-          f"position -{position_drop:.1f}, content -{content_drop:.1f}; SE of a difference of drops {diff_se:.1f}")
     print(f"the DeiT's block 4: {float(true_in[3]):.2f} patches on its true input, {float(official[3]):.2f} on the "
           "embeddings")
 

@@ -1,6 +1,6 @@
-"""The rule registered in nbs/results/classes-20-39/README.md (chapter 36, convit_edu.tables), each formula against
-a computation by hand on small made-up records, then against the audit's numbers recomputed from the committed
-records (experiments-audit.md, sections 2 and 3)."""
+"""The rule registered in nbs/results/classes-20-39/README.md (chapter 36_error_bars, convit_edu.tables), each
+formula against a computation by hand on small made-up records, then against the audit's numbers recomputed from the
+committed records (experiments-audit.md, sections 2 and 3)."""
 
 import json
 import math
