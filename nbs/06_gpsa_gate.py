@@ -23,7 +23,7 @@
 # (σ = 0, what a ViT head would do) and its positional attention (σ = 1, a blurred tap of a convolution).
 # Below, one head of a freshly initialised layer reads the Grace Hopper photograph (patches of 16 pixels
 # embedded by a random 16 × 16 convolution and a LayerNorm, as in chapter 03's Fig. 3), with its gate forced
-# to five values (`gate_override`, the hook chapter 34's masking uses), on one logarithmic colour scale. At
+# to five values (`gate_override`, the hook chapter 34_masking's masking uses), on one logarithmic colour scale. At
 # initialization (weights of standard deviation 0.02) the content map is nearly uniform; we scale W_qry and
 # W_key up 4 times so that it shows something, a random read-out of the picture — training (chapter 32) makes
 # it useful. The ConViT starts at σ(1) = 0.73, the fourth map (fifth panel): mostly the positional bump (over half the

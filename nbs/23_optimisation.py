@@ -216,7 +216,7 @@ print(f"30 steps: the optimiser's rate is deit_lr's at each, from {rates[0]:.0e}
 
 # %% [markdown]
 # One setting changes that for a diagnostic: `gate_lr_scale` gives the GPSA gates λ a group of their own whose
-# rate is that multiple of everyone else's at every step (`with_gate_group`; chapter 38 uses it to give the gates
+# rate is that multiple of everyone else's at every step (`with_gate_group`; chapter 38_why uses it to give the gates
 # the learning-rate sum of the paper's runs). Every other parameter keeps its rate, and a model without gates is
 # refused by name:
 

@@ -368,7 +368,7 @@ print(line)
 # * **`last.pt` before each evaluation** (every `eval_every` epochs, and the last), so that a signal during a long
 #   evaluation (an ImageNet pass takes minutes) loses nothing: the checkpoint keeps the epoch's training numbers as
 #   `pending`, and a run resumed from it evaluates that epoch first. Other epochs end without a checkpoint: a run of
-#   one-step epochs (Table 2's f = 0.1 on a GPU, chapter 38) spent more time writing `last.pt` at every epoch's end
+#   one-step epochs (Table 2's f = 0.1 on a GPU, chapter 38_why) spent more time writing `last.pt` at every epoch's end
 #   than training. A crash loses at most `eval_every` epochs, or **`ckpt_every` optimiser steps** when that is set
 #   (`due`: the trainer reads the device back first, so that a checkpoint never holds a step whose loss was not
 #   checked).

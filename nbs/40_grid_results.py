@@ -17,7 +17,7 @@
 # # The research log, part 2: the registered grid's endpoint, pre-conditions and ablations, and the GPU runs
 #
 # Chapter 38 reads this grid as a lesson; this chapter holds it to what was registered before it ran, then keeps
-# the engineering of the GPU runs that chapter 38 reads. As in chapter 39, the check cells keep the prose's numbers
+# the engineering of the GPU runs that chapter 38_why reads. As in chapter 39, the check cells keep the prose's numbers
 # in step with the records (bookkeeping, not evidence).
 #
 # Chapter 39's pilots and its registered rule chose the design: a 12 × 12 grid (48-px images in 4-px patches),
@@ -262,7 +262,7 @@ assert round(lowest.item()) == -286
 # %% [markdown]
 # ## The real-width runs on a GPU: what they cost, and what the attempts found
 #
-# Chapter 38 reads the DeiT-Ti and ConViT-Ti that `results/gpu/real-width/run.sh` trained at the paper's widths on
+# Chapter 38_why reads the DeiT-Ti and ConViT-Ti that `results/gpu/real-width/run.sh` trained at the paper's widths on
 # the first 10 classes; this is how they came to run. Each run makes the script's 236 288 images (its settings, on
 # the split's 350 training images per class), predicted for one H100 from the GPU check's throughput (chapter 45, run
 # on an H200, whose compute the H100 shares): each model's training images/s in bf16 at batch 256, eager, at 224 px,
@@ -323,7 +323,7 @@ assert sorted(devices.values()) == ["cpu"] + ["cuda:0"] * 3 and devices["convit_
 # The DeiT-Ti of f = 0.1 scores about as the CPU grid's DeiTs; the f = 1 pair trained on two machines. Shared
 # batches cut the wait for data; the DeiT's run then took almost 3 times its logged time, writing `last.pt` at all 923
 # epoch ends (chapter 28 now writes it at evaluated epochs). What the next GPU run needs, from these: no per-epoch
-# work at all when an epoch is one step, a warm-up of a tenth of the steps and gradient clipping (chapter 38 reads
+# work at all when an epoch is one step, a warm-up of a tenth of the steps and gradient clipping (chapter 38_why reads
 # why), and a learning-rate sum several times the CPU grid's.
 
 # %% [markdown]
