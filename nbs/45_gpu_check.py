@@ -284,9 +284,11 @@ if not committed:
 #
 # - `jpeg_gpu_decode` **failed**: a NaN loss at step 3 of a run whose twin on the torchvision loader trained to
 #   16 % top-1. Not the model: torchvision allocates nvJPEG's output on the training stream, and the hardware decoder
-#   writes it without waiting for the kernels queued there, into blocks they have not read yet. The loader now lets
-#   the stream drain before each decode (chapter 19, with a test that the drain comes first), and the phase passed
-#   on the second run: two epochs, a resume, `eval` equal to the log.
+#   writes it without waiting for the kernels queued there, into blocks they have not read yet. The loader then let
+#   the training stream drain before each decode, and the phase passed on the second run: two epochs, a resume,
+#   `eval` equal to the log. It has since moved decoding to a stream of its own and drains only that one, handing
+#   batches over with events (chapter 19_side_stream, with a GPU-only test that reproduces the race): no GPU run has
+#   measured that loader yet.
 # - `host_syncs` **failed falsely**: the one "sync" surfaced where the mode is switched on, before the step, with no
 #   frame of the step on its stack (the stack is now kept). It was torch's one-time notice that sync-debug mode is a
 #   prototype, which mentions "synchronizing operations"; `is_sync_warning` now matches the report of a synchronising
@@ -294,7 +296,7 @@ if not committed:
 # - Speed: every throughput phase ran (the numbers are in the summaries). ConViT is 0.48–0.51× DeiT eager and
 #   0.61–0.69× compiled, below the 0.8× estimated for ConViT-S, and ConViT-S compiled trains 5 023 img/s, not the
 #   estimated ≥ 6 000; the loaders keep the GPU waiting 28–32 % (torchvision, 16 workers) and 56 % (gpu-decode, with
-#   its per-batch drain) of the time, not < 10 %. Chapter 41 quotes these numbers.
+#   that per-batch drain) of the time, not < 10 %. Chapter 41 quotes these numbers.
 #
 # **Those speed figures are the host's, not the GPU's.** That run timed each step synchronised, so the host's issue of
 # a step's kernels and the GPU's run of them added up. DeiT-Ti and DeiT-S took 30.8 and 31.3 ms a compiled step with
