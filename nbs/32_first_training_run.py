@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchvision import datasets as tv_datasets, transforms
 
 from convit_edu.checks import check_answer, demonstrate, grade, reveal
-from convit_edu.fit import fit
+from convit_edu.teaching_loop import fit
 from convit_edu.run_state import read_checkpoint
 from convit_edu.schedule import deit_lr, scaled_lr
 from convit_edu.zoo import create_model, model_config
