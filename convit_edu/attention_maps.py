@@ -94,7 +94,7 @@ def plot_attention_maps(models: dict[str, nn.Module], images: Tensor, layers: li
 # %% nbs/34_attention_maps.py 14
 def load_run(folder: Path, num_classes: int) -> tuple[TrainConfig, nn.Module]:
     """A finished run's config and its model in eval mode: rebuilt from the config in the run's ``run.json``, the
-    weights read from the ``weights.pt`` beside it by ``checkpoints.load_weights``."""
+    weights read from the ``weights.pt`` beside it by ``pretrained.load_weights``."""
     config = TrainConfig.from_dict(json.loads((folder / "run.json").read_text())["config"])
     model = create_model(config.model, img_size=config.img_size, num_classes=num_classes, **config.model_args)
     return config, load_weights(model, folder / "weights.pt").eval()

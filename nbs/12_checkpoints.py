@@ -343,7 +343,7 @@ def keep_as(path: str | Path, kept: str | Path) -> Path:
 
 
 # %% [markdown]
-# These live in `convit_edu/files.py`, the package's ground floor, not in `checkpoints.py`, with `load_file`
+# These live in `convit_edu/files.py`, the package's ground floor, not in `pretrained.py`, with `load_file`
 # above: the data wing writes files too (chapter 13's cached file lists), a run reads its checkpoints back
 # (chapter 26), and neither should have to import the models to do it.
 

@@ -189,7 +189,7 @@ plot_gate_history(histories["ConViT"])
 # each; `results/sample-efficiency/weights.sh` extracted them from the runs' checkpoints), so that both modes of
 # this notebook analyse the same trained models, on the validation images with the runs' own evaluation
 # transform. The model is rebuilt from the run's own `run.json` and the weights go through
-# `checkpoints.load_weights`, the loader that also reads official ConViT and timm checkpoints: nothing below
+# `pretrained.load_weights`, the loader that also reads official ConViT and timm checkpoints: nothing below
 # depends on how a model was trained.
 
 # %%
@@ -204,7 +204,7 @@ from convit_edu.zoo import create_model
 
 def load_run(folder: Path, num_classes: int) -> tuple[TrainConfig, nn.Module]:
     """A finished run's config and its model in eval mode: rebuilt from the config in the run's ``run.json``, the
-    weights read from the ``weights.pt`` beside it by ``checkpoints.load_weights``."""
+    weights read from the ``weights.pt`` beside it by ``pretrained.load_weights``."""
     config = TrainConfig.from_dict(json.loads((folder / "run.json").read_text())["config"])
     model = create_model(config.model, img_size=config.img_size, num_classes=num_classes, **config.model_args)
     return config, load_weights(model, folder / "weights.pt").eval()
