@@ -151,22 +151,24 @@ def import_depth(graph: dict[str, set[str]]) -> dict[str, list[str]]:
     return chains
 
 
-def test_the_import_graph_is_at_most_14_deep_and_the_data_wing_stands_beside_the_models():
+def test_the_import_graph_is_at_most_15_deep_and_the_data_wing_stands_beside_the_models():
+    """15: the GPU check (gpu_check <- gpu_check_time) stands on the benchmark suite it measures with (its compile
+    time and the machine's peak), one floor above the command line's 14."""
     graph = package_imports()
     chains = import_depth(graph)
     longest = max(chains.values(), key=len)
-    assert len(longest) <= 14, " <- ".join(longest)
+    assert len(longest) <= 15, " <- ".join(longest)
     assert graph["files"] == set()  # the ground floor imports nothing of the package
     below_data = set(chains["datasets"]) | set(chains["image_files"])
-    assert not below_data & {"models", "gpsa", "checkpoints", "zoo"}, below_data
+    assert not below_data & {"models", "gpsa", "pretrained", "zoo"}, below_data
 
 
 def test_a_deeper_import_graph_would_be_caught(monkeypatch):
-    deep = {f"m{i}": {f"m{i + 1}"} for i in range(14)} | {"m14": set(), "files": set(), "datasets": set(),
+    deep = {f"m{i}": {f"m{i + 1}"} for i in range(15)} | {"m15": set(), "files": set(), "datasets": set(),
                                                           "image_files": set()}
     monkeypatch.setattr(sys.modules[__name__], "package_imports", lambda: deep)
     with pytest.raises(AssertionError, match="m0 <- m1"):
-        test_the_import_graph_is_at_most_14_deep_and_the_data_wing_stands_beside_the_models()
+        test_the_import_graph_is_at_most_15_deep_and_the_data_wing_stands_beside_the_models()
 
 
 def test_a_cycle_in_the_import_graph_would_be_caught(monkeypatch):
@@ -217,7 +219,7 @@ def test_chapters_are_in_dependency_order():
         text = (ROOT / "nbs" / f"{stem}.py").read_text()
         assert re.findall(r"from convit_edu\.datasets import (.+)", text) == ["tiny_imagenet"], stem
     assert not later, "chapters out of dependency order: " + "; ".join(later)
-    assert ("28_training", 28, "optimisation.build_optimizer", 23) in found  # the imports were read at all
+    assert ("27_run_setup", 27, "optimisation.build_optimizer", 23) in found  # the imports were read at all
 
 
 def test_a_chapter_that_imports_a_later_module_would_be_caught(monkeypatch):
