@@ -22,12 +22,13 @@ from torch.utils.flop_counter import FlopCounterMode
 from convit_edu.benchmark_suite import compile_seconds, peak_matmul_flops
 from convit_edu.benchmarks import count_operations, device_timer, interleaved_times, median, train_step
 from convit_edu.config import TrainConfig
+from convit_edu.cuda_graphs import StepGraph, fill, graph_ready
 from convit_edu.devices import autocast
 from convit_edu.gpu_check_correctness import CheckContext, PhaseResult
 from convit_edu.optimisation import build_optimizer
 from convit_edu.zoo import count_macs
 
-__all__ = ['step_timings', 'capture_cuda_graph', 'rerun', 'graphed_train_step', 'STEPS_MARK', 'DEVICE_WORK', 'LAUNCHES', 'trace_activity', 'profile_activity', 'BF16_DENSE_TFLOPS', 'training_flops', 'bf16_peak', 'model_bench', 'check_models']
+__all__ = ['step_timings', 'graphed_train_step', 'STEPS_MARK', 'DEVICE_WORK', 'LAUNCHES', 'trace_activity', 'profile_activity', 'BF16_DENSE_TFLOPS', 'training_flops', 'bf16_peak', 'model_bench', 'check_models']
 
 
 # %% nbs/44_gpu_time.py 6
@@ -46,57 +47,35 @@ def step_timings(step: Callable[[], object], steps: int, device: torch.device) -
 
 
 # %% nbs/44_gpu_time.py 8
-def capture_cuda_graph(fn: Callable[[], None], clear: Callable[[], None]) -> Callable[[], None]:
-    """`fn` captured in a CUDA graph after three warm-up calls on a side stream, `clear()` before each and before the
-    capture (so the capture allocates what `fn` writes); returns the graph's replay."""
-    side, current = torch.cuda.Stream(), torch.cuda.current_stream()
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            clear()
-            fn()
-    current.wait_stream(side)
-    clear()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def rerun(fn: Callable[[], None], clear: Callable[[], None]) -> Callable[[], None]:
-    """A CPU's stand-in for `capture_cuda_graph`: each replay is `clear()` and `fn()` again."""
-    def replay() -> None:
-        clear()
-        fn()
-    return replay
-
-
 def graphed_train_step(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str,
-                       device: torch.device, compile: bool = False,
-                       capture: Callable = capture_cuda_graph) -> Callable[[], None]:
+                       device: torch.device, compile: bool = False) -> Callable[[], None]:
     """`train_step`'s step (chapter 31: fixed random images, cross-entropy, the optimiser and rate `build_optimizer`
-    makes) with the forward and backward (of `torch.compile(model)` with `compile`) `capture`d and replayed; bf16 or
-    fp32 (fp16's gradient scaler reads the gradients back: not in a graph)."""
+    makes) replayed from a CUDA graph as training replays it (`StepGraph`: forward of `torch.compile(model)` with
+    `compile`, backward and the graph's AdamW, its rate `fill`ed before each call; the stand-in off CUDA); bf16 or fp32
+    (fp16's gradient scaler reads the gradients back: not in a graph)."""
     if precision not in ("bf16", "fp32"):
         raise ValueError(f"a graphed step runs in bf16 or fp32, not {precision!r} (fp16's scaler syncs with the host)")
     x = torch.randn(batch, 3, img_size, img_size, device=device)
     y = torch.randint(0, num_classes, (batch,), device=device)
     forward = torch.compile(model) if compile else model
-    optimizer, schedule = build_optimizer(TrainConfig(), model, batch, steps_per_epoch=1, device=device)
+    optimizer, schedule = build_optimizer(TrainConfig(), model, batch, steps_per_epoch=1, device=device, graphed=True)
+    graph_ready(optimizer, device)
 
-    def forward_backward() -> None:
+    def body(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with autocast(device, precision):
-            out = forward(x)
-            loss = F.cross_entropy(out[0] if isinstance(out, tuple) else out, y)
+            out = forward(images)
+            loss = F.cross_entropy(out[0] if isinstance(out, tuple) else out, labels)
         loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
 
+    graph = StepGraph(body, device)
     model.train()
-    replay = capture(forward_backward, lambda: optimizer.zero_grad(set_to_none=True))
 
     def step() -> None:
-        replay()
-        schedule.set_lr(optimizer, 0)  # as train sets each step's rate
-        optimizer.step()
+        fill([group["lr"] for group in optimizer.param_groups], schedule.rates(0))  # as train sets each step's rate
+        graph(x, y)
 
     return step
 
@@ -215,10 +194,9 @@ def model_bench(ctx: CheckContext, name: str, peak: dict) -> dict:
         row["compile_s"] = compile_seconds({"train": steps_of()}, {"train": step}, device_timer(device))
         return step
 
-    capture = capture_cuda_graph if device.type == "cuda" else rerun
     variants = {"eager": steps_of, **({"compiled": compiled} if s.compile else {}),
                 "graphed": lambda: graphed_train_step(model, s.batch, s.img_size, s.num_classes, precision, device,
-                                                      s.compile, capture)}
+                                                      s.compile)}
     for variant, make in variants.items():
         try:
             row[variant] = _measured(make(), ctx, s.batch, flops["total"], peak["flops"])

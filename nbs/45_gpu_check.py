@@ -224,8 +224,8 @@ if __name__ == "__main__" and Path(sys.argv[0]).name == "gpu_check.py":  # `pyth
 #
 # A student's laptop has no GPU, so the chapter runs `--smoke`: every phase at toy size on the CPU (in FAST mode, as in
 # CI, two quick ones; `tests/test_gpu_check.py` runs them all). The timings depend on the machine; which phases pass
-# does not. On a CPU there is no compile in the smoke, and `rerun` stands in for the CUDA graph. (The profiler's
-# library writes a few lines of its own where a notebook shows them.)
+# does not. On a CPU there is no compile in the smoke, and `StepGraph`'s stand-in replaces the CUDA graph. (The
+# profiler's library writes a few lines of its own where a notebook shows them.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT

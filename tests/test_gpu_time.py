@@ -12,7 +12,7 @@ from torch import nn
 
 from convit_edu.benchmarks import train_step
 from convit_edu.gpu_check_correctness import CheckContext, CheckSizes, collect_environment
-from convit_edu.gpu_check_time import (STEPS_MARK, _measured, bf16_peak, graphed_train_step, profile_activity, rerun,
+from convit_edu.gpu_check_time import (STEPS_MARK, _measured, bf16_peak, graphed_train_step, profile_activity,
                                  step_timings, trace_activity, training_flops)
 
 CPU = torch.device("cpu")
@@ -130,20 +130,15 @@ def trained(make_step, steps: int) -> torch.Tensor:
 
 
 def test_the_graphed_step_trains_as_train_step_does_with_the_cpus_stand_in_for_the_graph():
-    sizes = (4, 32, 4, "bf16", CPU)
-    plain = trained(lambda model: train_step(model, *sizes), 3)
-    assert torch.equal(trained(lambda model: graphed_train_step(model, *sizes, capture=rerun), 3), plain)
-    assert not torch.equal(trained(lambda model: graphed_train_step(model, *sizes, capture=rerun), 2), plain)
+    """Five steps: three eager, the capture and a replay (StepGraph's stand-in); the graph's AdamW is the fused one,
+    whose roundings differ from train_step's default AdamW, far below one step's change (the warm-up's rate, 1e-6)."""
+    sizes = (4, 32, 4, "fp32", CPU)
+    plain = trained(lambda model: train_step(model, *sizes), 5)
+    graphed = trained(lambda model: graphed_train_step(model, *sizes), 5)
+    assert (graphed - plain).abs().max() < 1e-8
+    assert (trained(lambda model: graphed_train_step(model, *sizes), 4) - plain).abs().max() > 1e-7
 
 
 def test_a_graphed_step_in_fp16_is_refused_naming_the_precision():
     with pytest.raises(ValueError, match="bf16 or fp32, not 'fp16'"):
-        graphed_train_step(nn.Linear(2, 2), 2, 8, 2, "fp16", CPU, capture=rerun)
-
-
-def test_the_stand_in_clears_the_gradients_before_each_replay_as_a_graph_writes_them_afresh():
-    layer = nn.Linear(2, 1)
-    replay = rerun(lambda: layer(torch.ones(1, 2)).sum().backward(), lambda: layer.zero_grad(set_to_none=True))
-    replay()
-    replay()
-    assert torch.equal(layer.weight.grad, torch.ones(1, 2))  # not 2: never added to the last replay's
+        graphed_train_step(nn.Linear(2, 2), 2, 8, 2, "fp16", CPU)
