@@ -27,7 +27,7 @@ from convit_edu.config_words import (
     parse_key_value,
     preset_flags,
 )
-from convit_edu.datasets import ARCHIVE_VARIABLE, TINY_IMAGENET_URL, build_datasets, tiny_imagenet
+from convit_edu.datasets import build_datasets
 from convit_edu.devices import PRECISIONS, resolve_device, resolve_precision
 from convit_edu.evaluation import evaluate
 from convit_edu.experiment_design import ABLATIONS, ablation_grid, sample_efficiency_grid, sample_efficiency_scale
@@ -35,6 +35,7 @@ from convit_edu.experiments import fixed_test_split, run_grid
 from convit_edu.loaders import default_num_workers
 from convit_edu.masking import mask_at_test_time
 from convit_edu.models import VisionTransformer
+from convit_edu.photographs import ARCHIVE_VARIABLE, TINY_IMAGENET_URL, tiny_imagenet
 from convit_edu.pretrained import read_state_dict
 from convit_edu.run_records import RunFolder
 from convit_edu.run_state import read_checkpoint

@@ -214,8 +214,10 @@ print("top-1 gain recomputed:", {f"{f:.0%}": f"{100 * (c1 - d1) / d1:.1f}%" for 
 # itself and of earlier chapters, so the package's imports run one way. The core path is chapters 01-11, then
 # 32-36 and 38: chapter 11 writes a first training loop by hand, and from chapter 32 on the core path uses the
 # engineering track's tools — the loop of chapter 11, hardened in chapters 12-29 — as given; skip chapters
-# 12-31, 37 and 39-45 and come back when a tool's inside interests you. The cell below reads the module each
-# chapter exports from the chapter itself, and fails if a chapter is missing from the map.
+# 12-31, 37 and 39-45 and come back when a tool's inside interests you. The first tool is the course's photographs
+# (chapter 00_photographs): the command `convit-edu data tiny-imagenet` (below) runs it before chapter 01, and its
+# chapter is there to read when a download misbehaves. The cell below reads the module each chapter exports from
+# the chapter itself, and fails if a chapter is missing from the map.
 
 # %%
 import re
@@ -247,6 +249,7 @@ CORE = [
     ("38_why", "why: the learning-rate sums, data and model; the gates given the paper's sum; real widths"),
 ]
 ENGINEERING = [
+    ("00_photographs", "the course's photographs: a verified download, an extraction that appears only whole"),
     ("12_checkpoints", "official and timm weights in, training checkpoints out; hard distillation"),
     ("13_image_files", "image files read as RGB, an unreadable one skipped, a folder listed once"),
     ("14_datasets", "CIFAR-100, ImageNet folders, a fraction of each class, the first K classes"),

@@ -105,13 +105,14 @@ torch.testing.assert_close(tokens, by_hand)
 #
 # The same on one of the course's photographs, the way chapter 11's models see it: a 64 × 64 image from Tiny
 # ImageNet, cut into 8-px patches (an 8 × 8 grid), each patch embedded as a token of width 96. The photographs come
-# through the package's own data path, `convit_edu.datasets.tiny_imagenet` (chapter 14 builds it; `convit-edu data
-# tiny-imagenet` fetches them once, before chapter 01), read by torchvision's `ImageFolder` as in chapter 11.
+# through the package's own data path, `convit_edu.photographs.tiny_imagenet` (chapter 00_photographs builds it;
+# `convit-edu data tiny-imagenet` runs it once, before chapter 01), read by torchvision's `ImageFolder` as in
+# chapter 11.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (says whether the photographs were found or extracted now)
-from convit_edu.datasets import tiny_imagenet
+from convit_edu.photographs import tiny_imagenet
 
 data_root = tiny_imagenet("../data")
 

@@ -61,13 +61,14 @@ _ = torch.manual_seed(0)
 # Tiny ImageNet is a 64 × 64-pixel, 200-class subset of ImageNet; the course uses every other class, 500 training
 # and 50 validation photographs each, in ImageNet's folder layout (`train/<wnid>/<file>.JPEG`, `val/…`,
 # `classes.txt`). `tiny_imagenet` puts them in `data/` once (downloading Tiny ImageNet's public zip the first time,
-# 248 MB, as `convit-edu data tiny-imagenet` does; chapter 14 shows how) and finds them there after; without them
-# and without a network it stops and says where they come from. We train on the first 10 classes (sorted wnids).
+# 248 MB, as `convit-edu data tiny-imagenet` does; chapter 00_photographs shows how) and finds them there after;
+# without them and without a network it stops and says where they come from. We train on the first 10 classes (sorted
+# wnids).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (says whether the photographs were found or extracted now)
-from convit_edu.datasets import tiny_imagenet
+from convit_edu.photographs import tiny_imagenet
 
 root, CLASSES = tiny_imagenet("../data"), 10
 

@@ -25,9 +25,10 @@
 # chapter 14 to build on:
 #
 # 1. **reading images** that are always RGB and never crash an epoch;
-# 2. **listing a million files once**, the list cached and checked against the folders' modification times;
-# 3. **getting them**: a download that is verified before it is used, and an archive extracted so that an
-#    interruption never leaves a folder that looks ready (chapter 14 fetches the course's photographs with both).
+# 2. **listing a million files once**, the list cached and checked against the folders' modification times.
+#
+# (How the course's photographs got onto the disk, a verified download and an extraction that appears only when
+# complete, is chapter 00_photographs.)
 
 # %% tags=["parameters"]
 import os
@@ -36,13 +37,11 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 
 # %%
 #| default_exp image_files
-# Image files: reading them as RGB (an unreadable file skipped with a warning), listing an ImageNet-style
-# folder once (its file list cached, checked against the folders' modification times), and getting them: a
-# verified download and an extraction that appears only when complete.
+# Image files: reading them as RGB (an unreadable file skipped with a warning), and listing an ImageNet-style
+# folder once (its file list cached, checked against the folders' modification times).
 
 # %%
 import contextlib
-import re
 import tempfile
 from unittest import mock
 
@@ -60,25 +59,16 @@ from convit_edu.checks import expect_error
 
 # %%
 #| export
-import contextlib
 import hashlib
 import os
-import re
-import shutil
-import socket
-import tarfile
 import time
-import urllib.parse
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 import torch
-from fastprogress.fastprogress import progress_bar
 from PIL import Image
 from torchvision import datasets
-from torchvision.datasets.utils import calculate_md5, check_integrity, download_url
 
 from convit_edu.files import atomic_write
 
@@ -298,186 +288,3 @@ with tempfile.TemporaryDirectory() as folder, mock.patch.dict(os.environ, {"XDG_
     print(f"first start: lists {len(listed)} folders (the split and its classes); second start: "
           f"{len(second_start)} listings, same files; a file added to a class: {len(third.files)} images, "
           f"not {len(first.files)}")
-
-# %% [markdown]
-# ## Getting them: a verified download, an extraction that appears only when complete
-#
-# A dataset that comes from the internet fails in three ways a user must not have to debug. The transfer stops
-# half-way (a laptop closed, a Wi-Fi drop) and leaves a file that *looks* like the archive; the server never
-# answers, and Python's `urllib` waits for the operating system's timeout, minutes; the extraction is
-# interrupted and leaves a folder that the next run takes for a complete one. Three rules avoid all three:
-#
-# * the download goes to `NAME.part`, its MD5 is checked (torchvision's `download_url` and `check_integrity` do
-#   the transfer, with a progress bar, and the checksum), and only a verified file gets its real name;
-# * the socket timeout is ours for the duration of the download (`socket_timeout`, restored after it);
-# * the extraction writes into a hidden folder beside its destination and renames it last: a rename within one
-#   folder is atomic, so the destination either does not exist or is complete.
-#
-# The course's photographs come this way (chapter 14): Tiny ImageNet's zip keeps its training images in
-# `train/<wnid>/images/` and all validation images in one folder, labelled by `val/val_annotations.txt`;
-# `extract_tiny_imagenet_zip` writes every other class into the layout of every ImageNet-style folder,
-# `train/<wnid>/<file>` and `val/<wnid>/<file>`, with the class names from `words.txt` in `classes.txt`.
-
-# %%
-#| export
-def verify_md5(path: str | Path, md5: str, remove: bool = False) -> None:
-    """Raise a ValueError naming ``path`` and both checksums unless its MD5 is ``md5`` (deleting it if asked)."""
-    if check_integrity(str(path), md5):
-        return
-    found = calculate_md5(str(path))
-    if remove:
-        Path(path).unlink()
-    raise ValueError(f"{path} has MD5 {found}, expected {md5}" + (
-        ": the download was incomplete or altered, and has been removed; run again" if remove else
-        ": it is not the file it should be, or it is damaged; use another copy"))
-
-
-@contextlib.contextmanager
-def socket_timeout(seconds: float):
-    """Inside the block, a connection silent for ``seconds`` raises (urllib's default is to wait for the operating
-    system, minutes); the previous default is restored after it."""
-    previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(seconds)
-    try:
-        yield
-    finally:
-        socket.setdefaulttimeout(previous)
-
-
-def download_verified(url: str, folder: str | Path, md5: str, timeout: float = 30.0) -> Path:
-    """``url`` downloaded into ``folder`` under its own name and checked against ``md5``; a verified file already
-    there is reused. A partial download never gets the real name, a wrong one is removed, and a server silent for
-    ``timeout`` seconds (or unreachable) is a ConnectionError that names the URL."""
-    target = Path(folder) / Path(urllib.parse.urlparse(url).path).name
-    if check_integrity(str(target), md5):
-        return target
-    partial = target.with_name(target.name + ".part")
-    partial.unlink(missing_ok=True)  # left by an interrupted run: download_url would take it for the file
-    try:
-        with socket_timeout(timeout):
-            download_url(url, str(folder), partial.name)
-    except BaseException as e:  # a refused or silent connection, an HTTP error, a bad URL; or Ctrl-C
-        partial.unlink(missing_ok=True)
-        if isinstance(e, (OSError, ValueError)):
-            raise ConnectionError(f"could not download {url} ({type(e).__name__}: {e})") from None
-        raise
-    try:
-        verify_md5(partial, md5, remove=True)
-    except ValueError as e:
-        raise ValueError(f"the download of {url}: {e}") from None
-    partial.rename(target)
-    return target
-
-
-def extract_atomically(write: Callable[[Path], dict], dest: str | Path) -> dict:
-    """``write(folder)`` fills a hidden folder beside ``dest`` and returns what it wrote; the folder is then
-    renamed to ``dest``. Interrupted (an exception, Ctrl-C), the hidden folder is removed; one left by a killed
-    process of this machine is removed by the next call. When another process completed ``dest`` first, its
-    tree is kept and ours dropped. Returns ``write``'s result."""
-    dest, host = Path(dest), socket.gethostname()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    for stale in dest.parent.glob(f".{dest.name}.partial-{host}-*"):  # another machine's may still be at work
-        pid = stale.name.rsplit("-", 1)[1]
-        if pid.isdigit() and not _process_alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
-    partial = dest.parent / f".{dest.name}.partial-{host}-{os.getpid()}"
-    try:
-        result = write(partial)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    try:
-        partial.rename(dest)
-    except OSError:
-        shutil.rmtree(partial, ignore_errors=True)
-        if not dest.is_dir():
-            raise  # else another process renamed its complete copy there first: the same tree
-    return result
-
-
-def extract_tiny_imagenet_zip(source: Path, tree: Path) -> None:
-    """Tiny ImageNet's published zip into ``tree``, in the ImageNet folder layout: every other wnid of ``wnids.txt``
-    in sorted order, ``train/<wnid>/images/*`` flattened, ``val/images/*`` sorted into class folders by
-    ``val/val_annotations.txt``, and ``classes.txt`` from ``words.txt``."""
-    with zipfile.ZipFile(source) as zf:
-        tops = [n[: -len("wnids.txt")] for n in zf.namelist() if n.endswith("wnids.txt") and n.count("/") <= 1]
-        if not tops:
-            raise ValueError(f"{source} has no wnids.txt: it is not the Tiny ImageNet zip")
-        top = tops[0]
-        keep = sorted(zf.read(top + "wnids.txt").decode().split())[::2]
-        lines = {name: zf.read(top + name).decode().splitlines() for name in ("words.txt", "val/val_annotations.txt")}
-        words = dict(line.split("\t", 1) for line in lines["words.txt"] if "\t" in line)
-        val_class = {f: w for f, w, *_ in (line.split("\t") for line in lines["val/val_annotations.txt"] if line)}
-        kept, todo = set(keep), []
-        for name in zf.namelist():
-            parts = name[len(top):].split("/")
-            if not name.startswith(top) or not parts[-1].lower().endswith(IMG_EXTENSIONS):
-                continue
-            if len(parts) == 4 and parts[0] == "train" and parts[2] == "images" and parts[1] in kept:
-                todo.append((f"train/{parts[1]}/{parts[3]}", name))
-            elif len(parts) == 3 and parts[:2] == ["val", "images"] and val_class.get(parts[2]) in kept:
-                todo.append((f"val/{val_class[parts[2]]}/{parts[2]}", name))
-        tree.mkdir()
-        (tree / "classes.txt").write_text("".join(f"{w}\t{words.get(w, w)}\n" for w in keep))
-        _write_all(todo, tree, zf.read)
-
-
-def extract_course_tar(source: Path, tree: Path) -> None:
-    """The course's tar.gz (``<top>/classes.txt``, ``<top>/{train,val}/<wnid>/<file>``) into ``tree``, as it is."""
-    with tarfile.open(source, "r:gz") as tf:
-        todo = [("/".join(m.name.split("/")[1:]), m) for m in tf.getmembers() if m.isfile() and ".." not in m.name]
-        tree.mkdir()
-        _write_all([(p, m) for p, m in todo if p == "classes.txt" or re.fullmatch(r"(train|val)/[^/]+/[^/]+", p)],
-                   tree, lambda m: tf.extractfile(m).read())
-
-
-def _write_all(todo: list, tree: Path, read: Callable) -> None:
-    for path, member in progress_bar(todo, leave=False):
-        (tree / path).parent.mkdir(parents=True, exist_ok=True)
-        (tree / path).write_bytes(read(member))
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
-
-# %% [markdown]
-# Checked without a network. A file whose checksum is wrong is named with both sums; a local address where
-# nothing listens is refused within the timeout, naming the URL; an extraction interrupted half-way leaves no
-# destination and no hidden folder, and the next one completes.
-
-# %%
-with tempfile.TemporaryDirectory() as folder:
-    archive = Path(folder) / "photos.bin"
-    archive.write_bytes(b"not really photographs")
-    wrong = expect_error(lambda: verify_md5(archive, "0" * 32))
-    assert re.search(r"photos.bin has MD5 [0-9a-f]{32}, expected 0{32}", wrong), wrong
-    with socket.socket() as closed:  # a port that was free a moment ago: nothing listens there
-        closed.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{closed.getsockname()[1]}/photos.zip"
-    refused = expect_error(lambda: download_verified(url, folder, "0" * 32, timeout=5), ConnectionError)
-    assert url in refused and not (Path(folder) / "photos.zip.part").exists(), refused
-
-    def interrupted(tree: Path) -> dict:
-        tree.mkdir()
-        (tree / "first.jpg").write_bytes(b"...")
-        raise KeyboardInterrupt  # as if the student pressed Ctrl-C here
-
-    expect_error(lambda: extract_atomically(interrupted, Path(folder) / "photos"), KeyboardInterrupt)
-    assert sorted(p.name for p in Path(folder).iterdir()) == ["photos.bin"]  # nothing half-written is left
-
-    def complete(tree: Path) -> dict:
-        tree.mkdir()
-        (tree / "first.jpg").write_bytes(b"...")
-        return {"files": 1}
-
-    assert extract_atomically(complete, Path(folder) / "photos") == {"files": 1}
-    print(wrong.replace(folder, "FOLDER"))
-    print("unreachable:", refused.split(" (")[0].replace(url, "URL"))
-    print("interrupted extraction: nothing left behind; the next one:",
-          sorted(p.name for p in (Path(folder) / "photos").iterdir()))

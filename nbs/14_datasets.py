@@ -19,13 +19,13 @@
 # The ConViT paper trains every model with the recipe of DeiT (Touvron et al., 2020) and changes only the
 # architecture; its data experiments change only *how much* data the model sees. Chapter 13 reads the image
 # files (always RGB, an unreadable one skipped) and lists a folder once; this chapter builds the datasets on
-# them, before augmentation (14), samplers and loaders (15, 16) and DALI (17):
+# them, before augmentation (15), samplers and loaders (16, 17) and DALI (18):
 #
 # 1. **the paper's data settings**: a fraction *f* of the images of each class (Table 2, with 1/f times more
 #    epochs) and the first *K* classes (the ImageNet-100 ablations of Section 4);
 # 2. **datasets by name**: CIFAR-100, any ImageNet-style folder (ImageNet-1k, ImageNet-100, Tiny ImageNet) and
-#    synthetic images, one call returning `(train, val, class_names)`;
-# 3. **the course's photographs**, downloaded, verified and extracted by one call (`tiny_imagenet`).
+#    synthetic images, one call returning `(train, val, class_names)`, shown on the course's photographs
+#    (fetched by chapter 00_photographs' `tiny_imagenet`).
 
 # %% tags=["parameters"]
 import os
@@ -51,10 +51,8 @@ warnings.filterwarnings("ignore", message=".*os.fork.*")  # fork + threads notic
 
 # %%
 #| export
-import json
 import math
 import os
-import zipfile
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -66,9 +64,8 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 from convit_edu.checks import positive_int
-from convit_edu.image_files import (IMAGEFOLDER_HINT, IMG_EXTENSIONS, cached_listing, download_verified,
-                                   extract_atomically, extract_course_tar, extract_tiny_imagenet_zip, first_readable,
-                                   load_rgb, socket_timeout, verify_md5)
+from convit_edu.image_files import IMAGEFOLDER_HINT, IMG_EXTENSIONS, cached_listing, first_readable, load_rgb
+from convit_edu.photographs import socket_timeout
 
 # %% [markdown]
 # ## The paper's data settings: a fraction of each class, the first K classes
@@ -336,95 +333,17 @@ def build_datasets(name: str, root: str | Path = "data", *, train_transform: Cal
     return train, val, list(train.classes)
 
 # %% [markdown]
-# ## The course's photographs: Tiny ImageNet
+# ## The course's photographs as a dataset
 #
-# Tiny ImageNet (Stanford's CS231n) is ImageNet in miniature: 200 classes of 64 × 64 photographs, 500 training and
-# 50 validation images each, in one public zip of 248 MB. The course uses **every other class in sorted WordNet-id
-# order**: 100 classes, 50 000 training and 5 000 validation images. `tiny_imagenet` downloads the zip and checks
-# it, and extracts those classes in the ImageNet folder layout with class names in `classes.txt` (chapter 13's
-# tools). It also reads a local copy, the zip or the course's `tar.gz` of the same tree, named by its `archive`
-# argument or by the variable `CONVIT_EDU_TINY_IMAGENET` (this project's machines and CI set it). The command
-# line's `convit-edu data tiny-imagenet` calls it (chapter 42).
-
-# %%
-#| export
-TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
-TINY_IMAGENET_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"  # the published zip: 200 classes, 248 MB
-COURSE_ARCHIVE_MD5 = "5322e467e435c40f782915b064ad50bb"  # the course's tar.gz of the tree below: 74 MB
-ARCHIVE_VARIABLE = "CONVIT_EDU_TINY_IMAGENET"
-COURSE_DATA = "tiny-imagenet-100"
-_READY = ".ready.json"
-
-
-def tiny_imagenet(root: str | Path = "data", *, url: str = TINY_IMAGENET_URL, md5: str | None = None,
-                  archive: str | Path | None = None, timeout: float = 30.0) -> Path:
-    """The course's photographs, ``root/tiny-imagenet-100`` (returned), extracted once and reused after.
-
-    The source: ``archive`` (the published zip or the course's ``tar.gz``), else the file the environment
-    variable ``CONVIT_EDU_TINY_IMAGENET`` names, else a download of ``url`` into ``root``. Its MD5 must be
-    ``md5`` (default: the published one of its kind); a server silent for ``timeout`` seconds is an error.
-    """
-    dest = Path(root) / COURSE_DATA
-    if (dest / _READY).is_file():
-        print(f"{dest} is ready: {_describe(json.loads((dest / _READY).read_text()))}")
-        return dest
-    if dest.exists():
-        raise FileExistsError(f"{dest} exists but was not completed by tiny_imagenet (it has no {_READY}): "
-                              "move it away or delete it, then run again")
-    named = archive or os.environ.get(ARCHIVE_VARIABLE) or None
-    if named is None:
-        print(f"downloading {url} into {root}")
-        published = COURSE_ARCHIVE_MD5 if url.endswith(".tar.gz") else TINY_IMAGENET_MD5  # a mirror of either
-        try:
-            source = download_verified(url, root, md5 or published, timeout)
-        except ConnectionError as e:
-            raise ConnectionError(f"{e}: {DATA_HINT}") from None
-    else:
-        source = Path(named)
-        if not source.is_file():
-            by = "" if archive else f" (named by the variable {ARCHIVE_VARIABLE})"
-            raise FileNotFoundError(f"no archive {source}{by}: {DATA_HINT}")
-        verify_md5(source, md5 or (TINY_IMAGENET_MD5 if zipfile.is_zipfile(source) else COURSE_ARCHIVE_MD5))
-    counts = extract_atomically(lambda tree: _course_tree(source, tree), dest)
-    print(f"{dest}: {_describe(counts)}")
-    return dest
-
-
-DATA_HINT = (f"the course's photographs come from {TINY_IMAGENET_URL}; `convit-edu data tiny-imagenet` "
-             "downloads them (into data/; --root elsewhere), or, with `--archive PATH`, reads a copy downloaded "
-             "elsewhere (the zip, or the course's tiny-imagenet-100.tar.gz)")
-
-# %%
-#| exporti
-def _describe(counts: dict) -> str:
-    return (f"{counts['classes']} classes, {counts['train']} training and {counts['val']} validation images "
-            f"(from {counts['source']})")
-
-
-def _course_tree(source: Path, tree: Path) -> dict:
-    """Write the course's tree from ``source`` (zip or tar.gz) into ``tree`` and return its counts, or raise a
-    ValueError naming ``source`` unless train/ and val/ hold the same classes and classes.txt names them."""
-    (extract_tiny_imagenet_zip if zipfile.is_zipfile(source) else extract_course_tar)(source, tree)
-    folders = {split: sorted(p.name for p in (tree / split).iterdir()) if (tree / split).is_dir() else []
-               for split in ("train", "val")}
-    table = tree / "classes.txt"
-    named = [line.split("\t")[0] for line in table.read_text().splitlines()] if table.is_file() else []
-    if not folders["train"] or not folders["train"] == folders["val"] == named:
-        raise ValueError(f"{source} does not hold the course's layout: classes {folders['train'][:3]} in train/, "
-                         f"{folders['val'][:3]} in val/, {named[:3]} in classes.txt")
-    counts = {"classes": len(named), "source": source.name,
-              **{split: sum(len(os.listdir(tree / split / c)) for c in named) for split in folders}}
-    (tree / _READY).write_text(json.dumps(counts))
-    return counts
-
-# %% [markdown]
-# The course's data in `data/`, read as ImageNet-1k would be read. Every chapter that trains or analyses calls
-# `tiny_imagenet` the same way; without the data and without a network it stops with the URL and the command.
-# The first four classes serve this chapter and the data pipeline's, the first two show that labels stay 0..K−1:
+# The course's photographs (chapter 00_photographs: 100 classes of Tiny ImageNet, fetched into `data/` by
+# `tiny_imagenet`) are an ImageNet-style folder, read as ImageNet-1k would be read. The first four classes serve
+# this chapter and the data pipeline's, the first two show that labels stay 0..K−1:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (prints whether the tree was extracted now or found ready)
+from convit_edu.photographs import tiny_imagenet
+
 TINY = tiny_imagenet("../data")
 
 # %%

@@ -49,8 +49,9 @@ import torch
 from PIL import Image
 
 from convit_edu.checks import expect_error
-from convit_edu.datasets import build_datasets, tiny_imagenet
+from convit_edu.datasets import build_datasets
 from convit_edu.image_files import load_rgb
+from convit_edu.photographs import tiny_imagenet
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=4, sci_mode=False)

@@ -52,8 +52,9 @@ from dataclasses import replace
 import torch
 
 from convit_edu.augment import AUGMENTATIONS, augmentation, build_mixup, build_transforms
-from convit_edu.datasets import SyntheticImages, build_datasets, tiny_imagenet
+from convit_edu.datasets import SyntheticImages, build_datasets
 from convit_edu.image_files import load_rgb
+from convit_edu.photographs import tiny_imagenet
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=4, sci_mode=False)

@@ -50,7 +50,8 @@ import warnings
 import torch
 
 from convit_edu.augment import augmentation, build_transforms
-from convit_edu.datasets import build_datasets, tiny_imagenet
+from convit_edu.datasets import build_datasets
+from convit_edu.photographs import tiny_imagenet
 
 torch.manual_seed(0)
 warnings.filterwarnings("ignore", message=".*os.fork.*")  # fork + threads notice from workers, not ours

@@ -268,7 +268,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision.io import read_file
 
 from convit_edu.augment import augmentation
-from convit_edu.datasets import build_datasets, tiny_imagenet
+from convit_edu.datasets import build_datasets
+from convit_edu.photographs import tiny_imagenet
 from convit_edu.samplers import SeededSamples
 
 torch.manual_seed(0)

@@ -289,9 +289,10 @@ from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
 from convit_edu.augment import augmentation, build_transforms
 from convit_edu.dali import DALI_INSTALL, DaliLoaders, dali_available
-from convit_edu.datasets import build_datasets, tiny_imagenet
+from convit_edu.datasets import build_datasets
 from convit_edu.image_files import load_rgb
 from convit_edu.loaders import build_loaders
+from convit_edu.photographs import tiny_imagenet
 
 torch.manual_seed(0)
 warnings.filterwarnings("ignore", message=".*os.fork.*")  # fork + threads notice from workers, not ours

@@ -70,7 +70,7 @@ _ = torch.manual_seed(0)
 # %%
 # NBVAL_IGNORE_OUTPUT
 from convit_edu.config import TrainConfig
-from convit_edu.datasets import tiny_imagenet
+from convit_edu.photographs import tiny_imagenet
 from convit_edu.run_records import plot_history
 from convit_edu.training import train
 

@@ -48,7 +48,8 @@ from convit_edu.checks import check_answer, demonstrate, expect_error, grade, re
 from convit_edu.config import TrainConfig
 from convit_edu.conv_init import head_centres
 from convit_edu.pretrained import load_weights
-from convit_edu.datasets import build_datasets, tiny_imagenet
+from convit_edu.datasets import build_datasets
+from convit_edu.photographs import tiny_imagenet
 from convit_edu.training import train
 from convit_edu.zoo import create_model
 

@@ -41,10 +41,11 @@ import torch
 from convit_edu.augment import build_transforms
 from convit_edu.config import TrainConfig
 from convit_edu.conv_init import head_centres
-from convit_edu.datasets import build_datasets, tiny_imagenet
+from convit_edu.datasets import build_datasets
 from convit_edu.locality import (gates, model_nonlocality, nonlocality, patch_distances, plot_gate_history,
                                  plot_nonlocality_history, read_locality)
 from convit_edu.optimisation import learning_rate_sum
+from convit_edu.photographs import tiny_imagenet
 from convit_edu.zoo import create_model
 
 torch.set_printoptions(precision=4, sci_mode=False)

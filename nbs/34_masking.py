@@ -38,9 +38,10 @@ import torch
 from convit_edu.attention_maps import load_run
 from convit_edu.augment import build_transforms
 from convit_edu.checks import check_answer, demonstrate, grade, reveal
-from convit_edu.datasets import build_datasets, tiny_imagenet
+from convit_edu.datasets import build_datasets
 from convit_edu.evaluation import evaluate, format_masking, masking_table
 from convit_edu.masking import mask_at_test_time
+from convit_edu.photographs import tiny_imagenet
 from convit_edu.zoo import create_model
 
 torch.set_printoptions(precision=4, sci_mode=False)

@@ -308,9 +308,9 @@ def pipeline_bench(cfg: TrainConfig, steps: int, num_workers: int = 1) -> dict:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from convit_edu.datasets import tiny_imagenet
 from convit_edu.experiment_design import sample_efficiency_scale
 from convit_edu.experiments import run_config
+from convit_edu.photographs import tiny_imagenet
 
 pipeline_root, classes = tiny_imagenet("../data"), 2 if FAST else 10
 scale = sample_efficiency_scale(pipeline_root, classes=classes)

@@ -24,7 +24,8 @@
 # * `convit-edu eval` — top-1/top-5 of a checkpoint, with chapter 10's test-time masking (SM F, Tables 5-6);
 # * `convit-edu bench` — training and inference images/s and peak memory of a model here, and the loader's;
 # * `convit-edu experiment` — chapter 37's grids (Tables 2 and 3 at CPU scale), built from its functions;
-# * `convit-edu data tiny-imagenet` — the course's photographs (chapter 14): downloaded, checked, extracted once;
+# * `convit-edu data tiny-imagenet` — the course's photographs (chapter 00_photographs): downloaded, checked,
+#   extracted once;
 # * `convit-edu check-gpu` — the GPU check of chapters 44–45, with its own flags (`--smoke`, `--budget-s`, `--phases`,
 #   `--output`).
 
@@ -80,7 +81,7 @@ from convit_edu.checks import number, positive_int
 from convit_edu.config import TrainConfig
 from convit_edu.config_words import (DefaultsHelp, add_config_flags, as_flags, config_from_args, parse_key_value,
                                      preset_flags)
-from convit_edu.datasets import ARCHIVE_VARIABLE, TINY_IMAGENET_URL, build_datasets, tiny_imagenet
+from convit_edu.datasets import build_datasets
 from convit_edu.devices import PRECISIONS, resolve_device, resolve_precision
 from convit_edu.evaluation import evaluate
 from convit_edu.experiment_design import ABLATIONS, ablation_grid, sample_efficiency_grid, sample_efficiency_scale
@@ -88,6 +89,7 @@ from convit_edu.experiments import fixed_test_split, run_grid
 from convit_edu.loaders import default_num_workers
 from convit_edu.masking import mask_at_test_time
 from convit_edu.models import VisionTransformer
+from convit_edu.photographs import ARCHIVE_VARIABLE, TINY_IMAGENET_URL, tiny_imagenet
 from convit_edu.run_records import RunFolder
 from convit_edu.run_state import read_checkpoint
 from convit_edu.training import train

@@ -19,10 +19,10 @@ from convit_edu.benchmark_suite import BenchSizes
 from convit_edu.cli import build_parser, main
 from convit_edu.config import RECIPES, RUN_OWNED, TrainConfig
 from convit_edu.config_words import config_from_words
-from convit_edu.datasets import ARCHIVE_VARIABLE, COURSE_DATA
 from convit_edu.distributed import SBATCH_SCRIPT
 from convit_edu.experiment_design import sample_efficiency_scale, train_command
 from convit_edu.experiments import run_config
+from convit_edu.photographs import ARCHIVE_VARIABLE, COURSE_DATA
 from convit_edu.run_state import read_checkpoint
 from convit_edu.zoo import list_models
 

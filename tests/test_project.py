@@ -159,13 +159,13 @@ def test_the_import_graph_is_at_most_15_deep_and_the_data_wing_stands_beside_the
     longest = max(chains.values(), key=len)
     assert len(longest) <= 15, " <- ".join(longest)
     assert graph["files"] == set()  # the ground floor imports nothing of the package
-    below_data = set(chains["datasets"]) | set(chains["image_files"])
+    below_data = set(chains["datasets"]) | set(chains["image_files"]) | set(chains["photographs"])
     assert not below_data & {"models", "gpsa", "pretrained", "zoo"}, below_data
 
 
 def test_a_deeper_import_graph_would_be_caught(monkeypatch):
     deep = {f"m{i}": {f"m{i + 1}"} for i in range(15)} | {"m15": set(), "files": set(), "datasets": set(),
-                                                          "image_files": set()}
+                                                          "image_files": set(), "photographs": set()}
     monkeypatch.setattr(sys.modules[__name__], "package_imports", lambda: deep)
     with pytest.raises(AssertionError, match="m0 <- m1"):
         test_the_import_graph_is_at_most_15_deep_and_the_data_wing_stands_beside_the_models()
@@ -203,29 +203,22 @@ def chapter_imports() -> list[tuple[str, int, str, int]]:
     return found
 
 
-# The one tool met before its chapter: the course's photographs, which a student fetches with `convit-edu data
-# tiny-imagenet` before opening chapter 01 (README) and which chapters 08 (a photograph cut into patches) and 11 (the
-# first training run) need; chapter 14 builds the function.
-USED_BEFORE_ITS_CHAPTER = {("08_patches_and_tokens", "datasets.tiny_imagenet"), ("11_fit", "datasets.tiny_imagenet")}
-
-
 def test_chapters_are_in_dependency_order():
-    """No chapter (the map, 00, aside) imports a module that a later chapter exports: a reader going front to
-    back never meets a tool before the chapter that builds it (but for the course's data, fetched first)."""
+    """No chapter imports a module that a later chapter exports: a reader going front to back never meets a tool
+    before the chapter that builds it (the course's photographs, which chapters 08 and 11 need, come from chapter
+    00_photographs, the set-up before chapter 01)."""
     found = chapter_imports()
-    later = [f"{stem} imports {module} (chapter {n:02d})" for stem, number, module, n in found
-             if 0 < number < n and (stem, module) not in USED_BEFORE_ITS_CHAPTER]
-    for stem in {stem for stem, _ in USED_BEFORE_ITS_CHAPTER}:  # and of that module, only the data
-        text = (ROOT / "nbs" / f"{stem}.py").read_text()
-        assert re.findall(r"from convit_edu\.datasets import (.+)", text) == ["tiny_imagenet"], stem
+    later = [f"{stem} imports {module} (chapter {n:02d})" for stem, number, module, n in found if number < n]
     assert not later, "chapters out of dependency order: " + "; ".join(later)
     assert ("27_run_setup", 27, "optimisation.build_optimizer", 23) in found  # the imports were read at all
 
 
 def test_a_chapter_that_imports_a_later_module_would_be_caught(monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "chapter_imports", lambda: [
-        ("28_training", 28, "optimisation.build_optimizer", 23), ("18_dali", 18, "benchmarks.bench_model", 30)])
-    with pytest.raises(AssertionError, match=r"18_dali imports benchmarks.bench_model \(chapter 30\)"):
+        ("00_photographs", 0, "image_files.load_rgb", 13), ("28_training", 28, "optimisation.build_optimizer", 23),
+        ("18_dali", 18, "benchmarks.bench_model", 30)])
+    with pytest.raises(AssertionError, match=r"00_photographs imports image_files.load_rgb \(chapter 13\); "
+                                             r"18_dali imports benchmarks.bench_model \(chapter 30\)"):
         test_chapters_are_in_dependency_order()
 
 

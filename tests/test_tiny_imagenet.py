@@ -1,5 +1,5 @@
-"""Tests of the course's photographs, chapter 14's `tiny_imagenet` (and chapter 13's verified download and atomic
-extraction under it), offline: a small zip in the published Tiny ImageNet layout, served over HTTP on 127.0.0.1 or
+"""Tests of the course's photographs, chapter 00_photographs' `tiny_imagenet` and the verified download and atomic
+extraction under it, offline: a small zip in the published Tiny ImageNet layout, served over HTTP on 127.0.0.1 or
 read from disk, and the course's tar.gz of the same images."""
 
 import hashlib
@@ -21,10 +21,10 @@ import pytest
 from PIL import Image
 
 from convit_edu.augment import AUGMENTATIONS, build_mixup, build_transforms
-from convit_edu.datasets import (ARCHIVE_VARIABLE, COURSE_ARCHIVE_MD5, COURSE_DATA, TINY_IMAGENET_MD5, build_datasets,
-                                 tiny_imagenet)
-from convit_edu.image_files import extract_atomically, verify_md5
+from convit_edu.datasets import build_datasets
 from convit_edu.loaders import build_loader
+from convit_edu.photographs import (ARCHIVE_VARIABLE, COURSE_ARCHIVE_MD5, COURSE_DATA, TINY_IMAGENET_MD5,
+                                    extract_atomically, tiny_imagenet, verify_md5)
 from convit_edu.samplers import RepeatAugSampler
 
 SHARED_ARCHIVE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tiny-imagenet-100.tar.gz"
