@@ -26,7 +26,7 @@ from convit_edu.attention import MHSA
 from convit_edu.checks import positive_int
 from convit_edu.config import TrainConfig
 from convit_edu.devices import autocast, resolve_precision
-from convit_edu.gpsa import GPSA
+from convit_edu.gpsa import GPSA, gpu_path
 from convit_edu.gpsa_reference import GPSAReference
 from convit_edu.loaders import build_loader
 from convit_edu.models import VisionTransformer
@@ -79,8 +79,9 @@ class OperationCounter(TorchDispatchMode):
 
 
 def count_operations(fn: Callable[[], object]) -> OperationCounter:
-    """The operations that ``fn()`` runs (``OperationCounter``)."""
-    with OperationCounter() as counter:
+    """The operations that ``fn()`` runs (``OperationCounter``), its GPSA layers on the path they take on a GPU
+    (``gpu_path``): the proxy of a GPU's launches."""
+    with gpu_path(), OperationCounter() as counter:
         fn()
     return counter
 
@@ -91,13 +92,13 @@ def layer_operations(layer: nn.Module, x: Tensor) -> OperationCounter:
     first, a layer may build what it keeps, such as ``rel_indices``)."""
     x = x.detach().requires_grad_()
     inputs = [x, *(p for p in layer.parameters() if p.requires_grad)]
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+    with gpu_path(), torch.autocast(x.device.type, dtype=torch.bfloat16):
         layer(x)
     # an autocast region of its own, as a training step's: autocast casts each weight once per region
-    with OperationCounter() as counter, torch.autocast(x.device.type, dtype=torch.bfloat16):
+    with gpu_path(), OperationCounter() as counter, torch.autocast(x.device.type, dtype=torch.bfloat16):
         y = layer(x)
     grad = torch.ones_like(y)
-    with counter:
+    with gpu_path(), counter:
         torch.autograd.grad(y, inputs, grad)
     return counter
 
@@ -293,8 +294,8 @@ def gpsa_layer_bench(
     self-attention (``MHSA``, the DeiT layer and the floor the fast GPSA can approach), on
     (batch, length, embed_dim) inputs on ``device`` under ``precision``'s autocast: median forward and
     forward+backward milliseconds (``timer``: ``device_timer``'s by default) and their noise; and the activation
-    memory (MiB) saved for backward at ``memory_batch`` images (the one positional P is shared by the batch, so
-    small batches flatter the reference)."""
+    memory (MiB) saved for backward at ``memory_batch`` images (the reference's positional P is shared by the
+    batch, so small batches flatter it)."""
     device = torch.device(device)
     precision = resolve_precision(precision, device)
     torch.manual_seed(0)

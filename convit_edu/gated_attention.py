@@ -15,7 +15,7 @@ from convit_edu.checks import positive_int
 from convit_edu.conv_init import local_init
 from convit_edu.positional import rel_indices
 
-__all__ = ['softmax_without_denormals', 'PositionalAttention', 'gate_values', 'GatedAttention']
+__all__ = ['flush_denormals', 'softmax_without_denormals', 'PositionalAttention', 'gate_values', 'GatedAttention']
 
 
 # %% nbs/05_gpsa_reference.py 10
@@ -24,7 +24,7 @@ class _SoftmaxWithoutDenormals(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scores: Tensor) -> Tensor:
-        probs = _flush_denormals(scores.softmax(dim=-1))
+        probs = flush_denormals(scores.softmax(dim=-1))
         ctx.save_for_backward(probs)  # the flushed P: softmax's own backward would reuse the unflushed one
         return probs
 
@@ -32,10 +32,10 @@ class _SoftmaxWithoutDenormals(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> Tensor:
         (probs,) = ctx.saved_tensors
         # softmax's Jacobian applied, P ⊙ (g − ⟨g, P⟩), by the kernel that softmax's own backward calls
-        return _flush_denormals(torch._softmax_backward_data(grad, probs, -1, probs.dtype))
+        return flush_denormals(torch._softmax_backward_data(grad, probs, -1, probs.dtype))
 
 
-def _flush_denormals(x: Tensor) -> Tensor:
+def flush_denormals(x: Tensor) -> Tensor:
     """``x`` with every denormal entry set to 0, in one operation: ``hardshrink`` at the largest denormal number
     (``tiny·(1 − eps)``) keeps exactly the entries whose magnitude is at least ``finfo.tiny``."""
     info = torch.finfo(x.dtype)

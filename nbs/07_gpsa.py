@@ -38,6 +38,7 @@ FAST = os.environ.get("CONVIT_EDU_FAST", os.environ.get("CI", "")).strip().lower
 # gated_attention.
 
 # %%
+import contextlib
 import math
 
 import matplotlib.pyplot as plt
@@ -68,7 +69,9 @@ _ = torch.manual_seed(0)
 # * The second term's attention P does not depend on the image: it is computed **once per forward**, (heads, L, L),
 #   and applied to all images in **one** matrix product per head, by folding the batch into the columns of V:
 #   (heads, L, L) @ (heads, L, B·d). (Writing `P @ V` with broadcasting over the batch looks the same but makes torch
-#   expand P into one copy per image — and keep that copy for the backward pass.)
+#   expand P into one copy per image — and keep that copy for the backward pass.) That is the GPU's path; a CPU
+#   applies P as two smaller factors instead, which take 7 times fewer multiply-adds at 14 × 14 (why, and why only
+#   there: "One product or two", below).
 # * The gate mixes the two *outputs* (B, heads, L, head_dim), never two (B, heads, L, L) matrices: `torch.lerp(content,
 #   position, σ)` is (1 − σ)·content + σ·position in one operation. The normalisation is dropped (it is the
 #   identity, chapter 05).
@@ -80,12 +83,36 @@ _ = torch.manual_seed(0)
 
 # %%
 #| export
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 from einops import rearrange
 from torch import Tensor
 
 from convit_edu.attention import fused_attention
-from convit_edu.gated_attention import GatedAttention, PositionalAttention
+from convit_edu.gated_attention import (GatedAttention, PositionalAttention, flush_denormals,
+                                        softmax_without_denormals)
+
+_GPU_PATH = contextvars.ContextVar("convit_edu_gpu_path", default=False)
+
+
+@contextlib.contextmanager
+def gpu_path() -> Iterator[None]:
+    """Inside, every GPSA layer takes the path it takes on a GPU whatever its device (``applies_factors`` is False):
+    the operation counts (``count_operations``), a CPU's proxy of a GPU's launches, count that path."""
+    token = _GPU_PATH.set(True)
+    try:
+        yield
+    finally:
+        _GPU_PATH.reset(token)
+
+
+def applies_factors(device: torch.device) -> bool:
+    """Whether a GPSA layer on ``device`` applies P as its two factors, P^y ⊗ P^x (on a CPU, whose time is its
+    multiply-adds), rather than as one product (on a GPU, whose small steps' time is their launches)."""
+    return device.type == "cpu" and not _GPU_PATH.get()
 
 
 def _positional_output(p: Tensor, v: Tensor) -> Tensor:
@@ -95,9 +122,19 @@ def _positional_output(p: Tensor, v: Tensor) -> Tensor:
     return rearrange(out, "h l (b d) -> b h l d", b=v.shape[0])
 
 
+def _factored_output(py: Tensor, px: Tensor, v: Tensor) -> Tensor:
+    """(P^y ⊗ P^x) @ V for every image at once, (B, heads, L, d), tokens row-major: along the columns with P^x
+    (heads, W, W), then along the rows with P^y (heads, H, H), each one product for the whole batch."""
+    batch, rows = v.shape[0], py.shape[-1]
+    by_cols = px.to(v.dtype) @ rearrange(v, "b h (y x) d -> h x (b y d)", y=rows)
+    by_rows = py.to(v.dtype) @ rearrange(by_cols, "h j (b y d) -> h y (b j d)", b=batch, y=rows)
+    return rearrange(by_rows, "h i (b j d) -> b h (i j) d", b=batch, j=px.shape[-1])
+
+
 class GPSA(GatedAttention):
     """Gated positional self-attention, Eq. 6-7, fast: ``lerp(SDPA(Q, K, V), P @ V, σ)`` per head, the positional
-    attention P (heads, L, L) computed once per forward and applied to the whole batch in one product.
+    attention P computed once per forward and applied to the whole batch: on a GPU as one (heads, L, L) product, on
+    a CPU as its row and column factors, the gate folded into them (``applies_factors``, ``_factored_mix``).
 
     Same constructor, parameters, checkpoint keys and outputs as ``GPSAReference``. No (B, heads, L, L) tensor is
     built unless ``return_attention=True`` (or attention dropout is active in training), which computes the
@@ -113,9 +150,37 @@ class GPSA(GatedAttention):
             attn = self._mixed_attention(q, k, grid)
             y = self._output(self.attn_drop(attn) @ v)
             return (y, attn) if return_attention else y
+        if applies_factors(v.device):
+            return self._output(self._factored_mix(fused_attention(q, k, v), v, grid))
         position = _positional_output(self.positional_softmax(grid), v)
         sigma = self.gate().to(v.dtype).view(-1, 1, 1)
         return self._output(torch.lerp(fused_attention(q, k, v), position, sigma))
+
+    def _factored_mix(self, content: Tensor, v: Tensor, grid: tuple[int, int]) -> Tensor:
+        """(1 − σ)·content + σ·(P^y ⊗ P^x) @ V, a CPU's path: the gate folded into P^y, σ·P = (σ·P^y) ⊗ P^x, with
+        the entries σ makes denormal flushed again; one ``addcmul`` mixes."""
+        py, px = self.positional_factors(grid)
+        sigma = self.gate().to(py.dtype).view(-1, 1, 1)
+        position = _factored_output(flush_denormals(py * sigma), px, v)
+        return torch.addcmul(position, content, (1 - sigma).to(v.dtype))
+
+    def positional_factors(self, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """P^y (heads, rows, rows) and P^x (heads, cols, cols) with P = P^y ⊗ P^x (below, "One product or two"):
+        softmaxes over the key's row, of w₂·δy + w₃·δy², and over its column, of w₁·δx + w₃·δx² (δ = key − query,
+        as in ``rel_indices``), in at least fp32, without denormals (the CPU's path). The bias b, which a softmax
+        does not see, joins the row scores so that every parameter is in the graph (DDP expects that)."""
+        weight, bias = self.pos_proj.weight, self.pos_proj.bias
+        dtype = torch.promote_types(weight.dtype, torch.float32)
+        weight, bias = weight.to(dtype), bias.to(dtype)
+
+        def along(size: int, w_offset: Tensor, shift: Tensor | float) -> Tensor:
+            offsets = torch.arange(size, device=weight.device, dtype=dtype)
+            delta = offsets[None, :] - offsets[:, None]  # [query, key] = key − query
+            return softmax_without_denormals(w_offset[:, None, None] * delta + weight[:, 2, None, None] * delta**2
+                                             + shift)
+
+        rows, cols = grid_size
+        return along(rows, weight[:, 1], bias[:, None, None]), along(cols, weight[:, 0], 0.0)
 
 
 # %% [markdown]
@@ -158,7 +223,7 @@ class PSA(PositionalAttention):
 # projection (D² + D), v_pos (3·N_h weights + N_h biases) and λ (N_h).
 
 # %%
-from convit_edu.gpsa import GPSA, PSA
+from convit_edu.gpsa import GPSA, PSA, gpu_path
 
 torch.manual_seed(0)
 ref = GPSAReference(192, 4)
@@ -192,17 +257,21 @@ with torch.no_grad():
     ref.gating_param.copy_(torch.tensor([-3.0, -0.5, 0.5, 3.0]))
 fast.load_state_dict(ref.state_dict())
 x = torch.randn(3, 84, 192, requires_grad=True)
-y_ref, y_fast = ref(x, grid_size=(7, 12)), fast(x, grid_size=(7, 12))
-assert rel_err(y_fast, y_ref) <= 1e-5
+y_ref = ref(x, grid_size=(7, 12))
 names = ["x", *dict(ref.named_parameters())]
 g_ref = dict(zip(names, torch.autograd.grad(y_ref.square().sum(), [x, *ref.parameters()])))
-g_fast = dict(zip(names, torch.autograd.grad(y_fast.square().sum(), [x, *fast.parameters()])))
-bias_noise = max(g_ref.pop("pos_proj.bias").abs().max(), g_fast.pop("pos_proj.bias").abs().max())
-assert bias_noise < 1e-5 * g_ref["pos_proj.weight"].abs().max(), bias_noise
-errors = {name: rel_err(g_fast[name], g_ref[name]) for name in g_ref}
-assert max(errors.values()) <= 1e-5, errors
-print(f"perturbed, 7x12 grid: output and the gradients of x and of all {len(errors) - 1} other parameters "
-      "agree to a relative 1e-5")
+ref_bias_noise = g_ref.pop("pos_proj.bias").abs().max()
+for path, label in ((contextlib.nullcontext, "a CPU's path (P's factors)"), (gpu_path, "a GPU's (one product with P)")):
+    with path():
+        y_fast = fast(x, grid_size=(7, 12))
+        g_fast = dict(zip(names, torch.autograd.grad(y_fast.square().sum(), [x, *fast.parameters()])))
+    assert rel_err(y_fast, y_ref) <= 1e-5
+    bias_noise = max(ref_bias_noise, g_fast.pop("pos_proj.bias").abs().max())
+    assert bias_noise < 1e-5 * g_ref["pos_proj.weight"].abs().max(), bias_noise
+    errors = {name: rel_err(g_fast[name], g_ref[name]) for name in g_ref}
+    assert max(errors.values()) <= 1e-5, errors
+    print(f"{label}, perturbed, 7x12 grid: output and the gradients of x and of all {len(errors) - 1} other "
+          "parameters agree to a relative 1e-5")
 
 # %% [markdown]
 # The gate's two ends are the two pure forms: σ = 1 leaves only the positional attention P·V (a convolution-like
@@ -238,6 +307,8 @@ import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from convit_edu.gpsa import gpu_path
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -282,8 +353,9 @@ class OperationCounter(TorchDispatchMode):
 
 
 def count_operations(fn: Callable[[], object]) -> OperationCounter:
-    """The operations that ``fn()`` runs (``OperationCounter``)."""
-    with OperationCounter() as counter:
+    """The operations that ``fn()`` runs (``OperationCounter``), its GPSA layers on the path they take on a GPU
+    (``gpu_path``): the proxy of a GPU's launches."""
+    with gpu_path(), OperationCounter() as counter:
         fn()
     return counter
 
@@ -294,13 +366,13 @@ def layer_operations(layer: nn.Module, x: Tensor) -> OperationCounter:
     first, a layer may build what it keeps, such as ``rel_indices``)."""
     x = x.detach().requires_grad_()
     inputs = [x, *(p for p in layer.parameters() if p.requires_grad)]
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+    with gpu_path(), torch.autocast(x.device.type, dtype=torch.bfloat16):
         layer(x)
     # an autocast region of its own, as a training step's: autocast casts each weight once per region
-    with OperationCounter() as counter, torch.autocast(x.device.type, dtype=torch.bfloat16):
+    with gpu_path(), OperationCounter() as counter, torch.autocast(x.device.type, dtype=torch.bfloat16):
         y = layer(x)
     grad = torch.ones_like(y)
-    with counter:
+    with gpu_path(), counter:
         torch.autograd.grad(y, inputs, grad)
     return counter
 
@@ -330,9 +402,9 @@ assert layer_operations(GPSA(192, 4), torch.randn(3, 64, 192)).counts == counted
 # on a CPU the flush; their gradients), a copy of V into the (heads, L, B·d) layout the product reads, the product,
 # the gate (`sigmoid`, and `lerp`, whose backward gives three gradients) and P's cast to bf16 and back. Two choices:
 #
-# **One product with P, not two with its factors.** With Eq. 5's encoding r_δ = (δx, δy, δx² + δy²), a head's
-# positional score is a part that depends only on the column offset δx plus a part that depends only on the row
-# offset δy (the bias b shifts every score of the head alike, and a softmax does not see it):
+# **One product or two.** With Eq. 5's encoding r_δ = (δx, δy, δx² + δy²), a head's positional score is a part that
+# depends only on the column offset δx plus a part that depends only on the row offset δy (the bias b shifts every
+# score of the head alike, and a softmax does not see it):
 #
 # $$\mathbf{v}_{pos}^\top \mathbf{r}_\delta = \underbrace{w_1\,\delta_x + w_3\,\delta_x^2}_{s_x(\delta_x)}
 #   + \underbrace{w_2\,\delta_y + w_3\,\delta_y^2}_{s_y(\delta_y)} + b
@@ -343,27 +415,45 @@ assert layer_operations(GPSA(192, 4), torch.randn(3, 64, 192)).counts == counted
 # for a query at row i, column j and a key at row k, column l: P (L × L) is the Kronecker product P^y ⊗ P^x of a
 # softmax over the rows (H × H) and one over the columns (W × W) — the positional attention of a one-column grid and of
 # a one-row grid. Applying it as two small products, along the columns with P^x, then along the rows with P^y, takes
-# L·(H + W) multiply-adds per channel instead of L²: for a 14 × 14 grid, 7 times fewer. But each factor has its own
-# scores, softmax, cast and gradients; the second product reads V in a layout the first one leaves behind, a copy each
-# way in the forward and in the backward; and a product over 14 terms keeps a GPU's matrix units mostly idle. An
-# earlier version of this layer did just that, and issued about four times MHSA's operations. One product costs more
-# arithmetic — at 224 px about 5 % of ConViT-Ti's training FLOPs, 2.5 % of ConViT-S's, which chapter 31 counts — but
-# the copies and most operations go.
+# L·(H + W) multiply-adds per channel instead of L²: for a 14 × 14 grid, 7 times fewer. Which form is faster depends
+# on what sets the pace:
 #
-# **The gate by `lerp`, not folded into the weights.** SDPA is linear in V, so (1 − σ)·SDPA(Q, K, V) = SDPA(Q, K,
+# * **On a GPU, one product.** Each factor has its own scores, softmax, cast and gradients; the second product reads V
+#   in a layout the first one leaves behind, a copy each way in the forward and in the backward; and a product over 14
+#   terms keeps a GPU's matrix units mostly idle. An earlier version of this layer used the factors everywhere and
+#   issued about four times MHSA's operations; a small model's GPU step is paced by its launches. One product costs
+#   more arithmetic — at 224 px about 5 % of ConViT-Ti's training FLOPs, 2.5 % of ConViT-S's, which chapter 31
+#   counts — but the copies and most operations go.
+# * **On a CPU, the factors.** A CPU's step is paced by its multiply-adds, so there the extra 5 % costs about 5 % of
+#   the time: half of the 10 % that chapter 31's target (0.9× DeiT-Ti's images/s) leaves for all that GPSA adds. So
+#   the layer asks `applies_factors(device)`: the factors (`positional_factors`, `_factored_output`) on a CPU, one
+#   product elsewhere. Both are exact (checked above, and in `tests/test_gpsa.py` to 1e-10 in fp64). The operation
+#   counts are the GPU's proxy, so they count the GPU's path on a CPU too (`count_operations` runs inside
+#   `gpu_path()`).
+#
+# **The gate by `lerp` on a GPU, folded into P^y on a CPU.** SDPA is linear in V, so (1 − σ)·SDPA(Q, K, V) = SDPA(Q, K,
 # (1 − σ)·V): one could scale the rows of W_val by 1 − σ and P by σ/(1 − σ) = e^λ, and the two terms would mix by a
 # plain sum, whose backward is free, where `lerp`'s backward makes four passes over the batch's outputs and a
 # reduction for σ's gradient. But e^λ overflows (past λ ≈ 88 in fp32, 11 in fp16: a clamp, and fp16 would need
 # `lerp` anyway), P·e^λ makes new denormal numbers of P's smallest entries whenever λ < 0, and the scalings, the
 # clamp and the exponential are operations of their own, forward and backward, where the mix is one — on a GPU the
 # launches weigh more than the passes. `lerp` is one form for every precision, any λ and `gate_override`.
+#
+# A CPU weighs passes, not launches, and its factors offer a cheaper place for σ: σ·P = (σ·P^y) ⊗ P^x, so σ scales the
+# (heads, H, H) entries of P^y, never a batch-sized tensor, and cannot overflow (σ ≤ 1). Its only cost is the
+# denormal numbers σ makes of P^y's smallest entries, flushed again (`flush_denormals`, chapter 05) on that small
+# tensor. The mix is then one `addcmul`, position + (1 − σ)·content, whose backward needs the content (which SDPA keeps
+# anyway) but not the positional output that `lerp`'s keeps: a batch-sized tensor less per layer for the backward
+# pass, which chapter 30 weighs.
 
 # %%
 grid, N_h = (7, 12), 4
 py, px = fast.positional_softmax((grid[0], 1)), fast.positional_softmax((1, grid[1]))  # one-column, one-row grids
 kron = torch.einsum("hik,hjl->hijkl", py, px).reshape(N_h, 84, 84)
 assert rel_err(kron, fast.positional_softmax(grid)) <= 1e-6
-print("P of the 7 x 12 grid = P of its one-column grid ⊗ P of its one-row grid, to 1e-6")
+assert all(rel_err(mine, want) <= 1e-6 for mine, want in zip(fast.positional_factors(grid), (py, px)))
+print("P of the 7 x 12 grid = P of its one-column grid ⊗ P of its one-row grid, to 1e-6; positional_factors gives "
+      "both")
 rows, cols = 14, 14
 print(f"P·V per channel on a {rows}x{cols} grid: {(rows * cols) ** 2} multiply-adds as one matrix, "
       f"{rows * cols * (rows + cols)} as two factors ({(rows * cols) ** 2 / (rows * cols * (rows + cols)):.0f}x fewer)")

@@ -56,8 +56,9 @@ torch.set_num_threads(1)  # see "Measuring honestly" below
 #
 # So memory grows as B·H·L², not B·H·L·d, and elementwise passes run over B·H·L² numbers a fused kernel never stores.
 # Chapter 07's fast `GPSA` avoids all three: A·V distributes over Eq. 7's sum, so the content term is one fused
-# attention call, and P, the same for every image, is computed once per forward and applied to the whole batch as one
-# (H, L, L) @ (H, L, B·d) product; `torch.lerp` mixes the two outputs.
+# attention call, and P, the same for every image, is computed once per forward and applied to the whole batch: on a
+# GPU as one (H, L, L) @ (H, L, B·d) product, on a CPU (as measured here) as its two factors along the grid's rows and
+# columns, 7 times fewer multiply-adds at 14 × 14; `torch.lerp` mixes the two outputs.
 #
 # ## Measuring honestly on a shared machine
 #
@@ -248,8 +249,8 @@ def gpsa_layer_bench(
     self-attention (``MHSA``, the DeiT layer and the floor the fast GPSA can approach), on
     (batch, length, embed_dim) inputs on ``device`` under ``precision``'s autocast: median forward and
     forward+backward milliseconds (``timer``: ``device_timer``'s by default) and their noise; and the activation
-    memory (MiB) saved for backward at ``memory_batch`` images (the one positional P is shared by the batch, so
-    small batches flatter the reference)."""
+    memory (MiB) saved for backward at ``memory_batch`` images (the reference's positional P is shared by the
+    batch, so small batches flatter it)."""
     device = torch.device(device)
     precision = resolve_precision(precision, device)
     torch.manual_seed(0)
@@ -312,14 +313,15 @@ for i in (0, 4):
 #
 # * **Denormal numbers** (chapter 31). Far keys get positional probabilities below 10⁻³⁸, and a CPU multiplies such
 #   denormal floats many times slower. `positional_softmax` sets them to zero for the reference, and the fast layer
-#   flushes its P the same way, on a CPU only; the official form, like the official code, keeps them, once per image.
+#   flushes its P (on a CPU, P's factors) the same way, on a CPU only; the official form, like the official code, keeps them, once per image.
 #   Before that flush the fast layer was *slower* than the reference at Ti size (chapter 41 keeps the figures): most
 #   of what looked like a slow fused-attention kernel was the P @ V products over denormals.
 #
 # * **The shared work dominates.** The MHSA row (the linear maps and SDPA every form shares) bounds what *any* GPSA
-#   built on SDPA could gain here (the last line of each size). The fast form does the MHSA's work and more: one
-#   product of P, shared by the batch, with V (L² multiply-adds per channel and head, chapter 07; 5 % of ConViT-Ti's
-#   multiply-adds at 224 px, chapter 31), a `lerp` of the two outputs by the gate, and SDPA's fused backward, which
+#   built on SDPA could gain here (the last line of each size). The fast form does the MHSA's work and more: P's two
+#   factors, shared by the batch, applied to V (L·(H + W) multiply-adds per channel and head on a CPU, chapter 07; a
+#   GPU's one product with P takes L², 5 % of ConViT-Ti's multiply-adds at 224 px, chapter 31), a `lerp` of the two
+#   outputs by the gate, and SDPA's fused backward, which
 #   recomputes Q Kᵀ; on a CPU, fusing saves memory traffic, not arithmetic. It wins by skipping passes over
 #   B × H × L × L tensors.
 # * **Part of the win is memory, and it is noisy.** The materialising forms allocate fresh (B, H, L, L) buffers of
@@ -331,8 +333,9 @@ for i in (0, 4):
 #
 # Memory does not depend on the mode, and barely on the CPU (1–2 % more on the AVX-512 Xeon; measured at 32 images, a
 # realistic per-device batch), so it is printed and checked in every mode: the reference saves several (B, H, L, L)
-# tensors per layer (the official form one more, its per-image positional softmax), the fast layer one (H, L, L) P
-# for the whole batch plus O(B·H·L·d) activations.
+# tensors per layer (the official form one more, its per-image positional softmax), the fast layer on a CPU P's two
+# small factors plus O(B·H·L·d) activations (on a GPU's path, one (H, L, L) P for the whole batch instead of the
+# factors).
 
 # %%
 for row in layer_rows:
@@ -347,7 +350,8 @@ print("fast GPSA saves at most half the reference's activations (and the referen
 # ## Cost against resolution
 #
 # The token count L grows as the square of the image side: 64 at 128 px, 196 at 224 px, 576 at 384 px. The reference's
-# (B, H, L, L) tensors grow as L², the fast layer's per-image ones as L (only P is L², shared by the batch).
+# (B, H, L, L) tensors grow as L², the fast layer's per-image ones as L (on a GPU's path, P is L², shared by the
+# batch; a CPU's factors grow as √L).
 
 # %%
 #| export

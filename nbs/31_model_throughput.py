@@ -234,7 +234,8 @@ assert step_operations("convit_tiny", batch=3, img_size=48).counts == convit.cou
 # %% [markdown]
 # What the one product with P costs in arithmetic (chapter 07): L² multiply-adds per channel where its two factors take
 # L·(H + W), in each GPSA layer, against the whole model's (chapter 10's `count_macs`, attention included; training is
-# three times the forward for both). At 224 px (L = 196):
+# three times the forward for both). This is what a GPU's path pays for its fewer launches, and why a CPU, paced by
+# its multiply-adds, applies the factors instead (`applies_factors`). At 224 px (L = 196):
 
 # %%
 for name in ("convit_tiny", "convit_small"):
@@ -268,8 +269,9 @@ for name in ("convit_tiny", "convit_small"):
 # gradient it returns to 0 too; `tests/test_gpsa.py` checks that no denormal then enters any other operation. That costs one
 # pass over a (heads, L, L) tensor per layer, whatever the batch. Telling the CPU to flush denormals itself
 # (`torch.set_flush_denormal`) would be an alternative, but it reaches only the calling thread: the intra-op threads
-# that torch had already started go on computing with denormals. (Chapter 07's fast GPSA applies this same flushed P
-# to the whole batch in one product. A GPU computes with denormals at full speed: there P is the plain softmax.)
+# that torch had already started go on computing with denormals. (Chapter 07's fast GPSA flushes P's two factors the
+# same way on a CPU, and applies them to the whole batch. A GPU computes with denormals at full speed: there P is the
+# plain softmax, applied in one product.)
 
 # %%
 torch.manual_seed(0)
