@@ -387,8 +387,8 @@ for shape in [(197, 192), (2, 197, 96)]:
 # %% [markdown]
 # ## Exercises
 #
-# How they work (chapter 00): replace the placeholder `...` in the answer cell, then run the check below it. What
-# you write stays in this notebook: the chapters after this one use the package's `MHSA`.
+# How they work (chapter 00_input_checks): replace the placeholder `...` in the answer cell, then run the check below
+# it. What you write stays in this notebook: the chapters after this one use the package's `MHSA`.
 #
 # **1. Masked attention.** Write `masked_attention(q, k, v, mask)` for tensors (..., L, d) and a boolean
 # `mask` (L, L) where `True` means "query i may look at key j": Eq. 1 with the forbidden scores set to −∞

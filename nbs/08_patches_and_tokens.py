@@ -215,7 +215,7 @@ assert torch.all(new_rows.diff(dim=0) >= 0) and torch.allclose(new_rows, new_row
 # %% [markdown]
 # ## Exercises
 #
-# How they work (chapter 00): replace the placeholder `...` in the answer cell, then run the check below it.
+# How they work (chapter 00_input_checks): replace the placeholder `...` in the answer cell and run the check under it.
 #
 # **1. Patches of a wide image.** A 96 × 160 image (height × width) goes through a patch embedding with 16-px
 # patches. Without running it, set `grid` to the (rows, columns) of its patch grid and `num_tokens` to the

@@ -228,7 +228,7 @@ plt.show()
 # %% [markdown]
 # ## Exercises
 #
-# How they work (chapter 00): replace the placeholder `...` in the answer cell, then run the check below it.
+# How they work (chapter 00_input_checks): replace the placeholder `...` in the answer cell and run the check under it.
 #
 # **1. One DeiT-Ti block, parameter by parameter.** A block of DeiT-Ti: width D = 192, 3 heads, MLP ratio 4,
 # `MHSA` with qkv bias. Count its parameters by hand — the two LayerNorms, the qkv and output projections, the

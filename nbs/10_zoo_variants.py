@@ -184,7 +184,7 @@ print("masked positional embedding = a zero pos_embed; the logits move by more t
 # %% [markdown]
 # ## Exercises
 #
-# How they work (chapter 00): replace the placeholder `...` in the answer cell, then run the check below it.
+# How they work (chapter 00_input_checks): replace the placeholder `...` in the answer cell and run the check under it.
 #
 # **1. Positions for another size.** A ConViT-Ti and a DeiT-Ti are built for 224 × 160 images (height × width,
 # `img_size=(224, 160)`, 16-px patches). Without building them, set `pos_slots` to the number of slots (rows) of each

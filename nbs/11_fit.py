@@ -417,8 +417,9 @@ print(f"rates add up to {lr_sum:.2f}, σ'(1) = {sigma_slope:.2f}: a steady push 
 # %% [markdown]
 # ## Exercises
 #
-# How they work (chapter 00): replace the placeholder `...` in the answer cell, then run the check below it. The
-# exercises on the loop itself are the next chapter's (`11_your_loop`), where you write `fit`'s schedule and epoch.
+# How they work (chapter 00_input_checks): replace the placeholder `...` in the answer cell, then run the check below
+# it. The exercises on the loop itself are the next chapter's (`11_your_loop`), where you write `fit`'s schedule and
+# epoch.
 #
 # **1. Weight decay, counted for the DeiT.** Section 3 counted by hand the tensors `param_groups` decays in the ConViT:
 # 36. Count them the same way for the DeiT of this chapter (6 blocks, all of them SA blocks with qkv biases; a
