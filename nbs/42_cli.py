@@ -250,7 +250,7 @@ def run_experiment(args: argparse.Namespace) -> int:
 
 
 def run_data(args: argparse.Namespace) -> int:
-    """`data tiny-imagenet`: chapter 14's `tiny_imagenet`, then the path of the tree it made or found."""
+    """`data tiny-imagenet`: chapter 00_photographs' `tiny_imagenet`, then the path of the tree it made or found."""
     print(tiny_imagenet(args.root, url=args.url, md5=args.md5, archive=args.archive,
                         timeout=number("--timeout", args.timeout, 0, open_low=True)))
     return 0
@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", type=Path, help="also write the results to this JSON file")
 
     d = sub.add_parser("data", help="the course's photographs: downloaded or --archive, checked, extracted once")
-    d.add_argument("dataset", choices=["tiny-imagenet"], help="100 classes of Tiny ImageNet (chapter 14)")
+    d.add_argument("dataset", choices=["tiny-imagenet"], help="100 classes of Tiny ImageNet (chapter 00_photographs)")
     d.add_argument("--root", type=Path, default=Path("data"), help="writes ROOT/tiny-imagenet-100 (default: data)")
     d.add_argument("--url", default=TINY_IMAGENET_URL, help="the published zip (default: %(default)s)")
     d.add_argument("--md5", help="the archive's MD5 (default: the published one of the zip or the course's tar.gz)")
