@@ -41,8 +41,8 @@ from torchvision import datasets as tv_datasets, transforms
 
 from convit_edu.checks import check_answer, demonstrate, grade, reveal
 from convit_edu.config import TrainConfig
-from convit_edu.datasets import tiny_imagenet
 from convit_edu.optimisation import learning_rate_sum
+from convit_edu.photographs import tiny_imagenet
 from convit_edu.schedule import deit_lr, scaled_lr
 from convit_edu.teaching_loop import fit
 from convit_edu.zoo import create_model, model_config
