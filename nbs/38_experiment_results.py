@@ -23,14 +23,16 @@
 # the reasons it can measure measured and the likeliest one tested, is the next chapter, 38_why. (How the design
 # came to be, and how the GPU runs were engineered, is the research log, chapters 39 and 40.)
 #
-# **The grids** (chapter 35's design; each folder's command is its `grid.sh`). Two **class sets** so far: the first
-# 10 classes of the course's Tiny ImageNet (`results/second-design/`) and the next 10 (`results/other-classes/`),
-# each its own 10-way task with its own 1 500 test images. At 48 px in 4-px patches (12 × 12 tokens), models of
+# **The grids** (chapter 35's design; each folder's command is its `grid.sh`). Three **class sets**: the first 10
+# classes of the course's Tiny ImageNet (`results/second-design/`) and the next 10 (`results/other-classes/`), each
+# its own 10-way task with its own 1 500 test images, and classes 20–39 (`results/classes-20-39/`), one 20-way task
+# with 3 000 test images, registered before it ran to complete the verdict over 40 classes. At 48 px in 4-px patches (12 × 12 tokens), models of
 # width 72 in **9 heads of 8 channels**, depth 6, the ConViT's first 4 blocks GPSA: 0.39 M parameters, from the
 # zoo's `convit_tiny` and `deit_tiny` but not ConViT-Ti (5.7 M, heads of 48). Every run makes the optimiser steps of
 # 60 000 images at batch 32 (1 850 steps), on 350 training images (f = 0.1) or 3 500 (f = 1). The first set: f = 0.1
 # and f = 1, seeds 1–4, and Table 3's ablations at f = 0.1 with seeds 1 and 3; the next: f = 0.1, seeds 1–4, and
-# the frozen GPSA and App. A's PSA with seeds 1 and 2.
+# the frozen GPSA and App. A's PSA with seeds 1 and 2; classes 20–39: f = 0.1, seeds 1–4 of the ConViT and the DeiT,
+# at batch 64 with the same steps and learning-rate sum (700 training images, 169 passes over each).
 
 # %% tags=["parameters"]
 import os
@@ -56,6 +58,7 @@ from convit_edu.tables import (compare, difference, format_table_2, format_table
 CLASS_SETS = {  # the lesson's class sets, one results folder each: a set that lands is one more line here
     "classes 0-9": Path("results/second-design"),
     "classes 10-19": Path("results/other-classes"),
+    "classes 20-39": Path("results/classes-20-39"),  # registered to complete the 40-class verdict (its README)
 }
 records = {name: json.loads((folder / "summary.json").read_text()) for name, folder in CLASS_SETS.items()}
 spreads = {name: run_spread(runs) for name, runs in records.items()}  # each set's pooled run-to-run spread
@@ -286,6 +289,10 @@ for name, c in table_2_sets.items():
           f"{c['verdict']}")
 print(f"pooled over {pooled['sets']} class sets ({pooled['images']:,} test images): {pooled['diff']:+.2f} ± "
       f"{pooled['se']:.2f} ({pooled['z']:+.1f} SE): {pooled['verdict']}")
+# the registered primary: D40 = (D0-9 + D10-19 + 2 D20-39) / 4 and SE40, with every seed of both arms in every set
+assert pooled["sets"] == 3 and pooled["images"] == 6_000
+assert all(len(arm(name, m)) == 4 for name in CLASS_SETS for m in ("convit", "deit"))
+assert {r["train_images"] for r in records["classes 20-39"]} == {700}  # 35 a class, 20 classes, f = 0.1
 twenty = pool_class_sets([table_2_sets[FIRST], table_2_sets[NEXT]])  # classes 0-19, whatever sets follow
 by_seed = []  # the same 20 classes with each set's seeds paired, as the earlier tables did
 for name in (FIRST, NEXT):
@@ -296,16 +303,21 @@ paired_twenty = pool_class_sets(by_seed)
 print(f"classes 0-19: {twenty['diff']:+.2f} ± {twenty['se']:.2f} ({twenty['z']:+.1f} SE); with the seeds paired "
       f"± {paired_twenty['se']:.2f} ({paired_twenty['z']:+.1f} SE)")
 assert twenty["verdict"] == "larger" and twenty["z"] < 2.5 and paired_twenty["verdict"] == "within noise"
+assert table_2_sets["classes 20-39"]["verdict"] == pooled["verdict"] == "within noise" and 1 < pooled["z"] < 2
 
 # %% [markdown]
-# **Over the 20 classes run so far** the ConViT leads the DeiT at f = 0.1 by 1.2 ± 0.5 points: 2.2 standard errors,
-# past the rule's bar by a little, and by a margin that depends on how the noise is counted. Pairing each set's
-# seeds, as the earlier tables did, widens the error to 0.6 and leaves the lead at 1.9 standard errors, within
-# noise; the seed does not pair runs (chapter 36), so the rule's number stands, but a result this close to the bar
-# is a lean, not a finding. Classes 20–39 decide it: the registered verdict is the pooled one over all 40 classes,
-# twice the test images of these two sets together, and this chapter reads it, whichever way it falls, when that
-# grid's folder joins `CLASS_SETS`. At this budget the laptop's gap, if there is one, is a point or two, against the
-# paper's 11.6.
+# **The registered verdict, over 40 classes: within noise.** Classes 20–39, run after the rule was written down,
+# give ConViT − DeiT +0.00 ± 0.49 points at f = 0.1 (3 000 test images, four seeds of each arm; Welch t 0.0). Pooled
+# over the three sets, each weighted by its test images, the ConViT leads by 0.59 ± 0.36 points: 1.6 standard
+# errors, short of the rule's two. So at this budget the laptop does not show Table 2's direction at f = 0.1. That
+# is a null, reported as plainly as a gain would have been, and the budget (a learning-rate sum of 1.86 against the
+# paper's 189, chapter 38_why) stays the first question about it; the paper's gap is 11.6 points.
+#
+# The 20 classes run before had leaned the other way: +1.18 ± 0.53, 2.2 standard errors, past the bar by a little
+# and only by the rule's count (1.9 with each set's seeds paired, as the earlier tables did; the seed does not pair
+# runs, chapter 36). That lean came from classes 10–19 alone (+2.6); the 20 new classes, twice the test images of
+# either earlier set, show none, and the pooled lead halves. A result at the bar's edge was a lean, not a finding,
+# and the registered rule was there to say so.
 
 # %% [markdown]
 # ## Exercises

@@ -50,6 +50,7 @@ from convit_edu.zoo import create_model
 CLASS_SETS = {  # chapter 38_experiment_results' class sets, one results folder each: a set that lands joins both
     "classes 0-9": Path("results/second-design"),
     "classes 10-19": Path("results/other-classes"),
+    "classes 20-39": Path("results/classes-20-39"),  # registered to complete the 40-class verdict (its README)
 }
 records = {name: json.loads((folder / "summary.json").read_text()) for name, folder in CLASS_SETS.items()}
 spreads = {name: run_spread(runs) for name, runs in records.items()}  # each set's pooled run-to-run spread
