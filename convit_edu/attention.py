@@ -11,7 +11,7 @@ from torch import Tensor, nn
 __all__ = ['fused_attention', 'MHSA']
 
 
-# %% nbs/01_self_attention.py 20
+# %% nbs/01_self_attention.py 24
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
     """Eq. 1 for every head by ``F.scaled_dot_product_attention``; on a CPU in bf16 or fp16 (inputs or autocast)
     attended in fp32 and cast back, because there its bf16 kernel took 2-7 times as long as fp32 (chapter 20)."""

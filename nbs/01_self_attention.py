@@ -19,8 +19,9 @@
 # Every layer of a Vision Transformer, and the last two of a ConViT, is a multi-head self-attention (MHSA)
 # layer. This chapter builds it in three steps, each checked against PyTorch's own implementation: scaled
 # dot-product attention on three tokens you can follow by hand (Eq. 1), several heads at once with einops
-# (Eq. 2-3), and the `MHSA` module the rest of the course uses. It ends with the property that motivates the
-# whole paper: self-attention alone does not know where anything is.
+# (Eq. 2-3), and a module that holds the layer's weights, which you write before the chapter shows `MHSA`, the
+# package's, which the rest of the course uses. It ends with the property that motivates the whole paper:
+# self-attention alone does not know where anything is.
 
 # %% tags=["parameters"]
 import os
@@ -179,9 +180,96 @@ torch.testing.assert_close(a, a_torch)
 print("matches nn.MultiheadAttention: output", tuple(y_torch.shape), "attention", tuple(a_torch.shape))
 
 # %% [markdown]
+# ## Your turn: the layer as a module
+#
+# The function above is the whole of multi-head self-attention, but a model holds its layers' weights: before this
+# chapter shows the package's `MHSA`, you write it. (How an exercise works, chapter 00_input_checks: replace the
+# placeholder `...` in the answer cell, then run the check below it; a reference answer sits, collapsed, after the
+# check.)
+#
+# **The attention module, yours.** Write a module `MyMHSA(embed_dim, num_heads)`: multi-head self-attention
+# (Eq. 1-3) with two linear maps named as the official checkpoints name them, `qkv` (D → 3D, with bias) and `proj`
+# (D → D), so that a checkpoint's weights load into it (`load_state_dict`); `forward(x)` maps (B, L, D) to (B, L, D).
+# Split the heads with einops and compute the attention yourself, as `attention` does (no
+# `scaled_dot_product_attention`). The check loads the same random weights into your module and into the two layers
+# of `multi_head_self_attention` above, and compares their outputs.
+
+# %%
+MyMHSA = ...  # your answer: class MyMHSA(nn.Module): ...
+
+# %%
+from convit_edu.checks import check_answer, demonstrate, grade, reveal
+
+
+def check_my_mhsa(cls) -> None:
+    torch.manual_seed(0)
+    for dim, heads in ((48, 4), (36, 3)):
+        layers = nn.ModuleDict({"qkv": nn.Linear(dim, 3 * dim), "proj": nn.Linear(dim, dim)})  # a checkpoint's names
+        yours = cls(dim, heads)
+        check_answer(set(yours.state_dict()) == set(layers.state_dict()), "the parameters should be qkv.weight, "
+                     f"qkv.bias, proj.weight and proj.bias, got {sorted(yours.state_dict())}")
+        yours.load_state_dict(layers.state_dict())
+        x = torch.randn(2, 7, dim)
+        with torch.no_grad():
+            out, want = yours(x), multi_head_self_attention(x, layers.qkv, layers.proj, heads)  # Eq. 2-3, built above
+            q, k, v = rearrange(layers.qkv(x), "b l (three h d) -> three b h l d", three=3, h=heads)
+            unscaled = layers.proj(rearrange((q @ k.transpose(-2, -1)).softmax(-1) @ v, "b h l d -> b l (h d)"))
+            q, k, v = rearrange(layers.qkv(x), "b l (h three d) -> three b h l d", three=3, h=heads)
+            interleaved = layers.proj(rearrange(attention(q, k, v)[0], "b h l d -> b l (h d)"))
+        check_answer(not torch.allclose(out, unscaled, atol=1e-5), f"{heads} heads of width {dim // heads}: the "
+                     "scores are not scaled: divide each head's q·k by √head_dim before its softmax")
+        check_answer(not torch.allclose(out, interleaved, atol=1e-5), f"{heads} heads: qkv's output is split the wrong "
+                     "way: it is (q, k, v) one after the other, each split into heads of consecutive channels")
+        error = (out - want).abs().max().item()
+        check_answer(error < 1e-5, f"{heads} heads of width {dim // heads}: your output differs by up to {error:.2f}: "
+                     "each head's softmax runs over the keys (the last axis), then A·V, the heads concatenated, proj")
+
+
+class Slip(nn.Module):
+    """MyMHSA's parameters, and a forward that makes the slip its subclass names: wrong answers to show the check."""
+
+    bias = True  # whether qkv has a bias
+    split = "(three h d)"  # how qkv's output is cut into q, k and v of each head
+    scale = True  # whether the scores are divided by √head_dim
+    softmax_over = -1  # the axis of the scores the softmax normalises
+
+    def __init__(self, embed_dim: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads, self.proj = num_heads, nn.Linear(embed_dim, embed_dim)
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = rearrange(self.qkv(x), f"b l {self.split} -> three b h l d", three=3, h=self.num_heads)
+        scores = q @ k.transpose(-2, -1) / (q.shape[-1] ** 0.5 if self.scale else 1)
+        return self.proj(rearrange(scores.softmax(self.softmax_over) @ v, "b h l d -> b l (h d)"))
+
+
+grade("MyMHSA", MyMHSA, check_my_mhsa)
+demonstrate(check_my_mhsa, {"qkv without its bias": type("NoBias", (Slip,), dict(bias=False)),
+                            "no 1/√head_dim": type("Unscaled", (Slip,), dict(scale=False)),
+                            "qkv split as (h three d)": type("Interleaved", (Slip,), dict(split="(h three d)")),
+                            "the softmax over the queries": type("OverQueries", (Slip,), dict(softmax_over=-2))})
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(MyMHSA):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
+    class MyMHSA(nn.Module):
+        def __init__(self, embed_dim: int, num_heads: int) -> None:
+            super().__init__()
+            self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
+            self.qkv, self.proj = nn.Linear(embed_dim, 3 * embed_dim), nn.Linear(embed_dim, embed_dim)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = rearrange(self.qkv(x), "b l (three h d) -> three b h l d", three=3, h=self.num_heads)
+            attn = (q @ k.transpose(-2, -1) / self.head_dim**0.5).softmax(dim=-1)
+            return self.proj(rearrange(attn @ v, "b h l d -> b l (h d)"))
+
+    grade("MyMHSA", MyMHSA, check_my_mhsa)
+
+# %% [markdown]
 # ## The `MHSA` module
 #
-# The layer that DeiT uses everywhere and the ConViT in its last two blocks. On top of Eq. 2-3 it has:
+# Here is the package's version of what you wrote: the layer that DeiT uses everywhere and the ConViT in its last two
+# blocks. Its two layers and its reshapes are `MyMHSA`'s, with these choices and additions:
 #
 # * `qkv`: Linear(embed_dim → 3·embed_dim), with a bias only if `qkv_bias` (DeiT: yes; ConViT: no);
 # * `proj`: the output projection W_out, b_out of Eq. 2;
@@ -379,7 +467,8 @@ for shape in [(197, 192), (2, 197, 96)]:
 # ## What we built
 #
 # * Eq. 1 as five lines, equal to `F.scaled_dot_product_attention`;
-# * Eq. 2-3 as an einops reshape around it, equal to `nn.MultiheadAttention` with the same weights;
+# * Eq. 2-3 as an einops reshape around it, equal to `nn.MultiheadAttention` with the same weights, and your
+#   `MyMHSA`, the same as a module;
 # * `convit_edu.attention.MHSA(embed_dim, num_heads, qkv_bias, attn_drop, proj_drop)`: SDPA by default,
 #   attention maps on request, checkpoint-compatible names;
 # * the reason for the next chapter: SA is permutation-equivariant and needs to be told where patches are.
@@ -387,8 +476,8 @@ for shape in [(197, 192), (2, 197, 96)]:
 # %% [markdown]
 # ## Exercises
 #
-# How they work (chapter 00_input_checks): replace the placeholder `...` in the answer cell, then run the check below
-# it. What you write stays in this notebook: the chapters after this one use the package's `MHSA`.
+# Two more, as the one above: replace the placeholder `...` in the answer cell, then run the check below it. What you
+# write stays in this notebook: the chapters after this one use the package's `MHSA`, not your `MyMHSA`.
 #
 # **1. Masked attention.** Write `masked_attention(q, k, v, mask)` for tensors (..., L, d) and a boolean
 # `mask` (L, L) where `True` means "query i may look at key j": Eq. 1 with the forbidden scores set to −∞
@@ -399,9 +488,6 @@ for shape in [(197, 192), (2, 197, 96)]:
 masked_attention = ...  # your answer: def masked_attention(q, k, v, mask): ...
 
 # %%
-from convit_edu.checks import check_answer, demonstrate, grade, reveal
-
-
 def check_masked_attention(fn) -> None:
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 3, 6, 8, generator=g) for _ in range(3))
@@ -472,76 +558,3 @@ if reveal(split_heads):  # a reference answer: runs only with CONVIT_EDU_SOLUTIO
         return rearrange(x, "b l (h d) -> b h l d", h=num_heads)
 
     grade("split_heads", split_heads, check_split_heads)
-
-# %% [markdown]
-# **3. The attention module, yours.** Write a module `MyMHSA(embed_dim, num_heads)`: multi-head self-attention
-# (Eq. 1-3) with two linear maps named as the official checkpoints name them, `qkv` (D → 3D, with bias) and `proj`
-# (D → D), so that MHSA's weights load into it (`load_state_dict`); `forward(x)` maps (B, L, D) to (B, L, D). Split
-# the heads with einops, and compute the attention yourself (no `MHSA`, no `scaled_dot_product_attention`).
-
-# %%
-MyMHSA = ...  # your answer: class MyMHSA(nn.Module): ...
-
-# %%
-def check_my_mhsa(cls) -> None:
-    torch.manual_seed(0)
-    for dim, heads in ((48, 4), (36, 3)):
-        ref = MHSA(dim, heads, qkv_bias=True).eval()
-        yours = cls(dim, heads)
-        check_answer(set(yours.state_dict()) == set(ref.state_dict()), "the parameters should be qkv.weight, "
-                     f"qkv.bias, proj.weight and proj.bias, got {sorted(yours.state_dict())}")
-        yours.load_state_dict(ref.state_dict())
-        x = torch.randn(2, 7, dim)
-        with torch.no_grad():
-            out, want = yours(x), ref(x)
-            q, k, v = rearrange(ref.qkv(x), "b l (three h d) -> three b h l d", three=3, h=heads)
-            unscaled = ref.proj(rearrange((q @ k.transpose(-2, -1)).softmax(-1) @ v, "b h l d -> b l (h d)"))
-            q, k, v = rearrange(ref.qkv(x), "b l (h three d) -> three b h l d", three=3, h=heads)
-            interleaved = ref.proj(rearrange(attention(q, k, v)[0], "b h l d -> b l (h d)"))
-        check_answer(not torch.allclose(out, unscaled, atol=1e-5), f"{heads} heads of width {dim // heads}: the "
-                     "scores are not scaled: divide each head's q·k by √head_dim before its softmax")
-        check_answer(not torch.allclose(out, interleaved, atol=1e-5), f"{heads} heads: qkv's output is split the wrong "
-                     "way: it is (q, k, v) one after the other, each split into heads of consecutive channels")
-        error = (out - want).abs().max().item()
-        check_answer(error < 1e-5, f"{heads} heads of width {dim // heads}: your output differs by up to {error:.2f}: "
-                     "each head's softmax runs over the keys (the last axis), then A·V, the heads concatenated, proj")
-
-
-class Slip(nn.Module):
-    """MyMHSA's parameters, and a forward that makes the slip its subclass names: wrong answers to show the check."""
-
-    split: str  # how qkv's output is cut into q, k and v of each head
-    scale: bool  # whether the scores are divided by √head_dim
-    softmax_over: int  # the axis of the scores the softmax normalises
-
-    def __init__(self, embed_dim: int, num_heads: int) -> None:
-        super().__init__()
-        self.num_heads, self.qkv, self.proj = num_heads, nn.Linear(embed_dim, 3 * embed_dim), nn.Linear(embed_dim, embed_dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = rearrange(self.qkv(x), f"b l {self.split} -> three b h l d", three=3, h=self.num_heads)
-        scores = q @ k.transpose(-2, -1) / (q.shape[-1] ** 0.5 if self.scale else 1)
-        return self.proj(rearrange(scores.softmax(self.softmax_over) @ v, "b h l d -> b l (h d)"))
-
-
-Unscaled = type("Unscaled", (Slip,), dict(split="(three h d)", scale=False, softmax_over=-1))
-Interleaved = type("Interleaved", (Slip,), dict(split="(h three d)", scale=True, softmax_over=-1))
-OverQueries = type("OverQueries", (Slip,), dict(split="(three h d)", scale=True, softmax_over=-2))
-grade("MyMHSA", MyMHSA, check_my_mhsa)
-demonstrate(check_my_mhsa, {"qkv without its bias (MHSA's default)": MHSA, "no 1/√head_dim": Unscaled,
-                            "qkv split as (h three d)": Interleaved, "the softmax over the queries": OverQueries})
-
-# %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(MyMHSA):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
-    class MyMHSA(nn.Module):
-        def __init__(self, embed_dim: int, num_heads: int) -> None:
-            super().__init__()
-            self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
-            self.qkv, self.proj = nn.Linear(embed_dim, 3 * embed_dim), nn.Linear(embed_dim, embed_dim)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            q, k, v = rearrange(self.qkv(x), "b l (three h d) -> three b h l d", three=3, h=self.num_heads)
-            attn = (q @ k.transpose(-2, -1) / self.head_dim**0.5).softmax(dim=-1)
-            return self.proj(rearrange(attn @ v, "b h l d -> b l (h d)"))
-
-    grade("MyMHSA", MyMHSA, check_my_mhsa)
