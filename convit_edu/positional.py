@@ -46,7 +46,7 @@ def rel_indices(
     return torch.cat([delta, delta.pow(2).sum(-1, keepdim=True)], dim=-1)
 
 
-# %% nbs/02_positional_attention.py 25
+# %% nbs/02_positional_attention.py 30
 def positional_self_attention(
     q: Tensor, k: Tensor, v: Tensor, rel: Tensor, v_pos: Tensor
 ) -> tuple[Tensor, Tensor]:

@@ -20,7 +20,8 @@
 # tell a patch in the corner from a patch in the centre. This chapter gives attention a sense of place. We lay
 # the patches on an H×W grid, describe every (query, key) pair by the offset δ between them — the tensor
 # `rel_indices` that every GPSA layer of the ConViT carries — and add a score computed from δ to the content
-# score of Eq. 1, before one softmax: **positional self-attention** (PSA, Eq. 4).
+# score of Eq. 1, before one softmax: **positional self-attention** (PSA, Eq. 4), which you write yourself before the
+# chapter shows its own.
 
 # %% tags=["parameters"]
 import os
@@ -243,6 +244,71 @@ assert torch.equal(maps[1][:, q_col], torch.arange(H) - float(q_row))  # δy dow
 # the official code scales the content scores). The positional scores do not depend on the image, so they are computed
 # once, for all samples of the batch.
 
+# %% [markdown]
+# ### Your turn: Eq. 4
+#
+# Before this chapter shows its implementation, you write it. (How an exercise works, chapter 00_input_checks: replace
+# the placeholder `...` in the answer cell, then run the check below it; a reference answer sits, collapsed, after the
+# check.)
+#
+# **PSA, yours.** Write `my_psa(q, k, v, rel, v_pos)`: Eq. 4 for queries, keys and values (B, N_h, L, D_h), relative
+# positions `rel` (L, L, 3) and one positional embedding per head `v_pos` (N_h, 3) — the content score q·k/√D_h and
+# the positional score v_posᵀ r_ij summed, *then* one softmax over the keys — returning the output A·V. Compute the
+# positional scores for all heads at once with `torch.einsum` or einops. The check compares your output with the
+# package's `positional_self_attention` (`convit_edu.positional`), the function this chapter shows next.
+
+# %%
+my_psa = ...  # your answer: def my_psa(q, k, v, rel, v_pos): ...
+
+# %%
+from convit_edu.checks import check_answer, demonstrate, grade, reveal
+from convit_edu.positional import positional_self_attention as package_psa  # Eq. 4, shown after this exercise
+
+
+def check_my_psa(fn) -> None:
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 12, 8, generator=g) for _ in range(3))
+    rel, v_pos = rel_indices(3, 4), torch.randn(3, 3, generator=g)
+    want = package_psa(q, k, v, rel, v_pos)[0]
+    got = fn(q, k, v, rel, v_pos)
+    check_answer(tuple(got.shape) == tuple(want.shape), f"the output is A·V, (B, N_h, L, D_h) = {tuple(want.shape)}, "
+                 f"got {tuple(got.shape)}")
+    unscaled = package_psa(q * 8**0.5, k, v, rel, v_pos)[0]  # content q·k, not q·k/√8
+    check_answer(not torch.allclose(got, unscaled, atol=1e-5), "the content score is q·k/√D_h, scaled as in Eq. 1, "
+                 "before the positional score is added")
+    check_answer(not torch.allclose(got, two_softmaxes(q, k, v, rel, v_pos), atol=1e-5), "two softmaxes mixed is "
+                 "Eq. 7, GPSA: PSA adds the content and the positional scores, then takes one softmax of the sum")
+    check_answer(torch.allclose(got, want, atol=1e-5), "head h's positional score for query i and key j is v_pos[h] · "
+                 "rel[i, j] (rel's first axis is the query's); it is added to the content score of (i, j)")
+
+
+def two_softmaxes(q, k, v, rel, v_pos):  # a slip: a softmax of the content scores and one of the positional, averaged
+    content = package_psa(q, k, v, rel, torch.zeros_like(v_pos))[1]  # v_pos = 0: the content scores alone
+    position = package_psa(torch.zeros_like(q), k, v, rel, v_pos)[1]  # q = 0: the positional scores alone
+    return (content + position) / 2 @ v
+
+
+grade("my_psa", my_psa, check_my_psa)
+demonstrate(check_my_psa, {
+    "A returned, not A·V": lambda q, k, v, rel, v_pos: package_psa(q, k, v, rel, v_pos)[1],
+    "no 1/√D_h": lambda q, k, v, rel, v_pos: package_psa(q * q.shape[-1] ** 0.5, k, v, rel, v_pos)[0],
+    "two softmaxes": two_softmaxes,
+    "rel read as (key, query)": lambda q, k, v, rel, v_pos: package_psa(q, k, v, rel.transpose(0, 1), v_pos)[0],
+})
+
+# %% tags=["solution"] jupyter={"source_hidden": true}
+if reveal(my_psa):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
+    def my_psa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: torch.Tensor, v_pos: torch.Tensor):
+        content = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # (B, N_h, L, L)
+        position = torch.einsum("ijp,hp->hij", rel, v_pos)  # (N_h, L, L): the same for every image
+        return (content + position).softmax(dim=-1) @ v
+
+    grade("my_psa", my_psa, check_my_psa)
+
+# %% [markdown]
+# Here is the package's version of what you wrote, with the shapes checked before any work (the chapters after this
+# one use it, and the modules built on it, not your `my_psa`):
+
 # %%
 #| export
 def positional_self_attention(
@@ -355,6 +421,8 @@ print("positional_self_attention on a 6×6 grid for 35 tokens:",
 # %% [markdown]
 # ## Exercises
 #
+# Two more, as the one above: replace the placeholder `...` in the answer cell, then run the check below it.
+#
 # **1. One offset by hand.** On a grid of 3 rows × 4 columns, the query is the patch in row 0, column 0 and
 # the key the patch in row 2, column 3. Without running `rel_indices`, write their r_δ = (δx, δy, ‖δ‖²) as a
 # tuple `r_by_hand`.
@@ -363,9 +431,6 @@ print("positional_self_attention on a 6×6 grid for 35 tokens:",
 r_by_hand = ...  # your answer: r_by_hand = (..., ..., ...)
 
 # %%
-from convit_edu.checks import check_answer, demonstrate, grade, reveal
-
-
 def check_r_by_hand(answer: tuple) -> None:
     check_answer(len(answer) == 3, f"give three numbers, δx, δy and ‖δ‖², got {len(answer)}")
     rows, cols = 3, 4
@@ -421,54 +486,3 @@ demonstrate(check_v_up, {"two numbers": torch.tensor([0.0, -4.0]), "δy's sign f
 if reveal(v_up):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
     v_up = torch.tensor([0.0, -4.0, -2.0])  # = −2‖δ − (0, −1)‖² + const: a bump on δ = (0, −1), α = 2
     grade("v_up", v_up, check_v_up)
-
-# %% [markdown]
-# **3. PSA, yours.** Write `my_psa(q, k, v, rel, v_pos)`: Eq. 4 for queries, keys and values (B, N_h, L, D_h),
-# relative positions `rel` (L, L, 3) and one positional embedding per head `v_pos` (N_h, 3) — the content score
-# q·k/√D_h and the positional score v_posᵀ r_ij summed, *then* one softmax over the keys — returning the output
-# A·V. Compute the positional scores for all heads at once with `torch.einsum` or einops. (The chapters after this
-# one use `positional_self_attention`, and the modules built on it.)
-
-# %%
-my_psa = ...  # your answer: def my_psa(q, k, v, rel, v_pos): ...
-
-# %%
-def check_my_psa(fn) -> None:
-    g = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(2, 3, 12, 8, generator=g) for _ in range(3))
-    rel, v_pos = rel_indices(3, 4), torch.randn(3, 3, generator=g)
-    want = positional_self_attention(q, k, v, rel, v_pos)[0]
-    got = fn(q, k, v, rel, v_pos)
-    check_answer(tuple(got.shape) == tuple(want.shape), f"the output is A·V, (B, N_h, L, D_h) = {tuple(want.shape)}, "
-                 f"got {tuple(got.shape)}")
-    unscaled = positional_self_attention(q * 8**0.5, k, v, rel, v_pos)[0]  # content q·k, not q·k/√8
-    check_answer(not torch.allclose(got, unscaled, atol=1e-5), "the content score is q·k/√D_h, scaled as in Eq. 1, "
-                 "before the positional score is added")
-    check_answer(not torch.allclose(got, two_softmaxes(q, k, v, rel, v_pos), atol=1e-5), "two softmaxes mixed is "
-                 "Eq. 7, GPSA: PSA adds the content and the positional scores, then takes one softmax of the sum")
-    check_answer(torch.allclose(got, want, atol=1e-5), "head h's positional score for query i and key j is v_pos[h] · "
-                 "rel[i, j] (rel's first axis is the query's); it is added to the content score of (i, j)")
-
-
-def two_softmaxes(q, k, v, rel, v_pos):  # a slip: GPSA's two softmaxes, averaged
-    content = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).softmax(-1)
-    return (content + torch.einsum("ijp,hp->hij", rel, v_pos).softmax(-1)) / 2 @ v
-
-
-grade("my_psa", my_psa, check_my_psa)
-demonstrate(check_my_psa, {
-    "A returned, not A·V": lambda q, k, v, rel, v_pos: positional_self_attention(q, k, v, rel, v_pos)[1],
-    "no 1/√D_h": lambda q, k, v, rel, v_pos: positional_self_attention(q * q.shape[-1] ** 0.5, k, v, rel, v_pos)[0],
-    "two softmaxes": two_softmaxes,
-    "rel read as (key, query)": lambda q, k, v, rel, v_pos: positional_self_attention(q, k, v, rel.transpose(0, 1),
-                                                                                       v_pos)[0],
-})
-
-# %% tags=["solution"] jupyter={"source_hidden": true}
-if reveal(my_psa):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS=1
-    def my_psa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: torch.Tensor, v_pos: torch.Tensor):
-        content = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # (B, N_h, L, L)
-        position = torch.einsum("ijp,hp->hij", rel, v_pos)  # (N_h, L, L): the same for every image
-        return (content + position).softmax(dim=-1) @ v
-
-    grade("my_psa", my_psa, check_my_psa)
