@@ -134,9 +134,11 @@ assert expect_error(lambda: expect_error(lambda: 12), AssertionError) == (
 # yours will be graded.
 #
 # The `.py` file of a chapter is its source, reference answers included, in plain text; read a chapter in its
-# `.ipynb`, where they are collapsed. What you write in an exercise stays in your notebook: the chapters after it use
-# the package's own version (your `MyMHSA` of chapter 01 is checked against `convit_edu.attention.MHSA`, and the
-# models of chapter 09 are built of `MHSA`, not of yours).
+# `.ipynb`, where they are collapsed. An exercise that asks you to build something comes before the chapter shows its
+# own version, and its check compares yours with what the chapter has built before it or with the package's version
+# (your `MyMHSA` of chapter 01 with the Eq. 2-3 function built just above it, before the chapter shows `MHSA`). What
+# you write stays in your notebook: the chapters after it use the package's version (the models of chapter 09 are
+# built of `MHSA`, not of your `MyMHSA`).
 
 # %%
 #| export

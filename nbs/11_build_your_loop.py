@@ -14,13 +14,15 @@
 # ---
 
 # %% [markdown]
-# # Your loop: `fit`'s epoch, and gradient clipping
+# # Your loop: DeiT's schedule, gradient clipping, an epoch
 #
-# Chapter 11 (`11_fit`) trained a small ConViT and a DeiT with `fit`, a loop of a few dozen lines that the package
-# gives. Here you write that loop yourself and check it against `fit`, step by step: first the schedule that sets its
-# rate at every step, then a line `fit` leaves out, gradient clipping, which the production loop has, and last the
-# epoch itself, with the same losses and the same weights as `fit`'s. The checks run on small models and random
-# images, in seconds.
+# Chapters 01-10 built the ConViT and its DeiT twin and checked them at initialisation. To watch them learn they need a
+# training loop. The package has one, `fit`, a loop of a few dozen lines that the next chapter (`11_fit`) shows and
+# runs on photographs; first you write it yourself: the schedule that sets its rate at every step, then a line `fit`
+# leaves out, gradient clipping, which the production loop has, and last the epoch itself, which must give the same
+# losses and the same weights as `fit`'s. Each check compares your code with the package's, imported inside the check
+# as a reference (`convit_edu.schedule.deit_lr`, `convit_edu.teaching_loop.fit`; chapter 11_fit shows them, after
+# you have written yours). The checks run on small models and random images, in seconds.
 
 # %% tags=["parameters"]
 import os
@@ -35,8 +37,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from convit_edu.teaching_loop import fit, param_groups
-from convit_edu.schedule import deit_lr
 from convit_edu.zoo import create_model
 
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -44,8 +44,9 @@ torch.set_num_threads(1)  # models this small gain little from a second core, an
 _ = torch.manual_seed(0)
 
 # %% [markdown]
-# Both checks train models of chapter 11's kind, shrunk further so that a check takes a moment: 32-pixel images in
-# 8-pixel patches (4 × 4 tokens), width 48 in 4 heads, 2 blocks, 10 classes; the ConViT's first block is GPSA.
+# The checks of clipping and of the epoch train small zoo models (chapter 10), the kind chapter 11_fit trains, shrunk
+# further so that a check takes a moment: 32-pixel images in 8-pixel patches (4 × 4 tokens), width 48 in 4 heads,
+# 2 blocks, 10 classes; the ConViT's first block is GPSA.
 
 # %%
 SMALL = dict(img_size=32, patch_size=8, embed_dim=48, num_heads=4, depth=2, num_classes=10)
@@ -66,14 +67,22 @@ print(f"a small ConViT: {sum(p.numel() for p in small_model('convit_tiny').param
 # %% [markdown]
 # ## Exercises
 #
-# What you write here stays in this notebook: from chapter 32 on, the core path trains with the package's production
-# loop, `convit_edu.training.train` (chapter 11's `fit`, hardened in the engineering track), not with `fit` or your
-# `my_epoch`.
+# How they work (chapter 00_input_checks): replace the placeholder `...` in the answer cell, then run the check below
+# it. What you write here stays in this notebook: chapter 11_fit trains with the package's `fit`, and from chapter 32
+# on the core path trains with the package's production loop, `convit_edu.training.train` (`fit`, hardened in the
+# engineering track), not with your `my_epoch`.
 #
-# **1. DeiT's schedule, yours.** Write `my_lr(step, total_steps, warmup_steps, peak_lr, min_lr, warmup_lr)`: the rate
-# at optimiser step `step` by the formula of chapter 11's section 3 — a linear warm-up from `warmup_lr` to `peak_lr`
-# over the first `warmup_steps` steps, then half a cosine period down to `min_lr` at `total_steps`, and `min_lr` after
-# it.
+# **1. DeiT's schedule, yours.** The paper trains with DeiT's recipe (Sec. 3; Touvron et al. 2020), whose learning
+# rate η is set before every optimiser step t (0, 1, …, T − 1): a linear warm-up from `warmup_lr` to the peak over the
+# first t_w steps, then half a cosine period down to `min_lr` at step T,
+#
+# $$\eta(t) = \eta_\text{warmup} + (\eta_\text{peak} - \eta_\text{warmup})\,\frac{t}{t_w} \quad (t < t_w), \qquad
+# \eta(t) = \eta_\min + \tfrac12(\eta_\text{peak}-\eta_\min)\Bigl(1+\cos\pi\,\tfrac{t-t_w}{T-t_w}\Bigr)
+# \quad (t_w \le t \le T),$$
+#
+# and `min_lr` after step T. Write `my_lr(step, total_steps, warmup_steps, peak_lr, min_lr, warmup_lr)`: η at
+# optimiser step `step`, with T = `total_steps` and t_w = `warmup_steps`. The check compares it, step by step, with
+# the package's `deit_lr`.
 
 # %%
 my_lr = ...  # your answer: def my_lr(step, total_steps, warmup_steps, peak_lr, min_lr, warmup_lr): ...
@@ -83,6 +92,8 @@ from convit_edu.checks import check_answer, demonstrate, grade, reveal
 
 
 def check_my_lr(fn) -> None:
+    from convit_edu.schedule import deit_lr  # the package's schedule (chapter 11_fit): the reference
+
     for total, warmup in ((100, 10), (312, 78)):
         schedule = (total, warmup, 1e-3, 1e-5, 1e-6)
         rates = {step: (fn(step, *schedule), deit_lr(step, *schedule)) for step in range(total + 20)}
@@ -211,7 +222,8 @@ if reveal(clip_gradients):  # a reference answer: runs only with CONVIT_EDU_SOLU
 # **3. The loop, yours.** Write `my_epoch(model, loader, optimizer, lr_at)`: the first epoch of `fit`'s loop — for
 # each batch, set the rate `lr_at(step)` (step 0, 1, …) on every parameter group, compute the cross-entropy of the
 # logits, zero the gradients, back-propagate, step — returning the batches' losses (floats). The check trains two
-# copies of a small ConViT on the same batches, with your loop and with `fit`: losses and weights must be identical.
+# copies of a small ConViT on the same batches, with your loop and with the package's `fit` (the next chapter's):
+# losses and weights must be identical.
 # It watches your optimizer at each of its steps (the rate it is given, the gradients it finds), so it can name a
 # step your loop leaves out.
 
@@ -227,6 +239,9 @@ from torch.utils.data import TensorDataset
 
 
 def check_my_epoch(fn) -> None:
+    from convit_edu.schedule import deit_lr  # the package's loop and its parts (chapter 11_fit): the reference
+    from convit_edu.teaching_loop import fit, param_groups
+
     torch.manual_seed(0)
     loader = DataLoader(TensorDataset(torch.randn(48, 3, 32, 32), torch.randint(0, 10, (48,))), batch_size=16)
     yours, reference = small_model("convit_tiny", seed=0), small_model("convit_tiny", seed=1)

@@ -20,7 +20,8 @@
 # need the **data** (photographs in batches), the **models** (from the zoo), an **optimiser** with DeiT's
 # learning-rate schedule and an **evaluation**. We write each in a few lines and check it, put them together in
 # `fit`, a loop of a few dozen lines that reads top to bottom, and train a small ConViT and a DeiT with it, side
-# by side, on 10 classes of real photographs: a few minutes on a laptop CPU.
+# by side, on 10 classes of real photographs: a few minutes on a laptop CPU. Its schedule and epoch are the package's
+# versions of your `my_lr` and `my_epoch` (chapter 11_build_your_loop).
 
 # %% tags=["parameters"]
 import os
@@ -196,8 +197,8 @@ print(f"{len(groups[0]['params'])} tensors decayed, {len(groups[1]['params'])} n
       "gates λ, pos_embed, cls_token)")
 
 # %% [markdown]
-# **The learning rate** η is set before every optimiser step t (0, 1, …, T − 1): a linear warm-up from
-# `warmup_lr` to the peak over the first t_w steps, then half a cosine period down to `min_lr` at step T,
+# **The learning rate** η (your `my_lr`) is set before every optimiser step t (0, 1, …, T − 1): a linear warm-up
+# from `warmup_lr` to the peak over the first t_w steps, then half a cosine period down to `min_lr` at step T,
 #
 # $$\eta(t) = \eta_\text{warmup} + (\eta_\text{peak} - \eta_\text{warmup})\,\frac{t}{t_w} \quad (t < t_w), \qquad
 # \eta(t) = \eta_\min + \tfrac12(\eta_\text{peak}-\eta_\min)\Bigl(1+\cos\pi\,\tfrac{t-t_w}{T-t_w}\Bigr)
@@ -285,11 +286,11 @@ print(f"untrained: validation loss within 0.1 of ln {CLASSES} = {math.log(CLASSE
 # %% [markdown]
 # ## 5. `fit`
 #
-# Now the loop. Before every step it sets the schedule's rate, computes the loss on a batch, back-propagates
-# and lets AdamW update the weights. After every epoch it evaluates and records a row: the mean training loss,
-# the validation loss and top-1, the next step's rate and, for a ConViT, the mean gate σ(λ) of each GPSA layer
-# (Eq. 7; the model's `gate_means()`, chapter 09): 1 is positional, convolution-like attention, 0 pure content
-# attention.
+# Now the loop, the package's version of your `my_epoch` (whose check compared it with this `fit`). Before every
+# step it sets the schedule's rate, computes the loss on a batch, back-propagates and lets AdamW update the weights.
+# After every epoch it evaluates and records a row: the mean training loss, the validation loss and top-1, the next
+# step's rate and, for a ConViT, the mean gate σ(λ) of each GPSA layer (Eq. 7; the model's `gate_means()`, chapter
+# 09): 1 is positional, convolution-like attention, 0 pure content attention.
 
 # %%
 #| export
@@ -418,8 +419,8 @@ print(f"rates add up to {lr_sum:.2f}, σ'(1) = {sigma_slope:.2f}: a steady push 
 # ## Exercises
 #
 # How they work (chapter 00_input_checks): replace the placeholder `...` in the answer cell, then run the check below
-# it. The exercises on the loop itself are the next chapter's (`11_your_loop`), where you write `fit`'s schedule and
-# epoch.
+# it. The exercises on the loop itself came first, in chapter 11_build_your_loop, where you wrote `fit`'s schedule
+# and epoch before this chapter showed them.
 #
 # **1. Weight decay, counted for the DeiT.** Section 3 counted by hand the tensors `param_groups` decays in the ConViT:
 # 36. Count them the same way for the DeiT of this chapter (6 blocks, all of them SA blocks with qkv biases; a
@@ -495,5 +496,4 @@ if reveal(tokens_in):  # a reference answer: runs only with CONVIT_EDU_SOLUTIONS
 # (`scaled_lr`, `deit_lr`): DeiT's optimiser and schedule and a loop of a few dozen lines that trains any zoo model. The production loop `convit_edu.training.train` is this
 # loop hardened: one process per GPU on many nodes, mixed precision, checkpoints, an exact resume, DeiT's full
 # augmentation (RandAugment, erasing, Mixup/CutMix, label smoothing), EMA, distillation, logs. Later core chapters use
-# it as given; a core-path reader may skip how it is built. First, in the next chapter (`11_your_loop`), you write
-# `fit`'s schedule and epoch yourself, and the gradient clipping it leaves out.
+# it as given; a core-path reader may skip how it is built.
