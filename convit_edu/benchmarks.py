@@ -360,10 +360,11 @@ def training_model(name: str, img_size: int, num_classes: int) -> nn.Module:
 
 
 def train_step(model: nn.Module, batch: int, img_size: int, num_classes: int, precision: str,
-               device: torch.device = torch.device("cpu"), compile: bool = False) -> Callable[[], None]:
+               device: str | torch.device = "cpu", compile: bool = False) -> Callable[[], None]:
     """One training step as ``train`` takes it, on fixed random images, as a closure to time: the forward (of
     ``torch.compile(model)`` with ``compile``) under the precision's autocast, cross-entropy (a distilled model's
     class head), backward through fp16's gradient scaler, and the optimiser and schedule ``build_optimizer`` makes."""
+    device = torch.device(device)
     x = torch.randn(batch, 3, img_size, img_size, device=device)
     y = torch.randint(0, num_classes, (batch,), device=device)
     forward = torch.compile(model) if compile else model
@@ -427,8 +428,10 @@ def model_throughput(
     num_classes: int = 1000, timer: Callable[[], float] | None = None, device: str | torch.device = "cpu",
 ) -> list[dict]:
     """Training images/s (``train_step``, median of ``reps`` interleaved steps) of each zoo model in ``names``
-    (``training_model``) at the same batch and image size on ``device`` at ``precision``; ``vs_last`` is each
-    rate over the last model's."""
+    (``training_model``) at the same batch and image size on ``device`` at ``precision``. ``vs_last`` compares
+    each model with the last one round by round: the median over the ``reps`` rounds of the last model's step time
+    over this model's in the same round, so that a machine slowing down for a while slows both sides of a ratio;
+    ``vs_last_q1`` and ``vs_last_q3`` are those ratios' quartiles."""
     device = torch.device(device)
     precision = resolve_precision(precision, device)
     steps = {}
@@ -437,12 +440,14 @@ def model_throughput(
         model = training_model(name, img_size, num_classes).to(device)
         steps[name] = train_step(model, batch, img_size, num_classes, precision, device)
     times = interleaved_times(steps, reps, warmup, timer or device_timer(device))
-    rates = {name: batch / median(t) for name, t in times.items()}
-    return [
-        {"model": name, "precision": precision, "batch": batch, "img_size": img_size,
-         "images_per_s": rates[name], "vs_last": rates[name] / rates[names[-1]], "noise": spread(times[name])}
-        for name in names
-    ]
+    rows = []
+    for name in names:
+        ratios = [last / mine for mine, last in zip(times[name], times[names[-1]])]
+        q1, q3 = statistics.quantiles(ratios, n=4, method="inclusive")[::2] if reps > 1 else ratios * 2
+        rows.append({"model": name, "precision": precision, "batch": batch, "img_size": img_size,
+                     "images_per_s": batch / median(times[name]), "vs_last": median(ratios), "vs_last_q1": q1,
+                     "vs_last_q3": q3, "noise": spread(times[name])})
+    return rows
 
 
 # %% nbs/31_model_throughput.py 11

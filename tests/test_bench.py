@@ -147,6 +147,19 @@ def test_model_throughput_rows_and_ratio_to_the_last_model():
     assert rows[0]["vs_last"] == 0.5 and rows[1]["vs_last"] == 1.0
 
 
+def test_model_throughput_compares_round_by_round():
+    """One round slowed on the DeiT's side only (a busy machine) moves the ratio of medians to 0.5; the median of
+    the rounds' ratios stays 0.9, and the quartiles show the disturbed round."""
+    convit, deit = [1.0, 2.0, 3.0], [0.9, 1.0, 2.7]
+    clock = FakeClock([t for pair in zip(convit, deit) for step in pair for t in (0.0, step)])
+    rows = model_throughput(["convit_tiny", "deit_tiny"], batch=1, img_size=32, reps=3, warmup=0, num_classes=5,
+                            timer=clock)
+    assert rows[1]["images_per_s"] / rows[0]["images_per_s"] == pytest.approx(2.0)  # medians 2.0 s and 1.0 s
+    assert rows[0]["vs_last"] == pytest.approx(0.9)
+    assert (rows[0]["vs_last_q1"], rows[0]["vs_last_q3"]) == (pytest.approx(0.7), pytest.approx(0.9))
+    assert rows[1]["vs_last"] == rows[1]["vs_last_q1"] == rows[1]["vs_last_q3"] == 1.0
+
+
 def test_model_throughput_rejects_unknown_precision():
     with pytest.raises(ValueError, match="precision 'fp8'"):
         model_throughput(["deit_tiny"], 1, 32, 1, precision="fp8")
