@@ -16,7 +16,7 @@
 # %% [markdown]
 # # Counting operations: one product with P or two, by what paces the device
 #
-# Chapter 07 built the fast `GPSA` and checked that it gives the reference's numbers. Its forward applies the
+# Chapter 07_gpsa built the fast `GPSA` and checked that it gives the reference's numbers. Its forward applies the
 # positional attention P, the same for every image, in one of two ways: as one (heads, L, L) product for the whole
 # batch, or as two small factors. Both are exact; they differ in what they cost, and what a cost is depends on the
 # device. This chapter counts both kinds: the **operations** a training step issues, which on a GPU are kernel
@@ -213,7 +213,7 @@ plt.show()
 #   follows the arithmetic (chapter 31 times ConViT-Ti against DeiT-Ti on one): ConViT-Ti's extra 5 % of multiply-adds
 #   would be half of the 10 % that chapter 31's target (0.9× DeiT-Ti's images/s) leaves for all that GPSA adds. So
 #   the layer asks `applies_factors(device)`: the factors (`positional_factors`, `_factored_output`) on a CPU, one
-#   product elsewhere. Both are exact (checked in chapter 07, and in `tests/test_gpsa.py` to 1e-10 in fp64). The
+#   product elsewhere. Both are exact (checked in chapter 07_gpsa, and in `tests/test_gpsa.py` to 1e-10 in fp64). The
 #   operation counts are the GPU's proxy, so they count the GPU's path on a CPU too (`count_operations` runs inside
 #   `gpu_path()`).
 #
