@@ -237,6 +237,7 @@ CORE = [
     ("05_gpsa_reference", "Eq. 6-7: gated positional self-attention, the reference; the layer at init"),
     ("06_gpsa_gate", "Eq. 7 as the gate moves: a head from content to position"),
     ("07_gpsa", "the fast GPSA the models train with, and PSA: the same numbers"),
+    ("07_operation_counts", "what a GPU launches and a CPU multiplies: P as one product or two, counted"),
     ("08_patches_and_tokens", "an image cut into patches and embedded as tokens; positions at another size"),
     ("08_transformer_block", "the MLP, stochastic depth, the pre-norm block"),
     ("09_models", "the ConViT and DeiT models: configuration, class token, forward"),

@@ -206,8 +206,8 @@ assert (one_gpsa, one_mhsa_no_bias) == (147_668, 147_648) and one_gpsa - one_mhs
 #   (L²·3·N_h: `pos_proj` applied to `rel_indices`), and the head (D·K);
 # * **LayerNorms**: we count 5 operations per element, the convention of the fvcore counter;
 # * **attention matmuls**: Q·Kᵀ and A·V, 2·L²·D per layer (GPSA mixes its two attention maps into one matrix
-#   before multiplying V, as the official code does; the fast path of chapter 07 applies P to V apart, as two
-#   factors, for L·(H + W)·D).
+#   before multiplying V, as the official code does; the fast path of chapter 07_operation_counts applies P to V apart,
+#   as two factors, for L·(H + W)·D).
 
 # %%
 #| export

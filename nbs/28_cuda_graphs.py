@@ -93,11 +93,11 @@ assert ms["deit_small"] / ms["deit_tiny"] < 1.1 and macs["deit_small"] / macs["d
 #
 # ## The stand-in: the capture's rules, checked on any device
 #
-# `CaptureCheck` is a dispatch mode (chapter 07's `OperationCounter` is another) that sees every operation of a step.
-# It refuses the operations whose result the host reads (`HOST_READS`, and indexing with a boolean mask), and, given
-# the operations of a capture, refuses a replay that runs anything else in their place: rules 4 and 5, checked where
-# there is no GPU. A CPU's eager operations differ a little from a GPU's (a few checks of `F.one_hot` read on the CPU
-# only), so the step is written with the operations that read nothing back anywhere.
+# `CaptureCheck` is a dispatch mode (chapter 07_operation_counts' `OperationCounter` is another) that sees every
+# operation of a step. It refuses the operations whose result the host reads (`HOST_READS`, and indexing with a boolean
+# mask), and, given the operations of a capture, refuses a replay that runs anything else in their place: rules 4 and 5,
+# checked where there is no GPU. A CPU's eager operations differ a little from a GPU's (a few checks of `F.one_hot` read
+# on the CPU only), so the step is written with the operations that read nothing back anywhere.
 
 # %%
 #| export

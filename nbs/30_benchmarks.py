@@ -319,10 +319,10 @@ for i in (0, 4):
 #
 # * **The shared work dominates.** The MHSA row (the linear maps and SDPA every form shares) bounds what *any* GPSA
 #   built on SDPA could gain here (the last line of each size). The fast form does the MHSA's work and more: P's two
-#   factors, shared by the batch, applied to V (L·(H + W) multiply-adds per channel and head on a CPU, chapter 07; a
-#   GPU's one product with P takes L², 5 % of ConViT-Ti's multiply-adds at 224 px, chapter 31), the gate's mix of the
-#   two outputs, and SDPA's fused backward, which recomputes Q Kᵀ; on a CPU, fusing saves memory traffic, not
-#   arithmetic. It wins by skipping passes over B × H × L × L tensors.
+#   factors, shared by the batch, applied to V (L·(H + W) multiply-adds per channel and head on a CPU, chapter
+#   07_operation_counts; a GPU's one product with P takes L², 5 % of ConViT-Ti's multiply-adds at 224 px, chapter 31),
+#   the gate's mix of the two outputs, and SDPA's fused backward, which recomputes Q Kᵀ; on a CPU, fusing saves memory
+#   traffic, not arithmetic. It wins by skipping passes over B × H × L × L tensors.
 # * **Part of the win is memory, and it is noisy.** The materialising forms allocate fresh (B, H, L, L) buffers of
 #   20 MB (ConViT-Ti size, B = 32) each step; whenever the C allocator has returned such memory to the operating
 #   system, every page is faulted in and zeroed again, costing tens of milliseconds. The fast layer's working memory

@@ -18,10 +18,10 @@
 #
 # Chapter 30 made one GPSA layer fast. This chapter times whole training steps, ConViT against DeiT at the same batch
 # and image size, against the second target: **0.90× the DeiT's images/s** (timm's ConViT trains at 0.42–0.57×). On a
-# GPU a small model's step is paced by something else, the operations it launches: chapter 07's counter counts those of
-# whole steps here, ConViT-Ti against DeiT-Ti, against the GPU's target: **at most 1.5× DeiT-Ti's**, and what one
-# product with P costs in FLOPs. Then one CPU-specific cost the layer's design had to answer: numbers so small the
-# processor handles them in micro-code.
+# GPU a small model's step is paced by something else, the operations it launches: chapter 07_operation_counts' counter
+# counts those of whole steps here, ConViT-Ti against DeiT-Ti, against the GPU's target: **at most 1.5× DeiT-Ti's**, and
+# what one product with P costs in FLOPs. Then one CPU-specific cost the layer's design had to answer: numbers so small
+# the processor handles them in micro-code.
 #
 # `model_throughput` times full training steps of two models at the same batch and image size, interleaved, and
 # reports images/s and the ratio to the last model's, round by round: on a shared or virtual machine one step can
@@ -244,10 +244,10 @@ assert convit.total(*both) <= 1.5 * deit.total(*both) and convit.total() <= 1.5 
 assert step_operations("convit_tiny", batch=3, img_size=48).counts == convit.counts  # another batch and grid
 
 # %% [markdown]
-# What the one product with P costs in arithmetic (chapter 07): L² multiply-adds per channel where its two factors take
-# L·(H + W), in each GPSA layer, against the whole model's (chapter 10's `count_macs`, attention included; training is
-# three times the forward for both). This is what a GPU's path pays for its fewer launches, and why a CPU, paced by
-# its multiply-adds, applies the factors instead (`applies_factors`). At 224 px (L = 196):
+# What the one product with P costs in arithmetic (chapter 07_operation_counts): L² multiply-adds per channel where its
+# two factors take L·(H + W), in each GPSA layer, against the whole model's (chapter 10's `count_macs`, attention
+# included; training is three times the forward for both). This is what a GPU's path pays for its fewer launches, and
+# why a CPU, paced by its multiply-adds, applies the factors instead (`applies_factors`). At 224 px (L = 196):
 
 # %%
 for name in ("convit_tiny", "convit_small"):

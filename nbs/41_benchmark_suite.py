@@ -471,9 +471,9 @@ for label, value, target in targets:
 # gate into the weights and applied P as its row and column factors (the "fold and factors"). These figures are the
 # record of that fast GPSA. Chapter 07's GPSA has since traded both for fewer operations, as a GPU's launch-bound step
 # wants: the gate mixed by one `lerp`, P applied itself in one (heads, L, L) product shared by the batch (55
-# operations a layer against an MHSA's 30, chapter 07; about 5 % more multiply-adds than the factors at 224 px,
-# chapter 31) on a GPU, while a CPU, paced by its multiply-adds, applies the factors again (`applies_factors`). This
-# suite has not been re-run on an idle CPU since, so none of its figures is yet the new layer's.
+# operations a layer against an MHSA's 30, chapter 07_operation_counts; about 5 % more multiply-adds than the factors at
+# 224 px, chapter 31) on a GPU, while a CPU, paced by its multiply-adds, applies the factors again (`applies_factors`).
+# This suite has not been re-run on an idle CPU since, so none of its figures is yet the new layer's.
 #
 # - *Activation memory*: **met**, and deterministic: the fast layer saves 0.46× the reference's activations at
 #   ConViT-Ti and ConViT-S sizes (B = 32, 224 px) and 0.33× the official form's at Ti size; its share falls with

@@ -274,14 +274,14 @@ def bf16_peak(ctx: CheckContext) -> dict:
 #
 # `model_bench` measures one zoo model at the check's sizes and precision, batch 256 and 224 px on a GPU: its FLOPs; the
 # CPU's count of its training step's operations, as chapter 31's `step_operations` counts them, on a CPU copy of it at
-# batch 2 (the count depends on neither batch, grid nor width): the proxy chapters 07 and 31 set their launch targets
-# on, beside the kernels the GPU really ran (its forward and backward, that is: a CPU's AdamW runs ten operations a
-# parameter, a GPU's fused one a few launches in all); then three steps, each timed (`step_timings`) and profiled:
-# **eager**; **compiled** (`torch.compile`, with what the compile took: chapter 41's `compile_seconds`); **graphed**
-# (the compiled step replayed whole from a CUDA graph, `graphed_train_step`). Images/s and MFU come from the pipelined
-# time. `check_models` runs a ConViT and its DeiT and gives their ratios; on a CPU (no compile in the smoke), the graphed
-# step is `StepGraph`'s stand-in. A step that fails (a graph that cannot be captured, say) is a FAIL naming it, and the steps measured before
-# it are kept.
+# batch 2 (the count depends on neither batch, grid nor width): the proxy chapters 07_operation_counts and 31 set their
+# launch targets on, beside the kernels the GPU really ran (its forward and backward, that is: a CPU's AdamW runs ten
+# operations a parameter, a GPU's fused one a few launches in all); then three steps, each timed (`step_timings`) and
+# profiled: **eager**; **compiled** (`torch.compile`, with what the compile took: chapter 41's `compile_seconds`);
+# **graphed** (the compiled step replayed whole from a CUDA graph, `graphed_train_step`). Images/s and MFU come from the
+# pipelined time. `check_models` runs a ConViT and its DeiT and gives their ratios; on a CPU (no compile in the smoke),
+# the graphed step is `StepGraph`'s stand-in. A step that fails (a graph that cannot be captured, say) is a FAIL naming
+# it, and the steps measured before it are kept.
 
 # %%
 #| export

@@ -261,8 +261,8 @@ def test_fast_gpsa_builds_no_batch_sized_attention_tensor(path):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("grid", GRIDS + [(7, 12)])
 def test_the_positional_softmax_is_the_kronecker_product_of_a_column_and_a_row(grid, dtype):
-    """Chapter 07's factorisation: P of an H x W grid is P of its one-column grid (H x 1) times P of its one-row
-    grid (1 x W), Kronecker-wise."""
+    """Chapter 07_operation_counts' factorisation: P of an H x W grid is P of its one-column grid (H x 1) times P of
+    its one-row grid (1 x W), Kronecker-wise."""
     ref, _ = pair(dtype=dtype)
     perturb(ref, scale=0.3)
     py, px = ref.positional_softmax((grid[0], 1)), ref.positional_softmax((1, grid[1]))

@@ -1,6 +1,6 @@
-"""The operation counter (chapter 07, a CPU's proxy of a GPU's kernel launches, DESIGN §9) and the two targets it
-checks: a fast GPSA layer issues at most twice the operations of DeiT-Ti's MHSA layer, forward and backward, and a
-ConViT-Ti training step at most 1.5 times DeiT-Ti's. They count; they do not time."""
+"""The operation counter (chapter 07_operation_counts, a CPU's proxy of a GPU's kernel launches, DESIGN §9) and the
+two targets it checks: a fast GPSA layer issues at most twice the operations of DeiT-Ti's MHSA layer, forward and
+backward, and a ConViT-Ti training step at most 1.5 times DeiT-Ti's. They count; they do not time."""
 
 import pytest
 import torch
