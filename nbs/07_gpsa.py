@@ -164,10 +164,11 @@ class GPSA(GatedAttention):
         return torch.addcmul(position, content, (1 - sigma).to(v.dtype))
 
     def positional_factors(self, grid_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
-        """P^y (heads, rows, rows) and P^x (heads, cols, cols) with P = P^y ⊗ P^x (below, "One product or two"):
-        softmaxes over the key's row, of w₂·δy + w₃·δy², and over its column, of w₁·δx + w₃·δx² (δ = key − query,
-        as in ``rel_indices``), in at least fp32, without denormals (the CPU's path). The bias b, which a softmax
-        does not see, joins the row scores so that every parameter is in the graph (DDP expects that)."""
+        """P^y (heads, rows, rows) and P^x (heads, cols, cols) with P = P^y ⊗ P^x (chapter 07_operation_counts,
+        "One product or two"): softmaxes over the key's row, of w₂·δy + w₃·δy², and over its column, of w₁·δx +
+        w₃·δx² (δ = key − query, as in ``rel_indices``), in at least fp32, without denormals (the CPU's path). The
+        bias b, which a softmax does not see, joins the row scores so that every parameter is in the graph (DDP
+        expects that)."""
         weight, bias = self.pos_proj.weight, self.pos_proj.bias
         dtype = torch.promote_types(weight.dtype, torch.float32)
         weight, bias = weight.to(dtype), bias.to(dtype)
