@@ -450,7 +450,7 @@ def model_throughput(
     return rows
 
 
-# %% nbs/31_model_throughput.py 11
+# %% nbs/31_model_throughput.py 12
 def step_operations(name: str, batch: int, img_size: int, num_classes: int = 1000,
                     device: str | torch.device = "cpu") -> OperationCounter:
     """The operations of one training step (``train_step`` under bf16 autocast: forward, loss, backward, the
