@@ -55,7 +55,7 @@ def test_pyproject_uses_ranges_and_ci_pins_torch():
     names = {re.split(r"[<>=!~\[ ]", d)[0]: d for d in project["dependencies"]}
     assert set(names) == {"torch", "torchvision", "einops", "matplotlib", "fastprogress", "numpy", "Pillow"}
     dev = {re.split(r"[<>=!~\[ ]", d)[0] for d in project["optional-dependencies"]["dev"]}
-    assert dev == {"pytest", "jupytext", "nbval", "nbclient", "ipykernel", "timm"}
+    assert dev == {"pytest", "pytest-xdist", "jupytext", "nbval", "nbclient", "ipykernel", "timm"}
     course = {re.split(r"[<>=!~\[ ]", d)[0] for d in project["optional-dependencies"]["course"]}
     assert course == {"jupyterlab"}  # the README's student path: `pip install -e ".[course]"`, then `jupyter lab`
     extras = project["optional-dependencies"]
@@ -94,9 +94,11 @@ def test_readme_quick_start_has_the_main_job_the_test_command_and_the_portabilit
     assert quick.split(marker)[1].lstrip().startswith(f"```bash\n{blocks[1]}```")
     marker = "<!-- .ci/run then executes the command in the next code block (the portability pass): keep it one line -->"
     assert quick.split(marker)[1].lstrip().startswith(f"```bash\n{blocks[2]}```")
-    assert blocks[2].split() == [*PORTABILITY_ENV, "pytest", "nbs/"]
+    assert blocks[2].split() == [*PORTABILITY_ENV, "pytest", *PARALLEL, "nbs/"]
+    assert blocks[1].split()[-5:] == ["pytest", *PARALLEL]
 
 
+PARALLEL = ["-n", "auto", "--dist", "loadfile"]  # one file per core at a time: a notebook's cells share a kernel
 PORTABILITY_ENV = ["ATEN_CPU_CAPABILITY=default", "MKL_ENABLE_INSTRUCTIONS=SSE4_2", "DNNL_MAX_CPU_ISA=SSE41",
                    "OMP_NUM_THREADS=1"]
 
