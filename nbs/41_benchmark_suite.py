@@ -189,7 +189,7 @@ print(f"this machine's fp32 matmul peak right now: {peak / 1e9:.1f} GFLOP/s")
 matmul_n = 256 if FAST else 512
 fp32_flops, bf16_flops = peak_matmul_flops(matmul_n, 2), peak_matmul_flops(matmul_n, 1, torch.bfloat16)
 print(f"{matmul_n}x{matmul_n} matmul: fp32 {fp32_flops / 1e9:.1f} GFLOP/s, bf16 {bf16_flops / 1e9:.2f} GFLOP/s "
-      f"({fp32_flops / bf16_flops:.0f}x slower)")
+      f"(bf16 at {bf16_flops / fp32_flops:.2f}x fp32's rate)")
 print(format_table(utilisation_rows))
 
 # %% [markdown]
@@ -210,8 +210,10 @@ assert abs(mac_bound["convit_tiny"] - 1) < 0.01 and mac_bound["convit_small"] < 
 # %% [markdown]
 # One caveat about that count: it charges each GPSA layer 2·L²·D attention MACs (Q·Kᵀ and A·V), which is what
 # the *reference* does. The fast form trades the reference's B·H·L² elementwise passes for one more matmul,
-# P @ V, so it really does 3·L²·D: more arithmetic, much less memory traffic. At 224 px that is 6 % more
-# work for ConViT-Ti, so the honest arithmetic bound for the fast ConViT-Ti is about 0.94× DeiT-Ti:
+# P @ V. On a GPU it applies P in one product and really does 3·L²·D: more arithmetic, much less memory traffic.
+# At 224 px that is 6 % more work for ConViT-Ti, so there the arithmetic bound for the fast ConViT-Ti is about
+# 0.94× DeiT-Ti (below). On a CPU it applies P as its two factors (chapter 07_operation_counts), L·(H + W)·D
+# multiply-adds instead of L²·D, 7 times fewer at 14 × 14, and the bound stays within 1 % of 1:
 
 # %%
 cfg = model_config("convit_tiny")
@@ -220,6 +222,11 @@ fast_bound = training_flops_per_image("deit_tiny", 224) / (training_flops_per_im
 print(f"P @ V adds {extra / 1e9:.3f} GFLOP per training image; MAC-bound ConViT-Ti/DeiT-Ti with fast GPSA: "
       f"{fast_bound:.3f}")
 assert 0.9 < fast_bound < 0.95
+rows, cols = cfg.img_size // cfg.patch_size, cfg.img_size // cfg.patch_size
+factors = 6 * cfg.local_up_to_layer * cfg.num_patches * (rows + cols) * cfg.embed_dim  # P^x and P^y on a CPU
+cpu_bound = training_flops_per_image("deit_tiny", 224) / (training_flops_per_image("convit_tiny", 224) + factors)
+print(f"on a CPU, P's factors add {factors / 1e9:.3f} GFLOP per training image; MAC-bound ratio {cpu_bound:.3f}")
+assert abs(cpu_bound - 1) < 0.01
 
 
 # %% [markdown]
@@ -465,42 +472,41 @@ for label, value, target in targets:
     print(f"{label:<46}{value:>7.3f}   target {target}   {'met' if met else 'MISSED'}")
 
 # %% [markdown]
-# **Findings.** Timings on these 2-core CPUs (one thread) move by tens of percent between runs, and more between
-# CPUs. Each gives the suite run above (AMD EPYC, Zen 3, 2 cores, AVX2, idle), then in brackets chapter 30's run,
-# earlier runs, and the last run on an idle Intel Xeon (AVX-512, no BF16 or AMX), before the fast GPSA folded its
-# gate into the weights and applied P as its row and column factors (the "fold and factors"). These figures are the
-# record of that fast GPSA. Chapter 07's GPSA has since traded both for fewer operations, as a GPU's launch-bound step
-# wants: the gate mixed by one `lerp`, P applied itself in one (heads, L, L) product shared by the batch (55
-# operations a layer against an MHSA's 30, chapter 07_operation_counts; about 5 % more multiply-adds than the factors at
-# 224 px, chapter 31) on a GPU, while a CPU, paced by its multiply-adds, applies the factors again (`applies_factors`).
-# This suite has not been re-run on an idle CPU since, so none of its figures is yet the new layer's.
+# **Findings.** Timings on these 2-core virtual machines (one thread) move by tens of percent between runs, and more
+# between CPUs. Each gives the suite run above — an AMD EPYC, Zen 4 (AVX-512 with BF16), 2 cores, idle, with chapter
+# 07's fast GPSA taking its CPU path (P applied as its two factors, the gate folded into P^y, one `addcmul`) — then in
+# brackets a second run of the suite the same morning, chapters 30 and 31 on the same machine and day, and earlier
+# suite runs of older forms of the layer on an AMD EPYC Zen 3 (AVX2) and an Intel Xeon (AVX-512, no BF16).
 #
 # - *Activation memory*: **met**, and deterministic: the fast layer saves 0.46× the reference's activations at
-#   ConViT-Ti and ConViT-S sizes (B = 32, 224 px) and 0.33× the official form's at Ti size; its share falls with
-#   resolution, 0.88× at L = 64 to 0.19× at L = 576 (the reference's saved tensors grow as B·H·L², the fast's as B·L·D).
-# - *Layer speed* (target: forward+backward ≥ 2× the official/timm form): **met at S size, missed at Ti size in this
-#   run**: 1.64× and 2.64× [earlier suite runs 1.72–2.00× and 1.60–2.60×; chapter 30: 2.16× and 2.48×; Xeon 2.92× and
-#   2.77×, up from 1.53× and 1.85× once P's denormal entries were set to zero, chapter 31]. The baselines move most:
-#   their (B, H, L, L) buffers are paged in afresh or not (chapter 30). Over our reference the fast layer is 1.15× and
-#   1.95× faster [1.17–1.24× and 1.70–1.90×], and costs 1.07× an MHSA layer, the floor of any GPSA built on SDPA, at
-#   Ti size [1.08–1.16×; before the fold and the factors 1.18–1.36×; Xeon 1.34×]. In the resolution sweep it beats
-#   the official form at every L (1.04× to 4.77×), the reference from L = 144 on (up to 3.15×).
+#   ConViT-Ti and 0.47× at ConViT-S sizes (B = 32, 224 px) and 0.33× the official form's at Ti size; its share falls
+#   with resolution, 0.88× at L = 64 to 0.19× at L = 576 (the reference's saved tensors grow as B·H·L², the fast's as
+#   B·L·D).
+# - *Layer speed* (target: forward+backward ≥ 2× the official/timm form): **missed at Ti size, met at S size in this
+#   run**: 1.51× and 2.09× [second run 1.63× and 1.51×; chapter 30: 2.14× and 2.16×; Zen 3 1.64–2.00× and
+#   1.60–2.64×; Xeon 2.92× and 2.77×]. The official form's own timings move most (a spread of 1.25 of its median over
+#   five repetitions here, 0.10–0.11 for the fast layer's): its (B, H, L, L) buffers are paged in afresh or not
+#   (chapter 30), so the ratio lands either side of 2 from run to run. Over our reference the fast layer is 1.17× and
+#   1.54× faster, and it costs 1.12× and 1.04× an MHSA layer of the same width and heads. In the resolution sweep it
+#   beats the official form at every L (1.06× to 4.51×) and the reference from L = 196 on (up to 2.98×; level at
+#   144, 0.96× at 64).
 # - *Model throughput* (target ≥ 0.90×): **met** — ConViT-Ti trained at 0.94× DeiT-Ti's images/s (batch 32, one
-#   thread, median of 5 interleaved steps) [earlier runs 0.92–0.96×; the utilisation cell above, 3 steps: 0.86×
-#   (0.85–0.91× before); two threads, `model_throughput`: 0.92–0.93×, against 0.86–0.90× before the fold and the
-#   factors; Xeon, before them: 0.80×], far above timm's ConViT (0.42–0.57× its DeiT). What ConViT-Ti did beyond
-#   DeiT-Ti was small: P's two factors (under 1 % of the model's multiply-adds, chapter 31) and four heads of 48
-#   channels where DeiT-Ti has three of 64 (SDPA's kernel is less efficient on narrower heads). The 64-px row, one
-#   timed step of 2 images, is noise (0.76× here; 0.70–1.04× before). ConViT-S, wider than DeiT-S (432 vs 384;
-#   bound 0.80×), measured 0.90× here with a noise of 0.12 [0.76–0.85×; Xeon 0.70×]. Ti models: 0.62 and 0.66 of
-#   the matmul peak [0.72 and 0.76 before; Xeon 0.49 and 0.61].
-# - *Data pipeline* (target: end to end ≥ 0.90× model only, on chapter 37's Tiny ImageNet run): **missed in this
-#   run**, 0.84× [0.84–1.02× before; Xeon 0.88×], either side of the target from run to run: `train` over an epoch of
-#   64-px JPEG batches against the model's step alone, one thread and one loader worker sharing the two cores.
-# - *bf16 autocast* (the suite's 64-px rows): 0.24× the fp32 rate for ConViT-Ti, 0.19× for DeiT-Ti [0.17–0.25×;
-#   Xeon 0.53×], a 512×512 bf16 matmul 75× slower [46–66×; Xeon 5×]: neither CPU computes in bf16, so
-#   `--precision auto` picks fp32 on both, and bf16 on one with AVX-512 BF16 or AMX (chapter 20).
+#   thread, median of 5 paired rounds; their middle half 0.94–1.01×) [second run 0.93×; chapter 31 at batch 8, 31
+#   rounds: 0.91×; Zen 3 0.92–0.96×; Xeon, two layer versions ago: 0.80×], far above timm's ConViT (0.42–0.57× its
+#   DeiT). What ConViT-Ti pays beyond DeiT-Ti is the positional term: without it the same model ran at 1.02× DeiT-Ti
+#   (chapter 31). ConViT-S, wider than DeiT-S (432 vs 384; bound 0.80×), 0.76× [second run 0.77×; Zen 3 0.76–0.90×;
+#   Xeon 0.70×]. The 64-px rows, one timed step of 2 images, are noise. The Ti models ran at 0.73 and 0.77 of the
+#   fp32 matmul peak at 224 px.
+# - *Data pipeline* (target: end to end ≥ 0.90× model only, on chapter 37's Tiny ImageNet run): **met**, 0.95×
+#   [second run 0.92×; Zen 3 0.84–1.02×; Xeon 0.88×]: `train` over an epoch of 64-px JPEG batches against the
+#   model's step alone, one thread and one loader worker sharing the two cores.
+# - *bf16 autocast*: this CPU computes in bf16. A 512×512 bf16 matmul ran at 1.68× the fp32 rate [second run 2.0×;
+#   Zen 3 and Xeon, without BF16: 46–75× and 5× *slower*]. The suite's 64-px rows (one step of 2 images) gave bf16
+#   1.10× fp32's images/s for ConViT-Ti and 1.21× for DeiT-Ti; at 224 px and batch 8, measured beside the suite
+#   (5 steps each, one run), 1.57× and 1.51×. `--precision auto` picks bf16 on this CPU and fp32 on the other two
+#   (chapter 20).
 # - *`torch.compile`* could **not** be measured: Inductor's C++ compilation of a ConViT-Ti training step did not
 #   finish within the 60 s limit (nor in 5 minutes when the chapter was written).
 # - *On a GPU*: chapter 45's check on one H200 (bf16, compiled, batch 256): ConViT-S 0.61× DeiT-S's images/s, below
-#   the design's 0.8×; the CPU's 0.90× did not foretell it.
+#   the design's 0.8×; the step was paced by the host's launches, not by the GPU (chapter 31), and the CPU's figures
+#   did not foretell it.
