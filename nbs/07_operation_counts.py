@@ -145,7 +145,6 @@ def layer_operations(layer: nn.Module, x: Tensor) -> OperationCounter:
 
 # %%
 from convit_edu.attention import MHSA
-from convit_edu.benchmarks import layer_operations
 x = torch.randn(2, 196, 192)
 counted = {"fast GPSA": layer_operations(GPSA(192, 4), x), "reference GPSA": layer_operations(GPSAReference(192, 4), x),
            "MHSA (DeiT-Ti)": layer_operations(MHSA(192, 3, qkv_bias=True), x)}
@@ -322,9 +321,6 @@ if reveal(apply_factors):  # a reference answer: runs only with CONVIT_EDU_SOLUT
 gate_mix = ...  # your answer: def gate_mix(content, position, sigma): ...
 
 # %%
-from convit_edu.benchmarks import count_operations
-
-
 def check_gate_mix(fn) -> None:
     torch.manual_seed(3)
     content, position = torch.randn(2, 2, 4, 9, 6).unbind(0)  # B = 2, N_h = 4, L = 9, d = 6

@@ -191,15 +191,15 @@ else:
           "`python -m convit_edu._nbtools run nbs/31_model_throughput.ipynb` times it")
 
 # %% [markdown]
-# On the idle AMD EPYC this chapter's outputs come from (Zen 4, 2 cores, one thread), a single round of two steps
-# gave anything from 0.70× to 1.60×: the median of many rounds is the figure to read, and it moves by a few
-# hundredths from run to run (two other runs of 31 rounds: 0.91× and 0.91×; of 15 rounds: 0.88× and 0.93×; of 11: 0.96×).
-# ConViT-Ti meets the 0.90× target, narrowly. What it pays beyond DeiT-Ti is the positional term: the same model with
-# every GPSA layer's positional part removed (content only, a measurement, not a model) ran at 1.02× DeiT-Ti's
-# images/s in the run of 11 rounds — four heads of 48 channels cost no more than three of 64, and the 196 patch tokens and
-# no `qkv` bias save a little — so P's factors, their gradients, the copies into the products' layouts and the mix
-# take the remaining 6–10 % of a step at batch 8. ConViT-S is wider than DeiT-S (432 channels against 384, 1.25× the
-# multiply-adds): 0.80× is its arithmetic bound.
+# On the idle AMD EPYC this chapter's outputs come from (Zen 4, 2 cores, one thread), a single round of two steps gave
+# anything from 0.70× to 1.60× in a run beside this one: the median of many rounds is the figure to read, and it moves
+# by a few hundredths from run to run (two other runs of 31 rounds: 0.91× and 0.91×; of 15 rounds: 0.88× and 0.93×; of
+# 11: 0.96×). ConViT-Ti meets the 0.90× target, narrowly. What it pays beyond DeiT-Ti is the positional term: the same
+# model with every GPSA layer's positional part removed (content only, a measurement, not a model) ran at 1.02×
+# DeiT-Ti's images/s in the run of 11 rounds — four heads of 48 channels cost no more than three of 64, and the 196
+# patch tokens and no `qkv` bias save a little — so P's factors, their gradients, the copies into the products' layouts
+# and the mix take the remaining 6–10 % of a step at batch 8. ConViT-S is wider than DeiT-S (432 channels against 384,
+# 1.25× the multiply-adds): 0.80× is its arithmetic bound.
 
 # %% [markdown]
 # ## Launches: the operations of a whole step
